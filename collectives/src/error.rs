@@ -1,0 +1,218 @@
+//! The one error type of ringccl.
+
+use std::io;
+use std::time::Duration;
+
+use crate::{DType, OpDesc, ReduceOp};
+
+/// Everything that can go wrong in ringccl.
+///
+/// Every message says which rank saw the problem, which peer and which operation were
+/// involved where that applies, and what to do about it. After an error raised while
+/// data was moving (`Timeout`, `PeerLost`, `CollectiveMismatch`, `Protocol`) the group's
+/// connections are in an unknown state: the group reports [`Error::GroupBroken`] from
+/// then on, and the way forward is a new process group (see the user guide).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The backend string names no backend.
+    #[error("unknown backend {name:?}: valid backends are {} (case-insensitive)", valid.join(", "))]
+    UnknownBackend {
+        /// What the caller asked for.
+        name: String,
+        /// The names that would have worked.
+        valid: &'static [&'static str],
+    },
+
+    /// The backend exists but cannot run in this build or on this machine.
+    #[error("backend {backend:?} is not available: {reason}")]
+    BackendUnavailable {
+        /// The backend's name.
+        backend: &'static str,
+        /// Why, and what to do about it.
+        reason: String,
+    },
+
+    /// A required environment variable is not set.
+    #[error("environment variable {var} is not set: {hint}")]
+    MissingEnv {
+        /// The variable's name.
+        var: &'static str,
+        /// How to set it.
+        hint: &'static str,
+    },
+
+    /// An environment variable is set to something unusable.
+    #[error("environment variable {var}={value:?} is invalid: {reason}")]
+    InvalidEnv {
+        /// The variable's name.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// An argument is out of range or inconsistent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The operator does not apply to the element type.
+    #[error("reduce op {op} is not supported for {dtype}: {reason}")]
+    UnsupportedOp {
+        /// The operator.
+        op: ReduceOp,
+        /// The element type.
+        dtype: DType,
+        /// Why, and what to use instead.
+        reason: &'static str,
+    },
+
+    /// Rank 0 could not open the rendezvous store.
+    #[error("rank 0: cannot host the rendezvous store on {addr}: {reason}")]
+    StoreBind {
+        /// The address it tried to bind.
+        addr: String,
+        /// What to do about it.
+        reason: String,
+        /// The system error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The rendezvous store did not answer before the deadline.
+    #[error(
+        "rank {rank}: could not reach the rendezvous store at {addr} within {timeout:?} (last error: {last_error}); \
+         check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it and are reachable from this host"
+    )]
+    StoreUnreachable {
+        /// The rank that waited.
+        rank: usize,
+        /// The store's address.
+        addr: String,
+        /// How long it waited.
+        timeout: Duration,
+        /// The last connection error seen.
+        last_error: String,
+    },
+
+    /// Rendezvous did not complete before the deadline.
+    #[error("rank {rank}: rendezvous timed out after {timeout:?} waiting for {waiting_for}; is that rank running, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")]
+    RendezvousTimeout {
+        /// The rank that waited.
+        rank: usize,
+        /// Whom or what it waited for.
+        waiting_for: String,
+        /// How long it waited.
+        timeout: Duration,
+    },
+
+    /// A connection failed its handshake (wrong protocol, version, job or world size).
+    #[error("rank {rank}: handshake with {peer} failed: {reason}")]
+    Handshake {
+        /// The rank that saw it.
+        rank: usize,
+        /// The other side (a rank or an address).
+        peer: String,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// A collective did not finish before its deadline.
+    #[error(
+        "rank {rank}: timed out after {timeout:?} in {op} waiting for rank {peer} \
+         ({moved} of {expected} bytes exchanged with it); rank {peer} may be stuck, dead, \
+         slower than the timeout allows, or in a different collective"
+    )]
+    Timeout {
+        /// The rank that gave up.
+        rank: usize,
+        /// The peer it was waiting for.
+        peer: usize,
+        /// The collective.
+        op: OpDesc,
+        /// Bytes exchanged with that peer in this collective before the deadline.
+        moved: u64,
+        /// Bytes that would have been exchanged with that peer in this collective.
+        expected: u64,
+        /// The deadline that passed.
+        timeout: Duration,
+    },
+
+    /// A peer's connection failed (process killed, connection reset, host unreachable).
+    #[error("rank {observer} lost rank {rank} during {op}: {reason}; the group is now broken, create a new one (e.g. restart under `ringrun --max-restarts`)")]
+    PeerLost {
+        /// The rank that was lost.
+        rank: usize,
+        /// The rank that noticed.
+        observer: usize,
+        /// The collective in progress.
+        op: OpDesc,
+        /// What the connection reported.
+        reason: String,
+    },
+
+    /// Two ranks are in different collectives.
+    #[error("rank {rank} is in {mine} but rank {peer} is in {theirs}: every rank must issue the same collectives, with the same arguments, in the same order")]
+    CollectiveMismatch {
+        /// The rank that noticed.
+        rank: usize,
+        /// The collective it is in.
+        mine: OpDesc,
+        /// The peer that disagrees.
+        peer: usize,
+        /// The collective the peer is in.
+        theirs: OpDesc,
+    },
+
+    /// A peer sent bytes that break the protocol.
+    #[error("rank {rank}: protocol error from rank {peer} during {op}: {reason}")]
+    Protocol {
+        /// The rank that noticed.
+        rank: usize,
+        /// The peer that sent the bytes.
+        peer: usize,
+        /// The collective in progress.
+        op: OpDesc,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// An earlier error left the group's connections unusable.
+    #[error("rank {rank}: the process group is broken by an earlier error ({cause}); create a new process group")]
+    GroupBroken {
+        /// The rank.
+        rank: usize,
+        /// The first error.
+        cause: String,
+    },
+
+    /// A local I/O operation failed.
+    #[error("rank {rank}: {context}: {source}")]
+    Io {
+        /// The rank.
+        rank: usize,
+        /// What was being done.
+        context: String,
+        /// The system error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// Whether this error leaves the group's connections in an unknown state.
+    pub fn breaks_group(&self) -> bool {
+        matches!(
+            self,
+            Error::Timeout { .. }
+                | Error::PeerLost { .. }
+                | Error::CollectiveMismatch { .. }
+                | Error::Protocol { .. }
+                | Error::Io { .. }
+        )
+    }
+}
+
+/// ringccl's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

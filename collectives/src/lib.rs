@@ -1,0 +1,35 @@
+//! The backend-neutral core of [ringccl](https://docs.rs/ringccl): element types and
+//! reduction operators, reduction kernels, collective schedules as pure data, the frame
+//! header, the [`Backend`] trait and [`HostBackend`], which runs the schedules over any
+//! [`Transport`].
+//!
+//! Most users want the `ringccl` crate, which re-exports what matters from here.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
+
+mod backend;
+mod buffer;
+mod dtype;
+mod error;
+mod executor;
+mod host_backend;
+mod kernels;
+mod op;
+mod op_desc;
+pub mod schedule;
+mod transport;
+pub mod wire;
+
+pub use backend::{validate_reduce, validate_root, Backend};
+pub use buffer::BufferMut;
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use host_backend::{HostBackend, HostConfig};
+pub use op::ReduceOp;
+pub use op_desc::{CollectiveKind, OpDesc};
+pub use transport::{Readiness, Transport};
+
+/// Re-export of the `half` crate, whose `f16` and `bf16` are [`Element`] types.
+pub use half;

@@ -1,0 +1,47 @@
+//! What the executor needs from a transport: non-blocking byte movement to peers and a
+//! way to sleep until one of them is ready.
+
+use std::fmt;
+use std::io::{self, IoSlice, IoSliceMut};
+use std::time::Instant;
+
+/// Whether a [`Transport::wait`] returned because a peer became ready or because the
+/// deadline passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// At least one of the peers waited on can make progress (or has failed).
+    Ready,
+    /// The deadline passed first.
+    TimedOut,
+}
+
+/// Moves bytes between this rank and its peers; knows nothing about collectives.
+///
+/// Connections are reliable, ordered byte streams, one per peer. All methods are
+/// non-blocking except [`Transport::wait`], which sleeps (never spins) until a peer is
+/// ready or the deadline passes.
+pub trait Transport: Send + fmt::Debug {
+    /// This rank.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks, this one included.
+    fn world_size(&self) -> usize;
+
+    /// Writes a prefix of `bufs` to `peer`, returning how many bytes were taken.
+    /// Fails with [`io::ErrorKind::WouldBlock`] when nothing can be written now.
+    fn write_some(&mut self, peer: usize, bufs: &[IoSlice<'_>]) -> io::Result<usize>;
+
+    /// Reads into a prefix of `bufs` from `peer`, returning how many bytes arrived.
+    /// `Ok(0)` means the peer closed the connection. Fails with
+    /// [`io::ErrorKind::WouldBlock`] when nothing has arrived.
+    fn read_some(&mut self, peer: usize, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize>;
+
+    /// Sleeps until `writable` can take bytes or `readable` has bytes (or either has
+    /// failed), or until `deadline`.
+    fn wait(
+        &mut self,
+        writable: Option<usize>,
+        readable: Option<usize>,
+        deadline: Instant,
+    ) -> io::Result<Readiness>;
+}
