@@ -1,1 +1,41 @@
-//! stub
+//! # ringccl
+//!
+//! Collective communications for data-parallel training, in Rust: all-reduce,
+//! broadcast and barrier across processes and machines, the way `torch.distributed`
+//! provides them to PyTorch.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), ringccl::Error> {
+//! let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::from_env()?)?;
+//! let mut params = vec![0.0f32; 1024];
+//! let mut grads = vec![1.0f32; 1024];
+//! pg.broadcast(&mut params, 0)?; // rank 0's values everywhere
+//! pg.all_reduce(&mut grads, ringccl::ReduceOp::Sum)?;
+//! pg.barrier()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Backends are picked at run time by name:
+//! - `"gloo"`: ringccl's own CPU backend over TCP: pipelined ring all-reduce,
+//!   tree/chain broadcast, dissemination barrier.
+//! - `"nccl"`: NVIDIA NCCL for GPUs (not yet available in this build).
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
+
+mod process_group;
+
+pub use process_group::{init_process_group, ProcessGroup, BACKENDS};
+pub use ringccl_collectives::{
+    half, Backend, BufferMut, CollectiveKind, DType, Element, Error, HostConfig, OpDesc, ReduceOp,
+    Result,
+};
+pub use ringccl_transports::{InitOptions, StoreListener, DEFAULT_TIMEOUT};
+
+/// The building blocks under the facade, for implementing or testing backends.
+pub mod core {
+    pub use ringccl_collectives::{schedule, wire, HostBackend, Readiness, Transport};
+    pub use ringccl_transports::{connect_mesh, store, TcpTransport};
+}

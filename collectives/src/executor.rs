@@ -75,7 +75,10 @@ pub(crate) fn execute<T: Transport + ?Sized>(
             }
             let total = FRAME_HEADER_LEN + payload.len();
             let written = if send.done < FRAME_HEADER_LEN {
-                let iov = [IoSlice::new(&send.header[send.done..]), IoSlice::new(payload)];
+                let iov = [
+                    IoSlice::new(&send.header[send.done..]),
+                    IoSlice::new(payload),
+                ];
                 transport.write_some(step.peer, &iov)
             } else {
                 let iov = [IoSlice::new(&payload[send.done - FRAME_HEADER_LEN..])];
@@ -235,7 +238,12 @@ fn timed_out(call: &Call, schedule: &Schedule, peer: usize, send: &Cursor, recv:
     let frame = |r: &Range<usize>| (FRAME_HEADER_LEN + r.len() * call.elem_size) as u64;
     let mut moved = 0;
     let mut expected = 0;
-    for (i, s) in schedule.sends.iter().enumerate().filter(|(_, s)| s.peer == peer) {
+    for (i, s) in schedule
+        .sends
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.peer == peer)
+    {
         expected += frame(&s.range);
         moved += match i.cmp(&send.index) {
             std::cmp::Ordering::Less => frame(&s.range),
@@ -243,7 +251,12 @@ fn timed_out(call: &Call, schedule: &Schedule, peer: usize, send: &Cursor, recv:
             std::cmp::Ordering::Greater => 0,
         };
     }
-    for (i, r) in schedule.recvs.iter().enumerate().filter(|(_, r)| r.peer == peer) {
+    for (i, r) in schedule
+        .recvs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.peer == peer)
+    {
         expected += frame(&r.range);
         moved += match i.cmp(&recv.index) {
             std::cmp::Ordering::Less => frame(&r.range),

@@ -222,7 +222,12 @@ mod tests {
     fn half_types_match_f32_reference_rounding() {
         let a: Vec<f32> = (0..1500).map(|i| (i % 97) as f32 * 0.37 - 11.0).collect();
         let b: Vec<f32> = (0..1500).map(|i| (i % 13) as f32 * 1.91 - 3.0).collect();
-        for op in [ReduceOp::Sum, ReduceOp::Product, ReduceOp::Min, ReduceOp::Max] {
+        for op in [
+            ReduceOp::Sum,
+            ReduceOp::Product,
+            ReduceOp::Min,
+            ReduceOp::Max,
+        ] {
             let mut d: Vec<f16> = a.iter().map(|&x| f16::from_f32(x)).collect();
             let s: Vec<f16> = b.iter().map(|&x| f16::from_f32(x)).collect();
             let expect: Vec<f16> = d

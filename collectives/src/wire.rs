@@ -83,7 +83,9 @@ impl FrameHeader {
 
     /// Decodes a header, rejecting anything this version would not have produced.
     pub fn decode(bytes: &[u8; FRAME_HEADER_LEN]) -> Result<FrameHeader, WireError> {
-        let u32_at = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+        let u32_at = |at: usize| {
+            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
         let u64_at = |at: usize| {
             let mut b = [0u8; 8];
             b.copy_from_slice(&bytes[at..at + 8]);
@@ -103,10 +105,15 @@ impl FrameHeader {
         };
         let op = match bytes[5] {
             NONE8 => None,
-            c => Some(ReduceOp::from_code(c).ok_or(WireError::BadField("reduce op", u64::from(c)))?),
+            c => {
+                Some(ReduceOp::from_code(c).ok_or(WireError::BadField("reduce op", u64::from(c)))?)
+            }
         };
         if bytes[6] != 0 || bytes[7] != 0 {
-            return Err(WireError::BadField("reserved", u64::from(bytes[6]) << 8 | u64::from(bytes[7])));
+            return Err(WireError::BadField(
+                "reserved",
+                u64::from(bytes[6]) << 8 | u64::from(bytes[7]),
+            ));
         }
         let root = match u32_at(24) {
             NONE32 => None,
@@ -133,9 +140,18 @@ mod tests {
     #[test]
     fn round_trip() {
         for header in [
-            FrameHeader { op: OpDesc::all_reduce(7, DType::BF16, 1 << 40, ReduceOp::Avg), payload_len: 1 << 20 },
-            FrameHeader { op: OpDesc::broadcast(u64::MAX, DType::I8, 0, 3), payload_len: 0 },
-            FrameHeader { op: OpDesc::barrier(1), payload_len: 0 },
+            FrameHeader {
+                op: OpDesc::all_reduce(7, DType::BF16, 1 << 40, ReduceOp::Avg),
+                payload_len: 1 << 20,
+            },
+            FrameHeader {
+                op: OpDesc::broadcast(u64::MAX, DType::I8, 0, 3),
+                payload_len: 0,
+            },
+            FrameHeader {
+                op: OpDesc::barrier(1),
+                payload_len: 0,
+            },
         ] {
             assert_eq!(FrameHeader::decode(&header.encode()), Ok(header));
         }
@@ -143,16 +159,26 @@ mod tests {
 
     #[test]
     fn garbage_is_rejected() {
-        let good = FrameHeader { op: OpDesc::barrier(1), payload_len: 0 }.encode();
+        let good = FrameHeader {
+            op: OpDesc::barrier(1),
+            payload_len: 0,
+        }
+        .encode();
         let mut bad = good;
         bad[0] = b'G';
-        assert!(matches!(FrameHeader::decode(&bad), Err(WireError::BadMagic(_))));
+        assert!(matches!(
+            FrameHeader::decode(&bad),
+            Err(WireError::BadMagic(_))
+        ));
         let mut bad = good;
         bad[2] = 9;
         assert_eq!(FrameHeader::decode(&bad), Err(WireError::Version(9)));
         let mut bad = good;
         bad[3] = 200;
-        assert!(matches!(FrameHeader::decode(&bad), Err(WireError::BadField("collective kind", 200))));
+        assert!(matches!(
+            FrameHeader::decode(&bad),
+            Err(WireError::BadField("collective kind", 200))
+        ));
         let mut bad = good;
         bad[4] = 42;
         assert!(FrameHeader::decode(&bad).is_err());

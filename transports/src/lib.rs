@@ -1,1 +1,21 @@
-//! stub
+//! ringccl's byte movers: the rendezvous store and the TCP mesh transport that the
+//! `"gloo"` backend runs its schedules over.
+//!
+//! Transports know nothing about collectives; they connect ranks and move bytes. Most
+//! users want the `ringccl` crate, which re-exports what matters from here.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod deadline_io;
+mod options;
+mod peer_hello;
+mod poll;
+mod rendezvous;
+pub mod store;
+mod tcp;
+
+pub use options::{InitOptions, DEFAULT_TIMEOUT};
+pub use rendezvous::connect_mesh;
+pub use store::StoreListener;
+pub use tcp::TcpTransport;

@@ -1,0 +1,301 @@
+//! How a process finds its group: rank, world size, the master's address, the deadline.
+
+use std::time::Duration;
+
+use ringccl_collectives::Error;
+
+use crate::StoreListener;
+
+/// Default deadline of rendezvous and of every collective: 30 minutes, as PyTorch's gloo.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// Where and how to create a process group.
+///
+/// ```
+/// use std::time::Duration;
+/// use ringccl_transports::InitOptions;
+///
+/// let opts = InitOptions::new(0, 4, "10.0.0.1:29500").timeout(Duration::from_secs(60));
+/// assert_eq!(opts.rank(), 0);
+/// assert_eq!(opts.world_size(), 4);
+/// assert_eq!(opts.master(), "10.0.0.1:29500");
+/// assert_eq!(opts.get_timeout(), Duration::from_secs(60));
+/// ```
+#[derive(Debug)]
+pub struct InitOptions {
+    rank: usize,
+    world_size: usize,
+    master: String,
+    local_rank: Option<usize>,
+    timeout: Duration,
+    store_listener: Option<StoreListener>,
+    chunk_bytes: Option<usize>,
+}
+
+const TORCHRUN_HINT: &str =
+    "launch under `ringrun` or `torchrun`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
+
+impl InitOptions {
+    /// Options for rank `rank` of `world_size`, with rank 0's store at `master`
+    /// (`"host:port"`, IPv6 hosts in brackets: `"[fe80::1]:29500"`).
+    pub fn new(rank: usize, world_size: usize, master: &str) -> InitOptions {
+        InitOptions {
+            rank,
+            world_size,
+            master: master.to_string(),
+            local_rank: None,
+            timeout: DEFAULT_TIMEOUT,
+            store_listener: None,
+            chunk_bytes: None,
+        }
+    }
+
+    /// Reads the torchrun variables RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and, if
+    /// set, LOCAL_RANK and RINGCCL_TIMEOUT (seconds). A missing or malformed variable is
+    /// an error that names it.
+    pub fn from_env() -> Result<InitOptions, Error> {
+        InitOptions::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// Like [`InitOptions::from_env`], reading variables through `lookup` instead of the
+    /// process environment.
+    ///
+    /// ```
+    /// use ringccl_transports::InitOptions;
+    /// let vars = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "::1"), ("MASTER_PORT", "29500")];
+    /// let opts = InitOptions::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()))?;
+    /// assert_eq!(opts.master(), "[::1]:29500");
+    /// # Ok::<(), ringccl_collectives::Error>(())
+    /// ```
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<InitOptions, Error> {
+        let required = |var: &'static str| {
+            lookup(var)
+                .filter(|v| !v.trim().is_empty())
+                .ok_or(Error::MissingEnv {
+                    var,
+                    hint: TORCHRUN_HINT,
+                })
+        };
+        let number = |var: &'static str, value: String| {
+            value
+                .trim()
+                .parse::<usize>()
+                .map_err(|e| Error::InvalidEnv {
+                    var,
+                    value: value.clone(),
+                    reason: format!("expected a non-negative integer ({e})"),
+                })
+        };
+        let rank = number("RANK", required("RANK")?)?;
+        let world_size = number("WORLD_SIZE", required("WORLD_SIZE")?)?;
+        if world_size == 0 {
+            return Err(Error::InvalidEnv {
+                var: "WORLD_SIZE",
+                value: "0".into(),
+                reason: "a group needs at least one rank".into(),
+            });
+        }
+        if rank >= world_size {
+            return Err(Error::InvalidEnv {
+                var: "RANK",
+                value: rank.to_string(),
+                reason: format!("must be less than WORLD_SIZE={world_size}"),
+            });
+        }
+        let addr = required("MASTER_ADDR")?.trim().to_string();
+        let port_text = required("MASTER_PORT")?;
+        let port = port_text
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| Error::InvalidEnv {
+                var: "MASTER_PORT",
+                value: port_text.clone(),
+                reason: "expected a TCP port number from 1 to 65535".into(),
+            })?;
+        let host = if addr.contains(':') && !addr.starts_with('[') {
+            format!("[{addr}]")
+        } else {
+            addr
+        };
+        let mut opts = InitOptions::new(rank, world_size, &format!("{host}:{port}"));
+        if let Some(value) = lookup("LOCAL_RANK") {
+            opts.local_rank = Some(number("LOCAL_RANK", value)?);
+        }
+        if let Some(value) = lookup("RINGCCL_TIMEOUT") {
+            let secs = value
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| Error::InvalidEnv {
+                    var: "RINGCCL_TIMEOUT",
+                    value: value.clone(),
+                    reason: "expected a positive number of seconds".into(),
+                })?;
+            opts.timeout = Duration::from_secs_f64(secs);
+        }
+        Ok(opts)
+    }
+
+    /// Sets the deadline of rendezvous and of each collective (default 30 minutes).
+    pub fn timeout(mut self, timeout: Duration) -> InitOptions {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets this process's rank on its node (used to pick a GPU).
+    pub fn local_rank(mut self, local_rank: usize) -> InitOptions {
+        self.local_rank = Some(local_rank);
+        self
+    }
+
+    /// Hands rank 0 an already bound store listener instead of binding the master address
+    /// itself (for example one bound to port 0, whose real port was passed to the others).
+    pub fn store_listener(mut self, listener: StoreListener) -> InitOptions {
+        self.store_listener = Some(listener);
+        self
+    }
+
+    /// Sets the largest chunk the pipelined algorithms put in one frame. Every rank must
+    /// use the same value. Mostly for benchmarks and tests.
+    pub fn chunk_bytes(mut self, bytes: usize) -> InitOptions {
+        self.chunk_bytes = Some(bytes);
+        self
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The master's `"host:port"`.
+    pub fn master(&self) -> &str {
+        &self.master
+    }
+
+    /// The node-local rank, if known.
+    pub fn get_local_rank(&self) -> Option<usize> {
+        self.local_rank
+    }
+
+    /// The deadline.
+    pub fn get_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The chunk size override, if any.
+    pub fn get_chunk_bytes(&self) -> Option<usize> {
+        self.chunk_bytes
+    }
+
+    /// Checks the options for consistency.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.world_size == 0 {
+            return Err(Error::InvalidArgument(
+                "world_size must be at least 1".into(),
+            ));
+        }
+        if self.rank >= self.world_size {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is out of range for world_size {} (ranks are 0..{})",
+                self.rank, self.world_size, self.world_size
+            )));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::InvalidArgument("timeout must be positive".into()));
+        }
+        if self.store_listener.is_some() && self.rank != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "only rank 0 hosts the store, but rank {} was given a store listener",
+                self.rank
+            )));
+        }
+        if self.chunk_bytes == Some(0) {
+            return Err(Error::InvalidArgument(
+                "chunk_bytes must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn take_store_listener(&mut self) -> Option<StoreListener> {
+        self.store_listener.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|p| p.0 == k).map(|p| p.1.to_string())
+    }
+
+    const GOOD: [(&str, &str); 4] = [
+        ("RANK", "2"),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "node0"),
+        ("MASTER_PORT", "29500"),
+    ];
+
+    #[test]
+    fn reads_torchrun_variables() {
+        let opts = InitOptions::from_vars(vars(&GOOD)).unwrap();
+        assert_eq!((opts.rank(), opts.world_size()), (2, 4));
+        assert_eq!(opts.master(), "node0:29500");
+        assert_eq!(opts.get_local_rank(), None);
+        assert_eq!(opts.get_timeout(), DEFAULT_TIMEOUT);
+        let mut with_local = GOOD.to_vec();
+        with_local.push(("LOCAL_RANK", "1"));
+        with_local.push(("RINGCCL_TIMEOUT", "2.5"));
+        let opts = InitOptions::from_vars(vars(&with_local)).unwrap();
+        assert_eq!(opts.get_local_rank(), Some(1));
+        assert_eq!(opts.get_timeout(), Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn each_missing_variable_is_named() {
+        for missing in ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"] {
+            let rest: Vec<_> = GOOD.iter().copied().filter(|p| p.0 != missing).collect();
+            let err = InitOptions::from_vars(vars(&rest)).unwrap_err();
+            assert!(matches!(err, Error::MissingEnv { var, .. } if var == missing));
+            assert!(err.to_string().contains(missing), "{err}");
+        }
+    }
+
+    #[test]
+    fn malformed_variables_are_named() {
+        for (var, bad) in [
+            ("RANK", "two"),
+            ("RANK", "4"),
+            ("WORLD_SIZE", "-1"),
+            ("WORLD_SIZE", "0"),
+            ("MASTER_PORT", "99999"),
+            ("MASTER_PORT", "0"),
+            ("LOCAL_RANK", "x"),
+            ("RINGCCL_TIMEOUT", "-3"),
+        ] {
+            let mut set: Vec<_> = GOOD.iter().copied().filter(|p| p.0 != var).collect();
+            set.push((var, bad));
+            let err = InitOptions::from_vars(vars(&set)).unwrap_err();
+            match &err {
+                Error::InvalidEnv { var: named, .. } => assert_eq!(*named, var, "{err}"),
+                other => panic!("{var}={bad}: unexpected {other}"),
+            }
+        }
+    }
+
+    #[test]
+    fn validate_rejects_out_of_range_rank() {
+        assert!(InitOptions::new(4, 4, "h:1").validate().is_err());
+        assert!(InitOptions::new(0, 0, "h:1").validate().is_err());
+        assert!(InitOptions::new(3, 4, "h:1").validate().is_ok());
+    }
+}

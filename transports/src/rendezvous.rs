@@ -1,0 +1,253 @@
+//! Start-up: rank 0 hosts the store, every rank publishes its listening address, and the
+//! ranks connect into a full mesh, each connection opened with a checked handshake.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime};
+
+use ringccl_collectives::Error;
+use socket2::Socket;
+
+use crate::deadline_io::{read_exact_by, write_all_by};
+use crate::peer_hello::{PeerHello, PEER_HELLO_LEN};
+use crate::poll::{wait_any, Interest};
+use crate::store::{resolve, StoreClient, StoreListener, StoreServer};
+use crate::{InitOptions, TcpTransport};
+
+const JOB_KEY: &str = "ringccl/job";
+/// How long an accepted stranger may take to introduce itself before it is dropped.
+const HELLO_LIMIT: Duration = Duration::from_secs(10);
+
+fn addr_key(rank: usize) -> String {
+    format!("ringccl/addr/{rank}")
+}
+
+fn fresh_job_id() -> u64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u128(
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}
+
+/// Creates this rank's connections to every other rank of the group described by `opts`.
+///
+/// Rank 0 starts the rendezvous store (on `opts`' store listener, or by binding the master
+/// address). Every rank then connects to the store (retrying until the deadline, since
+/// rank 0 may start last), listens on an ephemeral port on the interface it reaches the
+/// store through, publishes that address, connects to every lower rank and accepts every
+/// higher one.
+pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
+    opts.validate()?;
+    let rank = opts.rank();
+    let world_size = opts.world_size();
+    let timeout = opts.get_timeout();
+    let deadline = Instant::now() + timeout;
+    let server = if rank == 0 {
+        let listener = match opts.take_store_listener() {
+            Some(listener) => listener,
+            None => StoreListener::bind(opts.master())?,
+        };
+        Some(StoreServer::start(listener)?)
+    } else {
+        None
+    };
+    let store_addrs = match &server {
+        // Rank 0 talks to its own store at the address it really bound.
+        Some(server) => vec![server.local_addr()],
+        None => resolve(opts.master()).map_err(|e| Error::StoreUnreachable {
+            rank,
+            addr: opts.master().to_string(),
+            timeout,
+            last_error: format!("cannot resolve: {e}"),
+        })?,
+    };
+    let mut store = StoreClient::connect(&store_addrs, rank, timeout)?;
+    let job_id = if rank == 0 {
+        let id = fresh_job_id();
+        store.set(JOB_KEY, &id.to_le_bytes())?;
+        id
+    } else {
+        let raw = store.wait(JOB_KEY, deadline, &|| "rank 0 to start the job".into())?;
+        let bytes: [u8; 8] = raw.as_slice().try_into().map_err(|_| Error::Handshake {
+            rank,
+            peer: "rendezvous store".into(),
+            reason: format!("job id has {} bytes, expected 8", raw.len()),
+        })?;
+        u64::from_le_bytes(bytes)
+    };
+    let me = PeerHello {
+        job_id,
+        world_size: world_size as u32,
+        rank: rank as u32,
+    };
+    let io_error = |context: String, source: io::Error| Error::Io {
+        rank,
+        context,
+        source,
+    };
+
+    // Listen on the interface this host reaches the store through: the one its peers
+    // can most likely reach it on too.
+    let local_ip = store
+        .local_addr()
+        .map_err(|e| io_error("local address of the store connection".into(), e))?
+        .ip();
+    let listener = TcpListener::bind(SocketAddr::new(local_ip, 0))
+        .map_err(|e| io_error(format!("listening on {local_ip}"), e))?;
+    let listen_addr = listener
+        .local_addr()
+        .map_err(|e| io_error("local address of the data listener".into(), e))?;
+    store.set(&addr_key(rank), listen_addr.to_string().as_bytes())?;
+
+    let mut peers: Vec<Option<Socket>> = (0..world_size).map(|_| None).collect();
+    for (peer, slot) in peers.iter_mut().enumerate().take(rank) {
+        let raw = store.wait(&addr_key(peer), deadline, &|| {
+            format!("rank {peer} to publish its address (is rank {peer} running?)")
+        })?;
+        let addr: SocketAddr =
+            String::from_utf8_lossy(&raw)
+                .parse()
+                .map_err(|_| Error::Handshake {
+                    rank,
+                    peer: format!("rank {peer}"),
+                    reason: "published an unreadable address".into(),
+                })?;
+        let stream = connect_peer(rank, peer, addr, deadline, timeout)?;
+        introduce(&stream, &me, deadline)
+            .map_err(|e| Error::Handshake {
+                rank,
+                peer: format!("rank {peer} at {addr}"),
+                reason: e,
+            })
+            .and_then(|theirs| {
+                if theirs.rank as usize == peer {
+                    Ok(())
+                } else {
+                    Err(Error::Handshake {
+                        rank,
+                        peer: format!("rank {peer} at {addr}"),
+                        reason: format!("it says it is rank {}", theirs.rank),
+                    })
+                }
+            })?;
+        *slot = Some(
+            configure(stream)
+                .map_err(|e| io_error(format!("configuring the connection to rank {peer}"), e))?,
+        );
+    }
+
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io_error("non-blocking listener".into(), e))?;
+    while peers.iter().skip(rank + 1).any(Option::is_none) {
+        let (stream, from) = match listener.accept() {
+            Ok(pair) => pair,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let ready = wait_any(&[Interest::readable(&listener)], deadline)
+                    .map_err(|e| io_error("waiting for peer connections".into(), e))?;
+                if !ready {
+                    let missing: Vec<String> = (rank + 1..world_size)
+                        .filter(|&p| peers[p].is_none())
+                        .map(|p| p.to_string())
+                        .collect();
+                    return Err(Error::RendezvousTimeout {
+                        rank,
+                        waiting_for: format!("connections from rank(s) {}", missing.join(", ")),
+                        timeout,
+                    });
+                }
+                continue;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("ringccl: rank {rank}: accept failed: {e}");
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let hello_deadline = deadline.min(Instant::now() + HELLO_LIMIT);
+        let accepted = stream
+            .set_nonblocking(false)
+            .map_err(|e| e.to_string())
+            .and_then(|()| introduce(&stream, &me, hello_deadline))
+            .and_then(|theirs| {
+                let peer = theirs.rank as usize;
+                if peer <= rank || peers[peer].is_some() {
+                    Err(format!(
+                        "it says it is rank {peer}, but only ranks above {rank} connect here and each once"
+                    ))
+                } else {
+                    Ok(peer)
+                }
+            });
+        match accepted {
+            Ok(peer) => {
+                peers[peer] = Some(configure(stream).map_err(|e| {
+                    io_error(format!("configuring the connection from rank {peer}"), e)
+                })?);
+            }
+            Err(reason) => {
+                eprintln!("ringccl: rank {rank}: rejected connection from {from}: {reason}")
+            }
+        }
+    }
+    Ok(TcpTransport::new(
+        rank,
+        world_size,
+        peers,
+        Some(store),
+        server,
+    ))
+}
+
+fn connect_peer(
+    rank: usize,
+    peer: usize,
+    addr: SocketAddr,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<TcpStream, Error> {
+    let mut backoff = Duration::from_millis(2);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::RendezvousTimeout {
+                rank,
+                waiting_for: format!("a connection to rank {peer} at {addr}"),
+                timeout,
+            });
+        }
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+            Ok(stream) => return Ok(stream),
+            Err(_) => {
+                thread::sleep(backoff.min(left));
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+            }
+        }
+    }
+}
+
+/// Sends our hello and reads and checks theirs.
+fn introduce(stream: &TcpStream, me: &PeerHello, deadline: Instant) -> Result<PeerHello, String> {
+    write_all_by(stream, &me.encode(), deadline).map_err(|e| format!("sending hello: {e}"))?;
+    let mut raw = [0u8; PEER_HELLO_LEN];
+    read_exact_by(stream, &mut raw, deadline).map_err(|e| format!("reading hello: {e}"))?;
+    PeerHello::decode_checked(&raw, me).map_err(|e| e.to_string())
+}
+
+/// Puts a handshaken connection into data mode: no Nagle delay, non-blocking.
+fn configure(stream: TcpStream) -> io::Result<Socket> {
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    let socket = Socket::from(stream);
+    socket.set_tcp_nodelay(true)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}

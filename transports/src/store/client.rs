@@ -1,0 +1,197 @@
+//! The store client every rank (rank 0 included) uses during rendezvous.
+
+use std::fmt;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ringccl_collectives::Error;
+
+use super::protocol::{
+    Hello, Op, RequestHeader, ResponseHeader, Status, HELLO_LEN, MAX_KEY_LEN, MAX_VALUE_LEN,
+    RESPONSE_HEADER_LEN,
+};
+use crate::deadline_io::{read_exact_by, write_all_by};
+
+/// Longest single connection attempt; a rank retries until its deadline.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_millis(200);
+
+/// A connection to the rendezvous store.
+pub struct StoreClient {
+    stream: TcpStream,
+    addr: SocketAddr,
+    rank: usize,
+    timeout: Duration,
+}
+
+impl StoreClient {
+    /// Connects to the store at one of `addrs`, retrying (the store may not be up yet)
+    /// until `timeout` has passed.
+    pub fn connect(
+        addrs: &[SocketAddr],
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<StoreClient, Error> {
+        let deadline = Instant::now() + timeout;
+        let mut backoff = Duration::from_millis(5);
+        let mut last_error = String::from("no attempt made");
+        loop {
+            for &addr in addrs {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                match TcpStream::connect_timeout(&addr, left.min(CONNECT_ATTEMPT)) {
+                    Ok(stream) => {
+                        let _ = stream.set_nodelay(true);
+                        let mut client = StoreClient {
+                            stream,
+                            addr,
+                            rank,
+                            timeout,
+                        };
+                        return client.hello(deadline).map(|()| client);
+                    }
+                    Err(e) => last_error = format!("{addr}: {e}"),
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::StoreUnreachable {
+                    rank,
+                    addr: addrs
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(" or "),
+                    timeout,
+                    last_error,
+                });
+            }
+            thread::sleep(backoff.min(left));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn hello(&mut self, deadline: Instant) -> Result<(), Error> {
+        let mut reply = [0u8; HELLO_LEN];
+        write_all_by(&self.stream, &Hello::CURRENT.encode(), deadline)
+            .and_then(|()| read_exact_by(&self.stream, &mut reply, deadline))
+            .map_err(|e| self.io_error("greeting the store", e))?;
+        Hello::decode(&reply).map_err(|e| Error::Handshake {
+            rank: self.rank,
+            peer: format!("rendezvous store at {}", self.addr),
+            reason: e.to_string(),
+        })?;
+        Ok(())
+    }
+
+    /// The local address of the connection: the interface this host uses to reach the
+    /// store, and so the one its peers can most likely reach it on.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.stream.local_addr()
+    }
+
+    /// Sets `key` to `value`.
+    pub fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Error> {
+        match self.request(Op::Set, key, value)? {
+            (Status::Ok, _) => Ok(()),
+            (_, reason) => Err(self.refused(key, &reason)),
+        }
+    }
+
+    /// Fetches `key`, if it exists.
+    pub fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, Error> {
+        match self.request(Op::Get, key, &[])? {
+            (Status::Ok, value) => Ok(Some(value)),
+            (Status::NotFound, _) => Ok(None),
+            (Status::Refused, reason) => Err(self.refused(key, &reason)),
+        }
+    }
+
+    /// Waits until `key` exists and returns its value; `waiting_for` describes, for the
+    /// timeout error, who was supposed to set it.
+    pub fn wait(
+        &mut self,
+        key: &str,
+        deadline: Instant,
+        waiting_for: &dyn Fn() -> String,
+    ) -> Result<Vec<u8>, Error> {
+        let mut backoff = Duration::from_millis(1);
+        loop {
+            if let Some(value) = self.get(key)? {
+                return Ok(value);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::RendezvousTimeout {
+                    rank: self.rank,
+                    waiting_for: waiting_for(),
+                    timeout: self.timeout,
+                });
+            }
+            thread::sleep(backoff.min(left));
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    fn request(&mut self, op: Op, key: &str, value: &[u8]) -> Result<(Status, Vec<u8>), Error> {
+        if key.len() > MAX_KEY_LEN || value.len() > MAX_VALUE_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "store key of {} bytes / value of {} bytes exceeds the limits ({MAX_KEY_LEN} / {MAX_VALUE_LEN})",
+                key.len(),
+                value.len()
+            )));
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut message = RequestHeader {
+            op,
+            key_len: key.len(),
+            value_len: value.len(),
+        }
+        .encode()
+        .to_vec();
+        message.extend_from_slice(key.as_bytes());
+        message.extend_from_slice(value);
+        let mut header = [0u8; RESPONSE_HEADER_LEN];
+        write_all_by(&self.stream, &message, deadline)
+            .and_then(|()| read_exact_by(&self.stream, &mut header, deadline))
+            .map_err(|e| self.io_error("talking to the rendezvous store", e))?;
+        let response = ResponseHeader::decode(&header).map_err(|e| Error::Handshake {
+            rank: self.rank,
+            peer: format!("rendezvous store at {}", self.addr),
+            reason: e.to_string(),
+        })?;
+        let mut body = vec![0u8; response.value_len];
+        read_exact_by(&self.stream, &mut body, deadline)
+            .map_err(|e| self.io_error("reading from the rendezvous store", e))?;
+        Ok((response.status, body))
+    }
+
+    fn io_error(&self, what: &str, source: io::Error) -> Error {
+        Error::Io {
+            rank: self.rank,
+            context: format!("{what} at {} (did rank 0 exit or fail?)", self.addr),
+            source,
+        }
+    }
+
+    fn refused(&self, key: &str, reason: &[u8]) -> Error {
+        Error::Io {
+            rank: self.rank,
+            context: format!("the rendezvous store at {} refused key {key:?}", self.addr),
+            source: io::Error::other(String::from_utf8_lossy(reason).into_owned()),
+        }
+    }
+}
+
+impl fmt::Debug for StoreClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreClient")
+            .field("addr", &self.addr)
+            .field("rank", &self.rank)
+            .finish_non_exhaustive()
+    }
+}
