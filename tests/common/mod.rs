@@ -41,6 +41,16 @@ pub fn run_threads<R: Send>(
     body: impl Fn(ProcessGroup) -> R + Sync,
 ) -> Vec<R> {
     let listener = StoreListener::bind("127.0.0.1:0").expect("bind store listener");
+    run_threads_on(listener, n, timeout, body)
+}
+
+/// [`run_threads`] with rank 0's store on a listener the caller bound.
+pub fn run_threads_on<R: Send>(
+    listener: StoreListener,
+    n: usize,
+    timeout: Duration,
+    body: impl Fn(ProcessGroup) -> R + Sync,
+) -> Vec<R> {
     let addr = listener.local_addr().expect("store address").to_string();
     let mut listener = Some(listener);
     thread::scope(|scope| {

@@ -171,6 +171,16 @@ impl StoreClient {
     }
 
     fn io_error(&self, what: &str, source: io::Error) -> Error {
+        if source.kind() == io::ErrorKind::TimedOut {
+            return Error::RendezvousTimeout {
+                rank: self.rank,
+                waiting_for: format!(
+                    "the rendezvous store at {} to answer (is something other than rank 0 listening there?)",
+                    self.addr
+                ),
+                timeout: self.timeout,
+            };
+        }
         Error::Io {
             rank: self.rank,
             context: format!("{what} at {} (did rank 0 exit or fail?)", self.addr),
