@@ -69,8 +69,12 @@ fn parse_args() -> Result<Args, String> {
             "--np" => args.np = value()?.parse().map_err(|e| format!("--np: {e}"))?,
             "-b" | "--minbytes" => args.min_bytes = parse_size(&value()?)?,
             "-e" | "--maxbytes" => args.max_bytes = parse_size(&value()?)?,
-            "-f" | "--stepfactor" => args.factor = value()?.parse().map_err(|e| format!("-f: {e}"))?,
-            "-w" | "--warmup_iters" => args.warmup = value()?.parse().map_err(|e| format!("-w: {e}"))?,
+            "-f" | "--stepfactor" => {
+                args.factor = value()?.parse().map_err(|e| format!("-f: {e}"))?
+            }
+            "-w" | "--warmup_iters" => {
+                args.warmup = value()?.parse().map_err(|e| format!("-w: {e}"))?
+            }
             "--budget" => args.budget = value()?.parse().map_err(|e| format!("--budget: {e}"))?,
             "--chunk" => args.chunk = Some(parse_size(&value()?)?),
             other => return Err(format!("unknown flag {other:?}")),
@@ -294,11 +298,24 @@ fn run_rank(args: &Args) -> Result<(), String> {
     let n = pg.world_size();
     let rank0 = pg.rank() == 0;
     if rank0 {
-        println!("# ringccl all-reduce benchmark: backend {}, {n} ranks on loopback, float32 sum", pg.backend());
+        println!(
+            "# ringccl all-reduce benchmark: backend {}, {n} ranks on loopback, float32 sum",
+            pg.backend()
+        );
         println!("# time = median over iterations of the slowest rank; loop = slowest rank's loop time / iterations");
         println!(
             "#{:>11} {:>12} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>7} {:>10} {:>7}",
-            "size(B)", "count", "type", "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "loop(us)", "iters"
+            "size(B)",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "time(us)",
+            "algbw(GB/s)",
+            "busbw(GB/s)",
+            "#wrong",
+            "loop(us)",
+            "iters"
         );
     }
     let mut busbw_sum = 0.0;
@@ -319,13 +336,26 @@ fn run_rank(args: &Args) -> Result<(), String> {
         if rank0 {
             println!(
                 "{:>12} {:>12} {:>6} {:>6} {:>5} {:>10.1} {:>10.3} {:>10.3} {:>7} {:>10.1} {:>7}",
-                size, count, "float", "sum", -1, timing.median_us, algbw, busbw, wrong, timing.loop_us, timing.iters
+                size,
+                count,
+                "float",
+                "sum",
+                -1,
+                timing.median_us,
+                algbw,
+                busbw,
+                wrong,
+                timing.loop_us,
+                timing.iters
             );
             let _ = std::io::stdout().flush();
         }
     }
     if rank0 {
-        println!("# Out of bounds values : {total_wrong} {}", if total_wrong == 0 { "OK" } else { "FAILED" });
+        println!(
+            "# Out of bounds values : {total_wrong} {}",
+            if total_wrong == 0 { "OK" } else { "FAILED" }
+        );
         println!("# Avg bus bandwidth    : {:.4}", busbw_sum / rows as f64);
     }
     pg.barrier().map_err(|e| e.to_string())?;

@@ -11,6 +11,7 @@ use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, ring_all_reduce, Schedule,
 };
 use crate::transport::Transport;
+use crate::wire::MAX_FRAME_PAYLOAD;
 use crate::{Backend, BufferMut, Error, OpDesc, ReduceOp};
 
 /// Tuning knobs of [`HostBackend`]. Every rank must use the same values.
@@ -55,8 +56,10 @@ pub struct HostBackend<T> {
 }
 
 impl<T: Transport> HostBackend<T> {
-    /// Wraps a connected transport.
-    pub fn new(name: &'static str, transport: T, config: HostConfig) -> HostBackend<T> {
+    /// Wraps a connected transport. `config.chunk_bytes` is clamped to
+    /// `1..=`[`MAX_FRAME_PAYLOAD`].
+    pub fn new(name: &'static str, transport: T, mut config: HostConfig) -> HostBackend<T> {
+        config.chunk_bytes = config.chunk_bytes.clamp(1, MAX_FRAME_PAYLOAD);
         HostBackend {
             name,
             rank: transport.rank(),

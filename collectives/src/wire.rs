@@ -24,6 +24,9 @@ use std::fmt;
 
 use crate::{CollectiveKind, DType, OpDesc, ReduceOp};
 
+/// Largest payload one frame may carry (the length field is 32 bits; chunks are capped
+/// well below it).
+pub const MAX_FRAME_PAYLOAD: usize = 1 << 30;
 /// Size of an encoded [`FrameHeader`].
 pub const FRAME_HEADER_LEN: usize = 32;
 const MAGIC: [u8; 2] = *b"RC";

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use ringccl_collectives::wire::MAX_FRAME_PAYLOAD;
 use ringccl_collectives::Error;
 
 use crate::StoreListener;
@@ -217,10 +218,12 @@ impl InitOptions {
                 self.rank
             )));
         }
-        if self.chunk_bytes == Some(0) {
-            return Err(Error::InvalidArgument(
-                "chunk_bytes must be positive".into(),
-            ));
+        if let Some(bytes) = self.chunk_bytes {
+            if bytes == 0 || bytes > MAX_FRAME_PAYLOAD {
+                return Err(Error::InvalidArgument(format!(
+                    "chunk_bytes must be between 1 and {MAX_FRAME_PAYLOAD}, got {bytes}"
+                )));
+            }
         }
         Ok(())
     }

@@ -106,8 +106,10 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
         .map_err(|e| io_error("local address of the data listener".into(), e))?;
     store.set(&addr_key(rank), listen_addr.to_string().as_bytes())?;
 
-    let mut peers: Vec<Option<Socket>> = (0..world_size).map(|_| None).collect();
-    for (peer, slot) in peers.iter_mut().enumerate().take(rank) {
+    // Fetch every lower rank's address before connecting to any: once rank 0 has all
+    // its connections, nobody needs its store any more.
+    let mut lower_addrs = Vec::with_capacity(rank);
+    for peer in 0..rank {
         let raw = store.wait(&addr_key(peer), deadline, &|| {
             format!("rank {peer} to publish its address (is rank {peer} running?)")
         })?;
@@ -119,25 +121,24 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
                     peer: format!("rank {peer}"),
                     reason: "published an unreadable address".into(),
                 })?;
+        lower_addrs.push(addr);
+    }
+    let mut peers: Vec<Option<Socket>> = (0..world_size).map(|_| None).collect();
+    for (peer, addr) in lower_addrs.into_iter().enumerate() {
         let stream = connect_peer(rank, peer, addr, deadline, timeout)?;
-        introduce(&stream, &me, deadline)
-            .map_err(|e| Error::Handshake {
+        let theirs = introduce(&stream, &me, deadline).map_err(|e| Error::Handshake {
+            rank,
+            peer: format!("rank {peer} at {addr}"),
+            reason: e,
+        })?;
+        if theirs.rank as usize != peer {
+            return Err(Error::Handshake {
                 rank,
                 peer: format!("rank {peer} at {addr}"),
-                reason: e,
-            })
-            .and_then(|theirs| {
-                if theirs.rank as usize == peer {
-                    Ok(())
-                } else {
-                    Err(Error::Handshake {
-                        rank,
-                        peer: format!("rank {peer} at {addr}"),
-                        reason: format!("it says it is rank {}", theirs.rank),
-                    })
-                }
-            })?;
-        *slot = Some(
+                reason: format!("it says it is rank {}", theirs.rank),
+            });
+        }
+        peers[peer] = Some(
             configure(stream)
                 .map_err(|e| io_error(format!("configuring the connection to rank {peer}"), e))?,
         );
