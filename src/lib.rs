@@ -26,16 +26,20 @@
 #![forbid(unsafe_code)]
 
 mod process_group;
+mod sequencer;
+mod work;
+mod worker;
 
 pub use process_group::{init_process_group, ProcessGroup, BACKENDS};
 pub use ringccl_collectives::{
-    half, Backend, BufferMut, CollectiveKind, DType, Element, Error, HostConfig, OpDesc, ReduceOp,
-    Result,
+    half, AllReduceAlgo, Backend, BufferMut, BufferRef, CollectiveKind, DType, Element, Error,
+    HostConfig, OpDesc, ReduceOp, Result,
 };
 pub use ringccl_transports::{InitOptions, StoreListener, DEFAULT_TIMEOUT};
+pub use work::Work;
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {
-    pub use ringccl_collectives::{schedule, wire, HostBackend, Readiness, Transport};
+    pub use ringccl_collectives::{bucket, schedule, wire, HostBackend, Readiness, Transport};
     pub use ringccl_transports::{connect_mesh, store, TcpTransport};
 }

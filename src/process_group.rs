@@ -1,10 +1,27 @@
 //! The typed, user-facing handle on a group of ranks.
 
-use ringccl_collectives::{Backend, BufferMut, Element, Error, HostBackend, HostConfig, ReduceOp};
+use std::collections::VecDeque;
+use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+use ringccl_collectives::bucket::plan_buckets;
+use ringccl_collectives::{
+    validate_reduce, Backend, BufferMut, BufferRef, Element, Error, HostBackend, HostConfig,
+    ReduceOp,
+};
 use ringccl_transports::{connect_mesh, InitOptions};
+
+use crate::sequencer::Sequencer;
+use crate::work::Work;
+use crate::worker::{Job, Worker};
 
 /// The backend names [`init_process_group`] accepts (case-insensitive).
 pub const BACKENDS: &[&str] = &["gloo", "nccl"];
+
+/// How many fused buckets [`ProcessGroup::all_reduce_bucketed`] keeps on the wire while
+/// it packs the next one.
+const BUCKETS_IN_FLIGHT: usize = 2;
 
 /// Joins the process group described by `opts` using the backend named `backend`
 /// (`"gloo"` or `"nccl"`, case-insensitive).
@@ -31,10 +48,14 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
             opts.validate()?;
             let mut config = HostConfig {
                 timeout: opts.get_timeout(),
+                all_reduce_algo: opts.get_all_reduce_algo()?,
                 ..HostConfig::default()
             };
             if let Some(chunk) = opts.get_chunk_bytes() {
                 config.chunk_bytes = chunk;
+            }
+            if let Some(bytes) = opts.get_small_all_reduce_max_bytes() {
+                config.small_all_reduce_max_bytes = bytes;
             }
             let transport = connect_mesh(opts)?;
             Ok(ProcessGroup::from_backend(Box::new(HostBackend::new(
@@ -55,18 +76,24 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
 
 /// One rank's handle on a group of processes that run collectives together.
 ///
-/// `Send + Sync`: it can be shared between threads (calls are serialised). Every method
-/// is collective: all ranks must call the same methods, in the same order, with matching
-/// arguments; a rank that disagrees gets [`Error::CollectiveMismatch`] instead of a hang.
-#[derive(Debug)]
+/// `Send + Sync`: it can be shared between threads. Every operation — blocking or
+/// `*_async` — runs in the order it was issued on this rank, one at a time. Every
+/// collective must be issued by all ranks in the same order with matching arguments; a
+/// rank that disagrees gets [`Error::CollectiveMismatch`] instead of a hang.
 pub struct ProcessGroup {
-    backend: Box<dyn Backend>,
+    backend: Arc<dyn Backend>,
+    sequencer: Arc<Sequencer>,
+    worker: Mutex<Option<Worker>>,
 }
 
 impl ProcessGroup {
     /// Wraps any backend implementation.
     pub fn from_backend(backend: Box<dyn Backend>) -> ProcessGroup {
-        ProcessGroup { backend }
+        ProcessGroup {
+            backend: Arc::from(backend),
+            sequencer: Arc::default(),
+            worker: Mutex::new(None),
+        }
     }
 
     /// This process's rank.
@@ -84,25 +111,253 @@ impl ProcessGroup {
         self.backend.name()
     }
 
-    /// The type-erased backend underneath.
+    /// The type-erased backend underneath. Calls made on it directly bypass the group's
+    /// issue order; prefer the methods of `ProcessGroup`.
     pub fn as_backend(&self) -> &dyn Backend {
-        self.backend.as_ref()
+        &*self.backend
+    }
+
+    /// Runs `op` on the calling thread once every earlier operation has finished.
+    fn in_order<R>(&self, op: impl FnOnce(&dyn Backend) -> R) -> R {
+        let ticket = self.sequencer.issue(|ticket| ticket);
+        let _turn = self.sequencer.turn(ticket);
+        op(&*self.backend)
+    }
+
+    /// Queues `op` on the background worker, behind every earlier operation.
+    fn queue<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&dyn Backend) -> Result<T, Error> + Send + 'static,
+    ) -> Result<Work<T>, Error> {
+        let rank = self.rank();
+        let mut slot = self.worker.lock().map_err(|_| Error::GroupBroken {
+            rank,
+            cause: "a thread panicked while queueing an operation".into(),
+        })?;
+        let worker = match &mut *slot {
+            Some(worker) => worker,
+            empty => empty.insert(Worker::start(
+                Arc::clone(&self.backend),
+                Arc::clone(&self.sequencer),
+            )?),
+        };
+        let (done, result) = crossbeam_channel::bounded(1);
+        let submitted = self.sequencer.issue(|ticket| {
+            worker.submit(Job {
+                ticket,
+                run: Box::new(move |backend| {
+                    let result = panic::catch_unwind(AssertUnwindSafe(|| op(backend)))
+                        .unwrap_or_else(|_| {
+                            Err(Error::GroupBroken {
+                                rank,
+                                cause: "an operation panicked in the background worker".into(),
+                            })
+                        });
+                    // The Work may have been dropped: the result is then discarded.
+                    let _ = done.send(result);
+                }),
+            })
+        });
+        if let Err(job) = submitted {
+            self.sequencer.skip(job.ticket);
+            return Err(Error::GroupBroken {
+                rank,
+                cause: "the group's background worker has stopped".into(),
+            });
+        }
+        Ok(Work::new(result, rank))
     }
 
     /// Reduces `buf` element-wise across all ranks with `op`; every rank ends with the
     /// bit-identical result. `Avg` works on float types only.
     pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.backend.all_reduce(BufferMut::from_slice(buf), op)
+        self.in_order(|b| b.all_reduce(BufferMut::from_slice(buf), op))
     }
 
     /// Copies rank `root`'s `buf` into every rank's `buf`.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), Error> {
-        self.backend.broadcast(BufferMut::from_slice(buf), root)
+        self.in_order(|b| b.broadcast(BufferMut::from_slice(buf), root))
     }
 
     /// Returns once every rank has called `barrier`.
     pub fn barrier(&self) -> Result<(), Error> {
-        self.backend.barrier()
+        self.in_order(|b| b.barrier())
+    }
+
+    /// Reduces `buf` across all ranks into rank `root`'s `buf`. The other ranks' `buf`
+    /// contents are unspecified afterwards (they hold partial results).
+    pub fn reduce<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), Error> {
+        self.in_order(|b| b.reduce(BufferMut::from_slice(buf), op, root))
+    }
+
+    /// Concatenates every rank's `input`, in rank order, into every rank's `output`
+    /// (`output.len() == world_size * input.len()`).
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
+        self.in_order(|b| b.all_gather(BufferRef::from_slice(input), BufferMut::from_slice(output)))
+    }
+
+    /// Reduces `input` (`world_size` equal blocks) across ranks: rank `r`'s `output`
+    /// receives the reduction of everyone's block `r`
+    /// (`input.len() == world_size * output.len()`).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.in_order(|b| {
+            b.reduce_scatter(
+                BufferRef::from_slice(input),
+                BufferMut::from_slice(output),
+                op,
+            )
+        })
+    }
+
+    /// Exchanges blocks: block `q` of this rank's `input` becomes block `rank` of rank
+    /// `q`'s `output`. Both buffers hold `world_size` equal blocks.
+    pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
+        self.in_order(|b| b.all_to_all(BufferRef::from_slice(input), BufferMut::from_slice(output)))
+    }
+
+    /// Sends `buf` to rank `dst`. Rank `dst` must call [`ProcessGroup::recv`] with this
+    /// rank, the same tag, length and type; messages between two ranks are received in
+    /// the order they were sent (a different tag or size is reported as an error).
+    pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<(), Error> {
+        self.in_order(|b| b.send(BufferRef::from_slice(buf), dst, tag))
+    }
+
+    /// Receives into `buf` the next message from rank `src`, which must carry `tag`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<(), Error> {
+        self.in_order(|b| b.recv(BufferMut::from_slice(buf), src, tag))
+    }
+
+    /// Starts an all-reduce in the background and returns at once. The buffer moves into
+    /// the returned [`Work`] and comes back from [`Work::wait`].
+    ///
+    /// ```
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let work = pg.all_reduce_async(vec![1.0f32; 4], ringccl::ReduceOp::Sum)?;
+    /// // ... compute while the all-reduce runs ...
+    /// let grads = work.wait()?;
+    /// assert_eq!(grads, vec![1.0; 4]);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn all_reduce_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Result<Work<Vec<T>>, Error> {
+        validate_reduce(T::DTYPE, op)?;
+        self.queue(move |b| {
+            b.all_reduce(BufferMut::from_slice(&mut buf), op)
+                .map(|()| buf)
+        })
+    }
+
+    /// Starts a broadcast in the background; see [`ProcessGroup::all_reduce_async`].
+    pub fn broadcast_async<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        root: usize,
+    ) -> Result<Work<Vec<T>>, Error> {
+        self.queue(move |b| {
+            b.broadcast(BufferMut::from_slice(&mut buf), root)
+                .map(|()| buf)
+        })
+    }
+
+    /// Starts a barrier in the background.
+    pub fn barrier_async(&self) -> Result<Work<()>, Error> {
+        self.queue(|b| b.barrier())
+    }
+
+    /// All-reduces many tensors through fusion buffers of at most `bucket_bytes`: the
+    /// tensors are packed, in order, into buckets (a tensor larger than the space left is
+    /// split across buckets), each bucket is all-reduced as one buffer, and the results
+    /// are unpacked. The next bucket is packed while the previous ones are on the wire.
+    /// A thousand 1 KiB tensors cost about one 1 MiB all-reduce, not a thousand
+    /// latencies.
+    ///
+    /// ```
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let (mut a, mut b) = (vec![1.0f32; 3], vec![2.0f32; 1000]);
+    /// pg.all_reduce_bucketed(&mut [&mut a[..], &mut b[..]], ringccl::ReduceOp::Sum, 1024)?;
+    /// assert_eq!(b[999], 2.0);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn all_reduce_bucketed<T: Element>(
+        &self,
+        tensors: &mut [&mut [T]],
+        op: ReduceOp,
+        bucket_bytes: usize,
+    ) -> Result<(), Error> {
+        validate_reduce(T::DTYPE, op)?;
+        let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
+        let plan = plan_buckets(&lens, T::DTYPE.size(), bucket_bytes);
+        let mut in_flight = VecDeque::<(usize, Work<Vec<T>>)>::new();
+        let mut spare: Vec<Vec<T>> = Vec::new();
+        let mut first_error = None;
+        // Waits for bucket `index` and copies its result back into the tensors.
+        let finish = |index: usize,
+                      work: Work<Vec<T>>,
+                      tensors: &mut [&mut [T]],
+                      spare: &mut Vec<Vec<T>>|
+         -> Result<(), Error> {
+            let fused = work.wait()?;
+            let mut at = 0;
+            for piece in &plan[index] {
+                let len = piece.range.len();
+                tensors[piece.tensor][piece.range.clone()].copy_from_slice(&fused[at..at + len]);
+                at += len;
+            }
+            spare.push(fused);
+            Ok(())
+        };
+        for (index, bucket) in plan.iter().enumerate() {
+            let mut fused = spare.pop().unwrap_or_default();
+            fused.clear();
+            for piece in bucket {
+                fused.extend_from_slice(&tensors[piece.tensor][piece.range.clone()]);
+            }
+            match self.all_reduce_async(fused, op) {
+                Ok(work) => in_flight.push_back((index, work)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    break;
+                }
+            }
+            if in_flight.len() > BUCKETS_IN_FLIGHT {
+                if let Some((i, work)) = in_flight.pop_front() {
+                    if let Err(e) = finish(i, work, tensors, &mut spare) {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        // Wait for every bucket, even after an error: no operation outlives this call.
+        while let Some((i, work)) = in_flight.pop_front() {
+            if let Err(e) = finish(i, work, tensors, &mut spare) {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
     }
 }
 

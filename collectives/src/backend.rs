@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::{BufferMut, DType, Error, ReduceOp};
+use crate::{BufferMut, BufferRef, DType, Error, ReduceOp};
 
 /// A communication backend: one rank's view of a process group.
 ///
@@ -10,8 +10,10 @@ use crate::{BufferMut, DType, Error, ReduceOp};
 /// (`Box<dyn Backend>`). The typed, generic API users call (`ProcessGroup::all_reduce::<T>`
 /// and friends, in the `ringccl` crate) is a thin layer over these methods.
 ///
-/// Every method is collective: every rank of the group must call it, in the same order,
-/// with matching arguments. Every method returns within the group's deadline.
+/// Every collective method must be called by every rank of the group, in the same order,
+/// with matching arguments; point-to-point `send`/`recv` involve two ranks, which must
+/// issue their messages to each other in matching order. Every method returns within the
+/// group's deadline.
 pub trait Backend: Send + Sync + fmt::Debug {
     /// The backend's name, e.g. `"gloo"`.
     fn name(&self) -> &str;
@@ -31,9 +33,37 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Returns once every rank has entered the barrier.
     fn barrier(&self) -> Result<(), Error>;
+
+    /// Reduces `buf` across all ranks into `root`'s `buf`. Other ranks' `buf` contents are
+    /// unspecified afterwards (they hold partial results).
+    fn reduce(&self, buf: BufferMut<'_>, op: ReduceOp, root: usize) -> Result<(), Error>;
+
+    /// Concatenates every rank's `input`, in rank order, into every rank's `output`
+    /// (`output.len() == world_size * input.len()`).
+    fn all_gather(&self, input: BufferRef<'_>, output: BufferMut<'_>) -> Result<(), Error>;
+
+    /// Reduces `input` (`world_size` equal blocks) across ranks; rank `r`'s `output`
+    /// receives the reduction of block `r` (`input.len() == world_size * output.len()`).
+    fn reduce_scatter(
+        &self,
+        input: BufferRef<'_>,
+        output: BufferMut<'_>,
+        op: ReduceOp,
+    ) -> Result<(), Error>;
+
+    /// Block `q` of rank `r`'s `input` becomes block `r` of rank `q`'s `output` (both have
+    /// `world_size` equal blocks).
+    fn all_to_all(&self, input: BufferRef<'_>, output: BufferMut<'_>) -> Result<(), Error>;
+
+    /// Sends `buf` to rank `dst`, which must call `recv` with this rank, the same tag and
+    /// the same length and type.
+    fn send(&self, buf: BufferRef<'_>, dst: usize, tag: u32) -> Result<(), Error>;
+
+    /// Receives into `buf` the next message from rank `src`, which must carry `tag`.
+    fn recv(&self, buf: BufferMut<'_>, src: usize, tag: u32) -> Result<(), Error>;
 }
 
-/// Checks the arguments of an all-reduce that every backend rejects the same way.
+/// Checks the arguments of a reduction that every backend rejects the same way.
 pub fn validate_reduce(dtype: DType, op: ReduceOp) -> Result<(), Error> {
     if op == ReduceOp::Avg && !dtype.is_float() {
         return Err(Error::UnsupportedOp {
@@ -49,7 +79,31 @@ pub fn validate_reduce(dtype: DType, op: ReduceOp) -> Result<(), Error> {
 pub fn validate_root(root: usize, world_size: usize) -> Result<(), Error> {
     if root >= world_size {
         return Err(Error::InvalidArgument(format!(
-            "root rank {root} is out of range for a group of {world_size} ranks (valid: 0..{world_size})"
+            "rank {root} is out of range for a group of {world_size} ranks (valid: 0..{world_size})"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that `input` and `output` have the same element type and that
+/// `big.len() == world_size * small.len()` for a gather/scatter-shaped collective.
+pub fn validate_blocks(
+    what: &str,
+    input: DType,
+    output: DType,
+    small: usize,
+    big: usize,
+    world_size: usize,
+) -> Result<(), Error> {
+    if input != output {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: input is {input} but output is {output}; both must have the same element type"
+        )));
+    }
+    if small.checked_mul(world_size) != Some(big) {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: the larger buffer must hold world_size ({world_size}) x {small} = {} elements, it holds {big}",
+            small.saturating_mul(world_size)
         )));
     }
     Ok(())

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use crate::kernels;
 use crate::schedule::{RecvAction, Schedule};
 use crate::transport::{Readiness, Transport};
-use crate::wire::{FrameHeader, FRAME_HEADER_LEN};
+use crate::wire::{Algorithm, FrameHeader, FRAME_HEADER_LEN};
 use crate::{DType, Error, OpDesc, ReduceOp};
 
 /// Everything the executor needs to know about the call besides the schedule.
@@ -23,6 +23,7 @@ pub(crate) struct Call {
     pub(crate) rank: usize,
     pub(crate) world_size: usize,
     pub(crate) op: OpDesc,
+    pub(crate) algorithm: Algorithm,
     pub(crate) elem_size: usize,
     /// Element type and operator, for schedules that reduce.
     pub(crate) reduce: Option<(DType, ReduceOp)>,
@@ -41,12 +42,14 @@ fn is_would_block(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::WouldBlock
 }
 
-/// Runs `schedule` for `call` on `buf` (the caller's bytes).
+/// Runs `schedule` for `call` on `buf` (the caller's bytes). Sends read from `send_from`
+/// when given (all-to-all, point-to-point sends), else from `buf`.
 pub(crate) fn execute<T: Transport + ?Sized>(
     transport: &mut T,
     schedule: &Schedule,
     call: &Call,
     buf: &mut [u8],
+    send_from: Option<&[u8]>,
     scratch: &mut Vec<u64>,
 ) -> Result<(), Error> {
     let es = call.elem_size;
@@ -65,10 +68,14 @@ pub(crate) fn execute<T: Transport + ?Sized>(
             if step.after_recv.is_some_and(|dep| dep >= recv.index) {
                 break;
             }
-            let payload = &buf[bytes(&step.range)];
+            let payload = match send_from {
+                Some(source) => &source[bytes(&step.range)],
+                None => &buf[bytes(&step.range)],
+            };
             if send.done == 0 {
                 send.header = FrameHeader {
                     op: call.op,
+                    algorithm: call.algorithm,
                     payload_len: payload.len() as u32,
                 }
                 .encode();
@@ -105,56 +112,77 @@ pub(crate) fn execute<T: Transport + ?Sized>(
             let range = bytes(&step.range);
             let len = range.len();
             let total = FRAME_HEADER_LEN + len;
-            let dest: &mut [u8] = match step.action {
-                RecvAction::Store => &mut buf[range.clone()],
-                RecvAction::Reduce { .. } => &mut scratch[..len],
-            };
-            let before = recv.done;
-            let read = if before < FRAME_HEADER_LEN {
-                let mut iov = [
-                    IoSliceMut::new(&mut recv.header[before..]),
-                    IoSliceMut::new(dest),
-                ];
-                transport.read_some(step.peer, &mut iov)
-            } else {
-                let mut iov = [IoSliceMut::new(&mut dest[before - FRAME_HEADER_LEN..])];
-                transport.read_some(step.peer, &mut iov)
-            };
-            match read {
-                Ok(0) => {
-                    return Err(peer_lost(
-                        call,
-                        step.peer,
-                        "connection closed by peer (process exited or was killed?)",
-                    ))
-                }
-                Ok(n) => {
-                    progressed = true;
-                    recv.done += n;
-                }
-                Err(e) if is_would_block(&e) => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(peer_lost(call, step.peer, &e.to_string())),
-            }
-            if before < FRAME_HEADER_LEN && recv.done >= FRAME_HEADER_LEN {
-                check_header(call, step.peer, &recv.header, len)?;
-            }
-            if recv.done == total {
-                if let (RecvAction::Reduce { last }, Some((dtype, op))) = (step.action, call.reduce)
-                {
-                    let fail = |e: kernels::KernelError| {
-                        Error::InvalidArgument(format!("rank {}: {}: {}", call.rank, call.op, e.0))
-                    };
-                    kernels::reduce_bytes(dtype, op, &mut buf[range.clone()], &scratch[..len])
-                        .map_err(fail)?;
-                    if last && op == ReduceOp::Avg {
-                        kernels::finalize_avg(dtype, &mut buf[range], call.world_size)
-                            .map_err(fail)?;
+            // May the data be written into the caller's buffer yet?
+            let may_apply = step.after_send.is_none_or(|dep| dep < send.index);
+            if recv.done < total {
+                let dest: &mut [u8] = match step.action {
+                    RecvAction::Store if !may_apply => break,
+                    RecvAction::Store => &mut buf[range.clone()],
+                    RecvAction::Reduce { .. } => &mut scratch[..len],
+                };
+                let before = recv.done;
+                let read = if before < FRAME_HEADER_LEN {
+                    let mut iov = [
+                        IoSliceMut::new(&mut recv.header[before..]),
+                        IoSliceMut::new(dest),
+                    ];
+                    transport.read_some(step.peer, &mut iov)
+                } else {
+                    let mut iov = [IoSliceMut::new(&mut dest[before - FRAME_HEADER_LEN..])];
+                    transport.read_some(step.peer, &mut iov)
+                };
+                match read {
+                    Ok(0) => {
+                        return Err(peer_lost(
+                            call,
+                            step.peer,
+                            "connection closed by peer (process exited or was killed?)",
+                        ))
                     }
+                    Ok(n) => {
+                        progressed = true;
+                        recv.done += n;
+                    }
+                    Err(e) if is_would_block(&e) => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(peer_lost(call, step.peer, &e.to_string())),
                 }
-                recv.index += 1;
-                recv.done = 0;
+                if before < FRAME_HEADER_LEN && recv.done >= FRAME_HEADER_LEN {
+                    check_header(call, step.peer, &recv.header, len)?;
+                }
+                if recv.done < total {
+                    continue;
+                }
             }
+            if !may_apply {
+                // Received into scratch; our own send of this range has not left yet.
+                break;
+            }
+            if let (
+                RecvAction::Reduce {
+                    last,
+                    incoming_first,
+                },
+                Some((dtype, op)),
+            ) = (step.action, call.reduce)
+            {
+                let order = if incoming_first {
+                    kernels::Order::IncomingFirst
+                } else {
+                    kernels::Order::LocalFirst
+                };
+                let fail = |e: kernels::KernelError| {
+                    Error::InvalidArgument(format!("rank {}: {}: {}", call.rank, call.op, e.0))
+                };
+                kernels::reduce_bytes(dtype, op, &mut buf[range.clone()], &scratch[..len], order)
+                    .map_err(fail)?;
+                if last && op == ReduceOp::Avg {
+                    kernels::finalize_avg(dtype, &mut buf[range], call.world_size).map_err(fail)?;
+                }
+            }
+            recv.index += 1;
+            recv.done = 0;
+            progressed = true;
         }
 
         if send.index == schedule.sends.len() && recv.index == schedule.recvs.len() {
@@ -168,7 +196,20 @@ pub(crate) fn execute<T: Transport + ?Sized>(
             .get(send.index)
             .filter(|s| s.after_recv.is_none_or(|dep| dep < recv.index))
             .map(|s| s.peer);
-        let readable = schedule.recvs.get(recv.index).map(|r| r.peer);
+        let readable = schedule
+            .recvs
+            .get(recv.index)
+            .filter(|r| {
+                let may_apply = r.after_send.is_none_or(|dep| dep < send.index);
+                let stalled = match r.action {
+                    RecvAction::Store => !may_apply,
+                    RecvAction::Reduce { .. } => {
+                        recv.done == FRAME_HEADER_LEN + r.range.len() * es && !may_apply
+                    }
+                };
+                !stalled
+            })
+            .map(|r| r.peer);
         let Some(blocking_peer) = readable.or(writable) else {
             return Err(Error::InvalidArgument(format!(
                 "rank {}: {}: schedule cannot make progress (a send waits for a receive that does not exist)",
@@ -209,6 +250,18 @@ fn check_header(
             mine: call.op,
             peer,
             theirs: header.op,
+        });
+    }
+    if header.algorithm != call.algorithm {
+        return Err(Error::Protocol {
+            rank: call.rank,
+            peer,
+            op: call.op,
+            reason: format!(
+                "peer runs the {} algorithm, this rank {}: configure the algorithm (RINGCCL_ALGO, InitOptions) identically on every rank",
+                header.algorithm.name(),
+                call.algorithm.name()
+            ),
         });
     }
     if header.payload_len as usize != expected_len {

@@ -53,27 +53,40 @@ macro_rules! float_arith {
 }
 float_arith!(f32, f64);
 
-#[inline]
+#[inline(always)]
 fn zip_apply<T: Arith>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
     for (d, s) in dst.iter_mut().zip(src) {
         *d = f(*d, *s);
     }
 }
 
-fn combine<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T]) {
-    match op {
+/// Which operand comes first: `dst = dst (op) src` or `dst = src (op) dst`. The two agree
+/// for every operator except in corner cases (NaN payloads, the sign of a zero minimum),
+/// and schedules pick one so that all ranks compute the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Order {
+    LocalFirst,
+    IncomingFirst,
+}
+
+fn combine<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T], order: Order) {
+    let f: fn(T, T) -> T = match op {
         // Avg reduces as a sum; `finalize_avg` divides once at the end.
-        ReduceOp::Sum | ReduceOp::Avg => zip_apply(dst, src, T::sum),
-        ReduceOp::Product => zip_apply(dst, src, T::prod),
-        ReduceOp::Min => zip_apply(dst, src, T::min),
-        ReduceOp::Max => zip_apply(dst, src, T::max),
+        ReduceOp::Sum | ReduceOp::Avg => T::sum,
+        ReduceOp::Product => T::prod,
+        ReduceOp::Min => T::min,
+        ReduceOp::Max => T::max,
+    };
+    match order {
+        Order::LocalFirst => zip_apply(dst, src, f),
+        Order::IncomingFirst => zip_apply(dst, src, |d, s| f(s, d)),
     }
 }
 
 /// Widening block for the 16-bit float types (fits comfortably in L1).
 const HALF_BLOCK: usize = 512;
 
-fn combine_half<H>(op: ReduceOp, dst: &mut [H], src: &[H])
+fn combine_half<H>(op: ReduceOp, dst: &mut [H], src: &[H], order: Order)
 where
     [H]: HalfFloatSliceExt,
 {
@@ -83,7 +96,7 @@ where
         let n = d.len();
         d.convert_to_f32_slice(&mut wide_dst[..n]);
         s.convert_to_f32_slice(&mut wide_src[..n]);
-        combine::<f32>(op, &mut wide_dst[..n], &wide_src[..n]);
+        combine::<f32>(op, &mut wide_dst[..n], &wide_src[..n], order);
         d.convert_from_f32_slice(&wide_dst[..n]);
     }
 }
@@ -117,12 +130,14 @@ fn cast<T: bytemuck::Pod>(bytes: &[u8]) -> Result<&[T], KernelError> {
         .map_err(|e| KernelError(format!("buffer is not a whole, aligned slice: {e:?}")))
 }
 
-/// `dst[i] = dst[i] (op) src[i]` for every element, on raw bytes of type `dtype`.
+/// `dst[i] = dst[i] (op) src[i]` (or `src[i] (op) dst[i]`, by `order`) for every element,
+/// on raw bytes of type `dtype`.
 pub(crate) fn reduce_bytes(
     dtype: DType,
     op: ReduceOp,
     dst: &mut [u8],
     src: &[u8],
+    order: Order,
 ) -> Result<(), KernelError> {
     if dst.len() != src.len() {
         return Err(KernelError(format!(
@@ -132,14 +147,14 @@ pub(crate) fn reduce_bytes(
         )));
     }
     match dtype {
-        DType::F32 => combine::<f32>(op, cast_mut(dst)?, cast(src)?),
-        DType::F64 => combine::<f64>(op, cast_mut(dst)?, cast(src)?),
-        DType::I8 => combine::<i8>(op, cast_mut(dst)?, cast(src)?),
-        DType::U8 => combine::<u8>(op, dst, src),
-        DType::I32 => combine::<i32>(op, cast_mut(dst)?, cast(src)?),
-        DType::I64 => combine::<i64>(op, cast_mut(dst)?, cast(src)?),
-        DType::F16 => combine_half::<f16>(op, cast_mut(dst)?, cast(src)?),
-        DType::BF16 => combine_half::<bf16>(op, cast_mut(dst)?, cast(src)?),
+        DType::F32 => combine::<f32>(op, cast_mut(dst)?, cast(src)?, order),
+        DType::F64 => combine::<f64>(op, cast_mut(dst)?, cast(src)?, order),
+        DType::I8 => combine::<i8>(op, cast_mut(dst)?, cast(src)?, order),
+        DType::U8 => combine::<u8>(op, dst, src, order),
+        DType::I32 => combine::<i32>(op, cast_mut(dst)?, cast(src)?, order),
+        DType::I64 => combine::<i64>(op, cast_mut(dst)?, cast(src)?, order),
+        DType::F16 => combine_half::<f16>(op, cast_mut(dst)?, cast(src)?, order),
+        DType::BF16 => combine_half::<bf16>(op, cast_mut(dst)?, cast(src)?, order),
     }
     Ok(())
 }
@@ -181,6 +196,7 @@ mod tests {
             op,
             bytemuck::cast_slice_mut(dst),
             bytemuck::cast_slice(src),
+            Order::LocalFirst,
         )
         .unwrap();
     }
@@ -264,6 +280,30 @@ mod tests {
     }
 
     #[test]
+    fn operand_order_is_respected() {
+        // Signed zeros tell the orders apart for min: min(-0, +0) keeps the first.
+        let mut d = vec![0.0f32];
+        reduce_bytes(
+            DType::F32,
+            ReduceOp::Min,
+            bytemuck::cast_slice_mut(&mut d),
+            bytemuck::cast_slice(&[-0.0f32]),
+            Order::IncomingFirst,
+        )
+        .unwrap();
+        let mut e = vec![-0.0f32];
+        reduce_bytes(
+            DType::F32,
+            ReduceOp::Min,
+            bytemuck::cast_slice_mut(&mut e),
+            bytemuck::cast_slice(&[0.0f32]),
+            Order::LocalFirst,
+        )
+        .unwrap();
+        assert_eq!(d[0].to_bits(), e[0].to_bits());
+    }
+
+    #[test]
     fn avg_divides_floats_only() {
         let mut d = vec![3.0f32, 9.0];
         finalize_avg(DType::F32, bytemuck::cast_slice_mut(&mut d), 3).unwrap();
@@ -281,8 +321,29 @@ mod tests {
         let mut backing = [0u64; 4];
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut backing);
         let src = [0u8; 8];
-        assert!(reduce_bytes(DType::F32, ReduceOp::Sum, &mut bytes[1..9], &src).is_err());
-        assert!(reduce_bytes(DType::F32, ReduceOp::Sum, &mut bytes[..8], &src[..4]).is_err());
-        assert!(reduce_bytes(DType::F64, ReduceOp::Sum, &mut bytes[..6], &src[..6]).is_err());
+        assert!(reduce_bytes(
+            DType::F32,
+            ReduceOp::Sum,
+            &mut bytes[1..9],
+            &src,
+            Order::LocalFirst
+        )
+        .is_err());
+        assert!(reduce_bytes(
+            DType::F32,
+            ReduceOp::Sum,
+            &mut bytes[..8],
+            &src[..4],
+            Order::LocalFirst
+        )
+        .is_err());
+        assert!(reduce_bytes(
+            DType::F64,
+            ReduceOp::Sum,
+            &mut bytes[..6],
+            &src[..6],
+            Order::LocalFirst
+        )
+        .is_err());
     }
 }

@@ -9,7 +9,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
+mod algorithm;
 mod backend;
+pub mod bucket;
 mod buffer;
 mod dtype;
 mod error;
@@ -22,11 +24,12 @@ pub mod schedule;
 mod transport;
 pub mod wire;
 
-pub use backend::{validate_reduce, validate_root, Backend};
-pub use buffer::BufferMut;
+pub use algorithm::AllReduceAlgo;
+pub use backend::{validate_blocks, validate_reduce, validate_root, Backend};
+pub use buffer::{BufferMut, BufferRef};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use host_backend::{HostBackend, HostConfig};
+pub use host_backend::{HostBackend, HostConfig, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};
 pub use transport::{Readiness, Transport};

@@ -15,13 +15,29 @@ pub enum CollectiveKind {
     Broadcast,
     /// Barrier.
     Barrier,
+    /// Reduce to a root.
+    Reduce,
+    /// All-gather.
+    AllGather,
+    /// Reduce-scatter.
+    ReduceScatter,
+    /// All-to-all.
+    AllToAll,
+    /// Point-to-point send/receive; `root` carries the tag and the sequence number counts
+    /// the messages of one direction of one pair of ranks.
+    SendRecv,
 }
 
 impl CollectiveKind {
-    const ALL: [CollectiveKind; 3] = [
+    const ALL: [CollectiveKind; 8] = [
         CollectiveKind::AllReduce,
         CollectiveKind::Broadcast,
         CollectiveKind::Barrier,
+        CollectiveKind::Reduce,
+        CollectiveKind::AllGather,
+        CollectiveKind::ReduceScatter,
+        CollectiveKind::AllToAll,
+        CollectiveKind::SendRecv,
     ];
 
     /// The name torch.distributed users know (`all_reduce`, `broadcast`, `barrier`).
@@ -30,6 +46,11 @@ impl CollectiveKind {
             CollectiveKind::AllReduce => "all_reduce",
             CollectiveKind::Broadcast => "broadcast",
             CollectiveKind::Barrier => "barrier",
+            CollectiveKind::Reduce => "reduce",
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+            CollectiveKind::AllToAll => "all_to_all",
+            CollectiveKind::SendRecv => "send/recv",
         }
     }
 
@@ -39,6 +60,11 @@ impl CollectiveKind {
             CollectiveKind::AllReduce => 0,
             CollectiveKind::Broadcast => 1,
             CollectiveKind::Barrier => 2,
+            CollectiveKind::Reduce => 3,
+            CollectiveKind::AllGather => 4,
+            CollectiveKind::ReduceScatter => 5,
+            CollectiveKind::AllToAll => 6,
+            CollectiveKind::SendRecv => 7,
         }
     }
 
@@ -91,6 +117,26 @@ impl OpDesc {
         }
     }
 
+    /// Any data-carrying collective: `kind` over `count` elements of `dtype`, with an
+    /// optional operator and root.
+    pub fn new(
+        seq: u64,
+        kind: CollectiveKind,
+        dtype: DType,
+        count: usize,
+        op: Option<ReduceOp>,
+        root: Option<usize>,
+    ) -> OpDesc {
+        OpDesc {
+            seq,
+            kind,
+            dtype: Some(dtype),
+            count: count as u64,
+            op,
+            root: root.map(|r| r as u32),
+        }
+    }
+
     /// A barrier.
     pub fn barrier(seq: u64) -> OpDesc {
         OpDesc {
@@ -116,7 +162,12 @@ impl fmt::Display for OpDesc {
             write!(f, "{op}, ")?;
         }
         if let Some(root) = self.root {
-            write!(f, "root={root}, ")?;
+            let label = if self.kind == CollectiveKind::SendRecv {
+                "tag"
+            } else {
+                "root"
+            };
+            write!(f, "{label}={root}, ")?;
         }
         match self.dtype {
             Some(dtype) => write!(f, "{} x {dtype})", self.count),

@@ -14,7 +14,8 @@
 //! | 3      | collective kind code                    |
 //! | 4      | dtype code, `0xFF` for none             |
 //! | 5      | reduce-op code, `0xFF` for none         |
-//! | 6..8   | reserved, zero                          |
+//! | 6      | algorithm code (see [`Algorithm`])      |
+//! | 7      | reserved, zero                          |
 //! | 8..16  | sequence number                         |
 //! | 16..24 | element count of the call               |
 //! | 24..28 | root rank, `u32::MAX` for none          |
@@ -35,11 +36,77 @@ pub const WIRE_VERSION: u8 = 1;
 const NONE8: u8 = 0xFF;
 const NONE32: u32 = u32::MAX;
 
+/// Which schedule a frame belongs to. Ranks that picked different algorithms for the
+/// same call (different settings) get a clear error instead of garbage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Ring (all-reduce, reduce, reduce-scatter, all-gather).
+    Ring,
+    /// Recursive doubling all-reduce.
+    RecursiveDoubling,
+    /// Binomial-tree broadcast.
+    BinomialTree,
+    /// Pipelined-chain broadcast.
+    Chain,
+    /// Dissemination barrier.
+    Dissemination,
+    /// Pairwise exchange (all-to-all).
+    Pairwise,
+    /// Point-to-point.
+    Direct,
+}
+
+impl Algorithm {
+    const ALL: [Algorithm; 7] = [
+        Algorithm::Ring,
+        Algorithm::RecursiveDoubling,
+        Algorithm::BinomialTree,
+        Algorithm::Chain,
+        Algorithm::Dissemination,
+        Algorithm::Pairwise,
+        Algorithm::Direct,
+    ];
+
+    /// Stable one-byte code used on the wire.
+    pub const fn code(self) -> u8 {
+        match self {
+            Algorithm::Ring => 0,
+            Algorithm::RecursiveDoubling => 1,
+            Algorithm::BinomialTree => 2,
+            Algorithm::Chain => 3,
+            Algorithm::Dissemination => 4,
+            Algorithm::Pairwise => 5,
+            Algorithm::Direct => 6,
+        }
+    }
+
+    /// Inverse of [`Algorithm::code`].
+    pub fn from_code(code: u8) -> Option<Algorithm> {
+        Algorithm::ALL.get(usize::from(code)).copied()
+    }
+
+    /// A short name for messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "recursive doubling",
+            Algorithm::BinomialTree => "binomial tree",
+            Algorithm::Chain => "chain",
+            Algorithm::Dissemination => "dissemination",
+            Algorithm::Pairwise => "pairwise exchange",
+            Algorithm::Direct => "direct",
+        }
+    }
+}
+
 /// The header in front of one payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameHeader {
     /// The collective call this frame belongs to.
     pub op: OpDesc,
+    /// The schedule the sender runs.
+    pub algorithm: Algorithm,
     /// Number of payload bytes that follow.
     pub payload_len: u32,
 }
@@ -77,6 +144,7 @@ impl FrameHeader {
         out[3] = self.op.kind.code();
         out[4] = self.op.dtype.map_or(NONE8, DType::code);
         out[5] = self.op.op.map_or(NONE8, ReduceOp::code);
+        out[6] = self.algorithm.code();
         out[8..16].copy_from_slice(&self.op.seq.to_le_bytes());
         out[16..24].copy_from_slice(&self.op.count.to_le_bytes());
         out[24..28].copy_from_slice(&self.op.root.unwrap_or(NONE32).to_le_bytes());
@@ -112,11 +180,10 @@ impl FrameHeader {
                 Some(ReduceOp::from_code(c).ok_or(WireError::BadField("reduce op", u64::from(c)))?)
             }
         };
-        if bytes[6] != 0 || bytes[7] != 0 {
-            return Err(WireError::BadField(
-                "reserved",
-                u64::from(bytes[6]) << 8 | u64::from(bytes[7]),
-            ));
+        let algorithm = Algorithm::from_code(bytes[6])
+            .ok_or(WireError::BadField("algorithm", u64::from(bytes[6])))?;
+        if bytes[7] != 0 {
+            return Err(WireError::BadField("reserved", u64::from(bytes[7])));
         }
         let root = match u32_at(24) {
             NONE32 => None,
@@ -131,6 +198,7 @@ impl FrameHeader {
                 op,
                 root,
             },
+            algorithm,
             payload_len: u32_at(28),
         })
     }
@@ -145,14 +213,17 @@ mod tests {
         for header in [
             FrameHeader {
                 op: OpDesc::all_reduce(7, DType::BF16, 1 << 40, ReduceOp::Avg),
+                algorithm: Algorithm::RecursiveDoubling,
                 payload_len: 1 << 20,
             },
             FrameHeader {
                 op: OpDesc::broadcast(u64::MAX, DType::I8, 0, 3),
+                algorithm: Algorithm::Chain,
                 payload_len: 0,
             },
             FrameHeader {
                 op: OpDesc::barrier(1),
+                algorithm: Algorithm::Dissemination,
                 payload_len: 0,
             },
         ] {
@@ -164,6 +235,7 @@ mod tests {
     fn garbage_is_rejected() {
         let good = FrameHeader {
             op: OpDesc::barrier(1),
+            algorithm: Algorithm::Dissemination,
             payload_len: 0,
         }
         .encode();

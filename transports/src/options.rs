@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use ringccl_collectives::wire::MAX_FRAME_PAYLOAD;
-use ringccl_collectives::Error;
+use ringccl_collectives::{AllReduceAlgo, Error};
 
 use crate::StoreListener;
 
@@ -31,6 +31,8 @@ pub struct InitOptions {
     timeout: Duration,
     store_listener: Option<StoreListener>,
     chunk_bytes: Option<usize>,
+    all_reduce_algo: Option<AllReduceAlgo>,
+    small_all_reduce_max_bytes: Option<usize>,
 }
 
 const TORCHRUN_HINT: &str =
@@ -48,6 +50,8 @@ impl InitOptions {
             timeout: DEFAULT_TIMEOUT,
             store_listener: None,
             chunk_bytes: None,
+            all_reduce_algo: None,
+            small_all_reduce_max_bytes: None,
         }
     }
 
@@ -164,6 +168,41 @@ impl InitOptions {
     pub fn chunk_bytes(mut self, bytes: usize) -> InitOptions {
         self.chunk_bytes = Some(bytes);
         self
+    }
+
+    /// Forces an all-reduce algorithm (default [`AllReduceAlgo::Auto`]; the
+    /// `RINGCCL_ALGO` environment variable applies when this is not called). Every rank
+    /// must use the same setting.
+    pub fn all_reduce_algo(mut self, algo: AllReduceAlgo) -> InitOptions {
+        self.all_reduce_algo = Some(algo);
+        self
+    }
+
+    /// Sets the largest all-reduce that [`AllReduceAlgo::Auto`] runs with recursive
+    /// doubling (default 64 KiB). Every rank must use the same value.
+    pub fn small_all_reduce_max_bytes(mut self, bytes: usize) -> InitOptions {
+        self.small_all_reduce_max_bytes = Some(bytes);
+        self
+    }
+
+    /// The all-reduce algorithm: the explicit setting, else `RINGCCL_ALGO`, else auto.
+    pub fn get_all_reduce_algo(&self) -> Result<AllReduceAlgo, Error> {
+        if let Some(algo) = self.all_reduce_algo {
+            return Ok(algo);
+        }
+        match std::env::var("RINGCCL_ALGO") {
+            Ok(value) => value.parse().map_err(|_| Error::InvalidEnv {
+                var: "RINGCCL_ALGO",
+                value: value.clone(),
+                reason: format!("expected one of {}", AllReduceAlgo::NAMES),
+            }),
+            Err(_) => Ok(AllReduceAlgo::Auto),
+        }
+    }
+
+    /// The recursive-doubling size limit override, if any.
+    pub fn get_small_all_reduce_max_bytes(&self) -> Option<usize> {
+        self.small_all_reduce_max_bytes
     }
 
     /// This process's rank.

@@ -21,6 +21,7 @@ pub fn dissemination_barrier(rank: usize, world_size: usize) -> Schedule {
             peer: (rank + n - distance) % n,
             range: 0..0,
             action: RecvAction::Store,
+            after_send: None,
         });
         distance *= 2;
         round += 1;

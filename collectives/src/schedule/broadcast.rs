@@ -26,6 +26,7 @@ pub fn chain_broadcast(
                 peer: (rank + n - 1) % n,
                 range: range.clone(),
                 action: RecvAction::Store,
+                after_send: None,
             });
         }
     }
@@ -81,6 +82,7 @@ pub fn binomial_tree_broadcast(
                 peer: parent,
                 range: range.clone(),
                 action: RecvAction::Store,
+                after_send: None,
             });
         }
     }

@@ -9,15 +9,21 @@
 
 use std::ops::Range;
 
+mod all_to_all;
 mod barrier;
 mod broadcast;
+mod recursive_doubling;
 mod ring;
 #[cfg(test)]
 mod sim;
 
+pub use all_to_all::pairwise_all_to_all;
 pub use barrier::dissemination_barrier;
 pub use broadcast::{binomial_tree_broadcast, chain_broadcast};
-pub use ring::{ring_all_reduce, RING_MIN_CHUNKS_BYTES};
+pub use recursive_doubling::recursive_doubling_all_reduce;
+pub use ring::{
+    ring_all_gather, ring_all_reduce, ring_reduce, ring_reduce_scatter, RING_MIN_CHUNKS_BYTES,
+};
 
 /// What a rank does with a received range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +36,10 @@ pub enum RecvAction {
     Reduce {
         /// Whether this is the range's final reduction.
         last: bool,
+        /// Whether the received value is the left operand (`incoming (op) local`) rather
+        /// than the right one. Schedules fix the order so that every rank combines the
+        /// same operands the same way.
+        incoming_first: bool,
     },
 }
 
@@ -53,6 +63,11 @@ pub struct RecvStep {
     pub range: Range<usize>,
     /// What to do with the data.
     pub action: RecvAction,
+    /// Index into [`Schedule::sends`] that must complete before the received data may
+    /// be written into the caller's buffer (a `Store` does not start before it; a
+    /// `Reduce` may arrive in scratch space first). Guards ranges that are sent and
+    /// received in the same step.
+    pub after_send: Option<usize>,
 }
 
 /// One rank's part of one collective. Sends run in order, receives run in order, and the

@@ -1,12 +1,14 @@
-//! Ring all-reduce: reduce-scatter, then all-gather, around the ring
-//! `rank → rank+1 → … → rank−1 → rank`.
+//! Ring algorithms around `rank → rank+1 → … → rank−1 → rank`: reduce-scatter,
+//! all-gather, their composition all-reduce, and reduce (reduce-scatter, then every
+//! segment's owner sends it to the root).
 //!
-//! The buffer is cut into `world_size` segments. In reduce-scatter step `k` rank `r` sends
-//! segment `r−k` to `r+1` and receives segment `r−k−1` from `r−1`, reducing it into its
-//! own copy; after `N−1` steps rank `r` holds the complete result of segment `r+1`, which
-//! was reduced in one fixed order (starting at rank `s` for segment `s` and going around
-//! the ring). The all-gather then copies those bytes around the ring, so every rank ends
-//! with bit-identical results no matter how the floating-point operations round.
+//! The buffer is cut into `world_size` segments. With ownership shift `s`, rank `r` ends
+//! the reduce-scatter owning segment `r+s`: in step `k` it sends segment `r+s−1−k` to
+//! `r+1` and receives segment `r+s−2−k` from `r−1`, folding the incoming partial result
+//! in front of its own value. Every segment is therefore reduced in one fixed order
+//! (around the ring, starting after its owner) on exactly one rank; the all-gather then
+//! copies those bytes around the ring, so every rank ends with bit-identical results no
+//! matter how the floating-point operations round.
 //!
 //! Segments are cut into chunks, and the send of a chunk at step `k+1` waits only for the
 //! receive of the same chunk at step `k`: the ring is pipelined chunk by chunk, with
@@ -17,6 +19,103 @@ use super::{chunks, segment, RecvAction, RecvStep, Schedule, SendStep};
 /// Segments smaller than this are not worth cutting into more than one chunk.
 pub const RING_MIN_CHUNKS_BYTES: usize = 64 * 1024;
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    ReduceScatter,
+    AllGather,
+}
+
+/// Shape shared by every ring phase of one call.
+#[derive(Clone, Copy)]
+struct Ring {
+    rank: usize,
+    n: usize,
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+    /// Rank `r` owns segment `r + shift` after the reduce-scatter.
+    shift: usize,
+}
+
+impl Ring {
+    /// `r + shift − k` modulo n, for any k.
+    fn seg(&self, k: usize) -> usize {
+        let n = self.n;
+        (self.rank + self.shift + n - k % n) % n
+    }
+
+    /// Appends one phase (N−1 steps) to `schedule`. `prev` holds the receive index of
+    /// each chunk of the segment the first step sends, when that send must wait for it.
+    /// Returns the receive indices of the phase's last step, chunk by chunk.
+    fn push_phase(
+        &self,
+        schedule: &mut Schedule,
+        phase: Phase,
+        mut prev: Option<Vec<usize>>,
+    ) -> Vec<usize> {
+        let n = self.n;
+        let next = (self.rank + 1) % n;
+        let from = (self.rank + n - 1) % n;
+        let mut last = Vec::new();
+        for step in 0..n - 1 {
+            let (send_seg, recv_seg, action) = match phase {
+                Phase::ReduceScatter => (
+                    self.seg(step + 1),
+                    self.seg(step + 2),
+                    RecvAction::Reduce {
+                        last: step == n - 2,
+                        incoming_first: true,
+                    },
+                ),
+                Phase::AllGather => (self.seg(step), self.seg(step + 1), RecvAction::Store),
+            };
+            let send_range = segment(self.count, n, send_seg);
+            for (j, range) in chunks(send_range, self.elem_size, self.max_chunk_bytes).enumerate() {
+                schedule.sends.push(SendStep {
+                    peer: next,
+                    range,
+                    // What is sent at step k+1 is what was received at step k.
+                    after_recv: prev.as_ref().map(|p| p[j]),
+                });
+            }
+            last.clear();
+            for range in chunks(
+                segment(self.count, n, recv_seg),
+                self.elem_size,
+                self.max_chunk_bytes,
+            ) {
+                last.push(schedule.recvs.len());
+                schedule.recvs.push(RecvStep {
+                    peer: from,
+                    range,
+                    action,
+                    after_send: None,
+                });
+            }
+            prev = Some(last.clone());
+        }
+        last
+    }
+}
+
+fn ring(
+    rank: usize,
+    n: usize,
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+    shift: usize,
+) -> Ring {
+    Ring {
+        rank,
+        n,
+        count,
+        elem_size,
+        max_chunk_bytes,
+        shift,
+    }
+}
+
 /// Rank `rank`'s schedule for a ring all-reduce of `count` elements of `elem_size` bytes
 /// over `world_size` ranks, with chunks of at most `max_chunk_bytes`.
 pub fn ring_all_reduce(
@@ -26,46 +125,92 @@ pub fn ring_all_reduce(
     elem_size: usize,
     max_chunk_bytes: usize,
 ) -> Schedule {
+    let mut schedule = Schedule::default();
+    if world_size > 1 {
+        let r = ring(rank, world_size, count, elem_size, max_chunk_bytes, 1);
+        let owned = r.push_phase(&mut schedule, Phase::ReduceScatter, None);
+        r.push_phase(&mut schedule, Phase::AllGather, Some(owned));
+    }
+    schedule
+}
+
+/// Ring reduce-scatter over a buffer of `world_size` equal blocks: afterwards rank `r`'s
+/// block `r` holds the reduction of every rank's block `r` (other blocks hold partial
+/// results).
+pub fn ring_reduce_scatter(
+    rank: usize,
+    world_size: usize,
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+) -> Schedule {
+    let mut schedule = Schedule::default();
+    if world_size > 1 {
+        ring(rank, world_size, count, elem_size, max_chunk_bytes, 0).push_phase(
+            &mut schedule,
+            Phase::ReduceScatter,
+            None,
+        );
+    }
+    schedule
+}
+
+/// Ring all-gather over a buffer of `world_size` blocks where rank `r` starts with its
+/// own block `r` in place: afterwards every rank holds every block.
+pub fn ring_all_gather(
+    rank: usize,
+    world_size: usize,
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+) -> Schedule {
+    let mut schedule = Schedule::default();
+    if world_size > 1 {
+        ring(rank, world_size, count, elem_size, max_chunk_bytes, 0).push_phase(
+            &mut schedule,
+            Phase::AllGather,
+            None,
+        );
+    }
+    schedule
+}
+
+/// Reduce to `root`: a ring reduce-scatter, then every rank sends the segment it owns to
+/// the root. Bandwidth-optimal; only the root's buffer holds the result afterwards (the
+/// others hold partial results).
+pub fn ring_reduce(
+    rank: usize,
+    world_size: usize,
+    root: usize,
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+) -> Schedule {
     let n = world_size;
     let mut schedule = Schedule::default();
     if n <= 1 {
         return schedule;
     }
-    let next = (rank + 1) % n;
-    let prev = (rank + n - 1) % n;
-    // `r − k` modulo n, for any k.
-    let back = |k: usize| (rank + n - k % n) % n;
-    let mut prev_step_recvs: Vec<usize> = Vec::new();
-    for step in 0..2 * (n - 1) {
-        let (send_seg, recv_seg, action) = if step < n - 1 {
-            (
-                back(step),
-                back(step + 1),
-                RecvAction::Reduce {
-                    last: step == n - 2,
-                },
-            )
-        } else {
-            let k = step - (n - 1);
-            ((back(k) + 1) % n, back(k), RecvAction::Store)
-        };
-        let send_range = segment(count, n, send_seg);
-        for (j, range) in chunks(send_range, elem_size, max_chunk_bytes).enumerate() {
+    let r = ring(rank, n, count, elem_size, max_chunk_bytes, 0);
+    let owned = r.push_phase(&mut schedule, Phase::ReduceScatter, None);
+    if rank != root {
+        for (j, range) in chunks(segment(count, n, rank), elem_size, max_chunk_bytes).enumerate() {
             schedule.sends.push(SendStep {
-                peer: next,
+                peer: root,
                 range,
-                // What is sent at step k+1 is what was received (and reduced) at step k.
-                after_recv: (step > 0).then(|| prev_step_recvs[j]),
+                after_recv: Some(owned[j]),
             });
         }
-        prev_step_recvs.clear();
-        for range in chunks(segment(count, n, recv_seg), elem_size, max_chunk_bytes) {
-            prev_step_recvs.push(schedule.recvs.len());
-            schedule.recvs.push(RecvStep {
-                peer: prev,
-                range,
-                action,
-            });
+    } else {
+        for owner in (0..n).filter(|&q| q != root) {
+            for range in chunks(segment(count, n, owner), elem_size, max_chunk_bytes) {
+                schedule.recvs.push(RecvStep {
+                    peer: owner,
+                    range,
+                    action: RecvAction::Store,
+                    after_send: None,
+                });
+            }
         }
     }
     schedule
@@ -76,15 +221,37 @@ mod tests {
     use super::super::sim::{simulate, Collective};
     use super::*;
 
+    fn shapes() -> impl Iterator<Item = (usize, usize, usize)> {
+        (1usize..=9).flat_map(|n| {
+            [0, 1, 2, n.saturating_sub(1), n, n + 1, 7, 64, 1001]
+                .into_iter()
+                .flat_map(move |count| [4, 12, 64, 1 << 20].into_iter().map(move |c| (n, count, c)))
+        })
+    }
+
     #[test]
     fn ring_all_reduce_is_correct_and_deadlock_free_for_every_shape() {
-        for n in 1usize..=9 {
-            for count in [0, 1, 2, n.saturating_sub(1), n, n + 1, 7, 64, 1001] {
-                for chunk_bytes in [4, 12, 64, 1 << 20] {
-                    simulate(n, count, Collective::AllReduce, |rank| {
-                        ring_all_reduce(rank, n, count, 4, chunk_bytes)
-                    });
-                }
+        for (n, count, chunk) in shapes() {
+            simulate(n, count, Collective::AllReduce, |rank| {
+                ring_all_reduce(rank, n, count, 4, chunk)
+            });
+        }
+    }
+
+    #[test]
+    fn ring_halves_and_reduce_are_correct_for_every_shape() {
+        for (n, count, chunk) in shapes() {
+            let blocks = count * n;
+            simulate(n, blocks, Collective::ReduceScatter, |rank| {
+                ring_reduce_scatter(rank, n, blocks, 4, chunk)
+            });
+            simulate(n, blocks, Collective::AllGather, |rank| {
+                ring_all_gather(rank, n, blocks, 4, chunk)
+            });
+            for root in [0, n / 2, n - 1] {
+                simulate(n, count, Collective::Reduce(root), |rank| {
+                    ring_reduce(rank, n, root, count, 4, chunk)
+                });
             }
         }
     }
@@ -100,7 +267,7 @@ mod tests {
         let finals: Vec<_> = s
             .recvs
             .iter()
-            .filter(|r| r.action == RecvAction::Reduce { last: true })
+            .filter(|r| matches!(r.action, RecvAction::Reduce { last: true, .. }))
             .collect();
         // Rank 1 completes segment 2 (elements 6..8 of 10 split 3,3,2,2).
         assert_eq!(finals.len(), 1);
