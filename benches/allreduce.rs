@@ -5,7 +5,10 @@
 //! in steps of ×4.
 //!
 //! Flags (after `--`): `--np N` ranks, `-b BYTES` / `-e BYTES` (suffixes K, M, G), `-f FACTOR`,
-//! `-w WARMUP`, `--budget SECONDS` of timed iterations per size, `--chunk BYTES`.
+//! `-w WARMUP`, `--budget SECONDS` of timed iterations per size, `--chunk BYTES`,
+//! `--coll all_reduce|broadcast|barrier|reduce|all_gather|reduce_scatter|all_to_all|
+//! all_reduce_bucketed|all_reduce_separate|all_reduce_async`, `--algo auto|ring|rd`,
+//! `--tensors K` and `--bucket BYTES` (bucketed / separate: K tensors per call).
 //!
 //! Method (the same as `shared/peers`' scripts, so figures compare side by side): per size,
 //! warm-up calls, a calibration loop, then back-to-back calls for about `--budget` seconds.
@@ -35,6 +38,10 @@ struct Args {
     warmup: usize,
     budget: f64,
     chunk: Option<usize>,
+    coll: Coll,
+    algo: Option<String>,
+    tensors: usize,
+    bucket: usize,
 }
 
 fn parse_size(text: &str) -> Result<usize, String> {
@@ -60,6 +67,10 @@ fn parse_args() -> Result<Args, String> {
         warmup: 5,
         budget: 1.0,
         chunk: None,
+        coll: Coll::AllReduce,
+        algo: None,
+        tensors: 1000,
+        bucket: 25 << 20,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -77,6 +88,12 @@ fn parse_args() -> Result<Args, String> {
             }
             "--budget" => args.budget = value()?.parse().map_err(|e| format!("--budget: {e}"))?,
             "--chunk" => args.chunk = Some(parse_size(&value()?)?),
+            "--coll" => args.coll = Coll::parse(&value()?)?,
+            "--algo" => args.algo = Some(value()?),
+            "--tensors" => {
+                args.tensors = value()?.parse().map_err(|e| format!("--tensors: {e}"))?
+            }
+            "--bucket" => args.bucket = parse_size(&value()?)?,
             other => return Err(format!("unknown flag {other:?}")),
         }
     }
@@ -218,6 +235,9 @@ fn join_group(args: &Args) -> Result<ProcessGroup, String> {
     if let Some(chunk) = args.chunk {
         opts = opts.chunk_bytes(chunk);
     }
+    if let Some(algo) = &args.algo {
+        opts = opts.all_reduce_algo(algo.parse().map_err(|e: ringccl::Error| e.to_string())?);
+    }
     init_process_group("gloo", opts).map_err(|e| e.to_string())
 }
 
@@ -275,33 +295,252 @@ fn time_op(
     })
 }
 
-/// Runs one check iteration with exactly representable rank-dependent inputs and counts
-/// the elements that differ from the exact sum.
-fn check(pg: &ProcessGroup, count: usize) -> Result<i64, ringccl::Error> {
-    let (rank, n) = (pg.rank(), pg.world_size());
-    let input = |r: usize, i: usize| ((r * 3 + i * 7) % 17) as f32 - 8.0;
-    let mut buf: Vec<f32> = (0..count).map(|i| input(rank, i)).collect();
-    pg.all_reduce(&mut buf, ReduceOp::Sum)?;
-    let mut wrong = buf
-        .iter()
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Coll {
+    AllReduce,
+    Broadcast,
+    Barrier,
+    Reduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    /// `--tensors` tensors fused by `all_reduce_bucketed`.
+    Bucketed,
+    /// `--tensors` tensors all-reduced one call each (the baseline for `Bucketed`).
+    Separate,
+    /// Compute overlapped with an async all-reduce, against the two one after the other.
+    Async,
+}
+
+impl Coll {
+    fn parse(name: &str) -> Result<Coll, String> {
+        Ok(match name {
+            "all_reduce" => Coll::AllReduce,
+            "broadcast" => Coll::Broadcast,
+            "barrier" => Coll::Barrier,
+            "reduce" => Coll::Reduce,
+            "all_gather" => Coll::AllGather,
+            "reduce_scatter" => Coll::ReduceScatter,
+            "all_to_all" => Coll::AllToAll,
+            "all_reduce_bucketed" => Coll::Bucketed,
+            "all_reduce_separate" => Coll::Separate,
+            "all_reduce_async" => Coll::Async,
+            other => return Err(format!("unknown --coll {other:?}")),
+        })
+    }
+
+    /// nccl-tests' bus-bandwidth factor.
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Coll::AllReduce | Coll::Bucketed | Coll::Separate | Coll::Async => 2.0 * (n - 1.0) / n,
+            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
+            Coll::Broadcast | Coll::Reduce => 1.0,
+            Coll::Barrier => 0.0,
+        }
+    }
+}
+
+fn input(rank: usize, i: usize) -> f32 {
+    ((rank * 3 + i * 7) % 17) as f32 - 8.0
+}
+
+fn sum_of(n: usize, i: usize) -> f32 {
+    (0..n).map(|r| input(r, i)).sum()
+}
+
+fn count_wrong(got: &[f32], want: impl Fn(usize) -> f32) -> i64 {
+    got.iter()
         .enumerate()
-        .filter(|&(i, &x)| x != (0..n).map(|r| input(r, i)).sum::<f32>())
-        .count() as i64;
+        .filter(|&(i, &x)| x != want(i))
+        .count() as i64
+}
+
+/// One check iteration of `coll` on `count` elements with exactly representable
+/// rank-dependent inputs; returns the wrong elements summed over ranks.
+fn check(
+    pg: &ProcessGroup,
+    coll: Coll,
+    count: usize,
+    tensors: usize,
+) -> Result<i64, ringccl::Error> {
+    let (rank, n) = (pg.rank(), pg.world_size());
+    let mine: Vec<f32> = (0..count).map(|i| input(rank, i)).collect();
+    let mut wrong = match coll {
+        Coll::AllReduce | Coll::Async => {
+            let mut buf = mine;
+            pg.all_reduce(&mut buf, ReduceOp::Sum)?;
+            count_wrong(&buf, |i| sum_of(n, i))
+        }
+        Coll::Bucketed | Coll::Separate => {
+            let per = (count / tensors).max(1);
+            let mut parts: Vec<Vec<f32>> = mine.chunks(per).map(<[f32]>::to_vec).collect();
+            let mut views: Vec<&mut [f32]> = parts.iter_mut().map(|p| &mut p[..]).collect();
+            pg.all_reduce_bucketed(&mut views, ReduceOp::Sum, 25 << 20)?;
+            count_wrong(&parts.concat(), |i| sum_of(n, i))
+        }
+        Coll::Broadcast => {
+            let mut buf = mine;
+            pg.broadcast(&mut buf, 0)?;
+            count_wrong(&buf, |i| input(0, i))
+        }
+        Coll::Reduce => {
+            let mut buf = mine;
+            pg.reduce(&mut buf, ReduceOp::Sum, 0)?;
+            if rank == 0 {
+                count_wrong(&buf, |i| sum_of(n, i))
+            } else {
+                0
+            }
+        }
+        Coll::AllGather => {
+            let per = count / n;
+            let mut out = vec![0f32; per * n];
+            pg.all_gather(&mine[..per], &mut out)?;
+            count_wrong(&out, |j| input(j / per.max(1), j % per.max(1)))
+        }
+        Coll::ReduceScatter => {
+            let per = count / n;
+            let mut out = vec![0f32; per];
+            pg.reduce_scatter(&mine[..per * n], &mut out, ReduceOp::Sum)?;
+            count_wrong(&out, |i| sum_of(n, rank * per + i))
+        }
+        Coll::AllToAll => {
+            let per = count / n;
+            let mut out = vec![0f32; per * n];
+            pg.all_to_all(&mine[..per * n], &mut out)?;
+            count_wrong(&out, |j| input(j / per.max(1), rank * per + j % per.max(1)))
+        }
+        Coll::Barrier => 0,
+    };
     let mut total = [wrong];
     pg.all_reduce(&mut total, ReduceOp::Sum)?;
     wrong = total[0];
     Ok(wrong)
 }
 
+/// A fixed amount of floating-point work on a private buffer (the "backward pass" the
+/// overlap benchmark hides communication behind).
+fn compute(scratch: &mut [f32], rounds: usize) -> f32 {
+    for r in 0..rounds {
+        let k = 1.0 + r as f32 * 1e-7;
+        for x in scratch.iter_mut() {
+            *x = x.mul_add(k, 1e-6);
+        }
+    }
+    scratch[0]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Slowest rank's time for `f`, median of `reps` repetitions, in microseconds.
+fn slowest_median_us(
+    pg: &ProcessGroup,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), ringccl::Error>,
+) -> Result<f64, ringccl::Error> {
+    let mut times = vec![0f64; reps];
+    for t in times.iter_mut() {
+        pg.barrier()?;
+        let s = Instant::now();
+        f()?;
+        *t = s.elapsed().as_secs_f64();
+    }
+    pg.all_reduce(&mut times, ReduceOp::Max)?;
+    Ok(median(times) * 1e6)
+}
+
+/// Compute overlapped with a background all-reduce of `count` floats, against the two
+/// one after the other. Compute is calibrated to take about as long as the all-reduce.
+fn overlap_row(pg: &ProcessGroup, count: usize, reps: usize) -> Result<String, ringccl::Error> {
+    let mut scratch = vec![1.0f32; 1 << 18];
+    let mut buf = vec![1.0f32; count];
+    let comm = slowest_median_us(pg, reps, || pg.all_reduce(&mut buf, ReduceOp::Sum))?;
+    let one_round = slowest_median_us(pg, reps, || {
+        std::hint::black_box(compute(&mut scratch, 1));
+        Ok(())
+    })?;
+    let mut rounds = [((comm / one_round.max(1e-3)).round() as i64).max(1)];
+    pg.broadcast(&mut rounds, 0)?;
+    let rounds = rounds[0] as usize;
+    let comp = slowest_median_us(pg, reps, || {
+        std::hint::black_box(compute(&mut scratch, rounds));
+        Ok(())
+    })?;
+    let sequential = slowest_median_us(pg, reps, || {
+        pg.all_reduce(&mut buf, ReduceOp::Sum)?;
+        std::hint::black_box(compute(&mut scratch, rounds));
+        Ok(())
+    })?;
+    let mut owned = Some(vec![1.0f32; count]);
+    let overlapped = slowest_median_us(pg, reps, || {
+        let work = pg.all_reduce_async(owned.take().unwrap_or_default(), ReduceOp::Sum)?;
+        std::hint::black_box(compute(&mut scratch, rounds));
+        owned = Some(work.wait()?);
+        Ok(())
+    })?;
+    Ok(format!(
+        "{:>12} {:>12.1} {:>12.1} {:>14.1} {:>14.1} {:>9.2}x",
+        count * 4,
+        comm,
+        comp,
+        sequential,
+        overlapped,
+        sequential / overlapped
+    ))
+}
+
 fn run_rank(args: &Args) -> Result<(), String> {
     let pg = join_group(args)?;
     let n = pg.world_size();
     let rank0 = pg.rank() == 0;
+    let err = |e: ringccl::Error| e.to_string();
+    let coll = args.coll;
     if rank0 {
         println!(
-            "# ringccl all-reduce benchmark: backend {}, {n} ranks on loopback, float32 sum",
-            pg.backend()
+            "# ringccl {coll:?} benchmark: backend {}, {n} ranks on loopback, float32 sum, all-reduce algorithm {}",
+            pg.backend(),
+            args.algo.as_deref().unwrap_or("auto")
         );
+    }
+    if coll == Coll::Async {
+        if rank0 {
+            println!("# overlap: compute calibrated to about the all-reduce's time; times are medians of the slowest rank");
+            println!(
+                "#{:>11} {:>12} {:>12} {:>14} {:>14} {:>10}",
+                "size(B)", "comm(us)", "compute(us)", "sequential(us)", "overlapped(us)", "speedup"
+            );
+        }
+        for bytes in sizes(args) {
+            let count = (bytes / 4).max(1);
+            let wrong = check(&pg, coll, count, args.tensors).map_err(err)?;
+            if wrong > 0 {
+                return Err(format!("{wrong} wrong elements"));
+            }
+            let row = overlap_row(&pg, count, 7).map_err(err)?;
+            if rank0 {
+                println!("{row}");
+            }
+        }
+        return pg.barrier().map_err(err);
+    }
+    if rank0 {
+        if matches!(coll, Coll::Bucketed | Coll::Separate) {
+            println!(
+                "# {} tensors per call, size = all tensors together",
+                args.tensors
+            );
+        }
         println!("# time = median over iterations of the slowest rank; loop = slowest rank's loop time / iterations");
         println!(
             "#{:>11} {:>12} {:>6} {:>6} {:>5} {:>10} {:>10} {:>10} {:>7} {:>10} {:>7}",
@@ -321,26 +560,66 @@ fn run_rank(args: &Args) -> Result<(), String> {
     let mut busbw_sum = 0.0;
     let mut rows = 0;
     let mut total_wrong = 0;
-    for bytes in sizes(args) {
-        let count = (bytes / 4).max(1);
-        let wrong = check(&pg, count).map_err(|e| e.to_string())?;
+    let sweep = if coll == Coll::Barrier {
+        vec![0]
+    } else {
+        sizes(args)
+    };
+    for bytes in sweep {
+        let mut count = (bytes / 4).max(usize::from(coll != Coll::Barrier));
+        if matches!(coll, Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll) {
+            count = (count / n).max(1) * n;
+        }
+        let wrong = check(&pg, coll, count, args.tensors).map_err(err)?;
         total_wrong += wrong;
+        let per = count / n;
         let mut buf = vec![1.0f32; count];
-        let timing = time_op(&pg, args, || pg.all_reduce(&mut buf, ReduceOp::Sum))
-            .map_err(|e| e.to_string())?;
+        let mut out = vec![0.0f32; count];
+        let tensor_len = (count / args.tensors.max(1)).max(1);
+        let timing = time_op(&pg, args, || match coll {
+            Coll::AllReduce => pg.all_reduce(&mut buf, ReduceOp::Sum),
+            Coll::Broadcast => pg.broadcast(&mut buf, 0),
+            Coll::Barrier => pg.barrier(),
+            Coll::Reduce => pg.reduce(&mut buf, ReduceOp::Sum, 0),
+            Coll::AllGather => pg.all_gather(&buf[..per], &mut out),
+            Coll::ReduceScatter => pg.reduce_scatter(&buf, &mut out[..per], ReduceOp::Sum),
+            Coll::AllToAll => pg.all_to_all(&buf, &mut out),
+            Coll::Bucketed => {
+                let mut views: Vec<&mut [f32]> = buf.chunks_mut(tensor_len).collect();
+                pg.all_reduce_bucketed(&mut views, ReduceOp::Sum, args.bucket)
+            }
+            Coll::Separate => buf
+                .chunks_mut(tensor_len)
+                .try_for_each(|t| pg.all_reduce(t, ReduceOp::Sum)),
+            Coll::Async => Ok(()),
+        })
+        .map_err(err)?;
         let size = count * 4;
         let algbw = size as f64 / timing.median_us / 1e3;
-        let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
+        let busbw = algbw * coll.bus_factor(n);
         busbw_sum += busbw;
         rows += 1;
         if rank0 {
+            let root = if matches!(coll, Coll::Broadcast | Coll::Reduce) {
+                0
+            } else {
+                -1
+            };
+            let redop = if matches!(
+                coll,
+                Coll::Broadcast | Coll::Barrier | Coll::AllGather | Coll::AllToAll
+            ) {
+                "none"
+            } else {
+                "sum"
+            };
             println!(
                 "{:>12} {:>12} {:>6} {:>6} {:>5} {:>10.1} {:>10.3} {:>10.3} {:>7} {:>10.1} {:>7}",
                 size,
                 count,
                 "float",
-                "sum",
-                -1,
+                redop,
+                root,
                 timing.median_us,
                 algbw,
                 busbw,
@@ -358,7 +637,7 @@ fn run_rank(args: &Args) -> Result<(), String> {
         );
         println!("# Avg bus bandwidth    : {:.4}", busbw_sum / rows as f64);
     }
-    pg.barrier().map_err(|e| e.to_string())?;
+    pg.barrier().map_err(err)?;
     if total_wrong > 0 {
         return Err(format!("{total_wrong} wrong elements"));
     }

@@ -6,10 +6,12 @@ mod common;
 
 use std::time::{Duration, Instant, SystemTime};
 
-use common::elements::TestElem;
-use common::{digest, heavy_lock, run_processes, run_threads, GROUP_TIMEOUT, RESULT_PREFIX};
+use common::elements::{reference, TestElem};
+use common::{
+    digest, heavy_lock, run_processes, run_threads, run_threads_with, GROUP_TIMEOUT, RESULT_PREFIX,
+};
 use ringccl::half::{bf16, f16};
-use ringccl::{Error, ProcessGroup, ReduceOp};
+use ringccl::{AllReduceAlgo, Error, ProcessGroup, ReduceOp};
 
 fn counts(n: usize, elem_size: usize) -> Vec<usize> {
     let mut counts = vec![0, 1, 7, n - 1, 1_000_003, (3 << 20) / elem_size + 3];
@@ -33,13 +35,7 @@ fn check_all_reduce<T: TestElem>(pg: &ProcessGroup, count: usize, op: ReduceOp) 
         panic!("rank {rank}: {case}: {e}");
     }
     for (i, got) in buf.iter().enumerate() {
-        let mut want = T::input(0, i, op);
-        for r in 1..n {
-            want = T::combine(want, T::input(r, i, op), op);
-        }
-        if op == ReduceOp::Avg {
-            want = T::mean(want, n);
-        }
+        let want: T = reference(n, i, op);
         assert!(
             bytemuck::bytes_of(got) == bytemuck::bytes_of(&want),
             "rank {rank}: {case}: element {i} is {got:?}, expected {want:?}"
@@ -66,6 +62,146 @@ fn check_broadcast<T: TestElem>(pg: &ProcessGroup, count: usize, root: usize) ->
     format!("{case} {:016x}", digest(bytemuck::cast_slice(&buf)))
 }
 
+fn same_bits<T: TestElem>(got: &T, want: &T) -> bool {
+    bytemuck::bytes_of(got) == bytemuck::bytes_of(want)
+}
+
+/// reduce (to a rotating root), all_gather, reduce_scatter, all_to_all and
+/// point-to-point send/recv for one dtype, over per-rank block sizes from 0 to 100003.
+fn new_ops<T: TestElem>(pg: &ProcessGroup) -> Vec<String> {
+    let (rank, n) = (pg.rank(), pg.world_size());
+    let dt = T::DTYPE;
+    let mut lines = Vec::new();
+    let mut blocks = vec![0, 1, 7, n - 1, 100_003];
+    blocks.sort_unstable();
+    blocks.dedup();
+    for (case, c) in blocks.into_iter().enumerate() {
+        // all_gather
+        let input: Vec<T> = (0..c).map(|i| T::input(rank, i, ReduceOp::Sum)).collect();
+        let mut output = vec![T::input(99, 0, ReduceOp::Sum); n * c];
+        pg.all_gather(&input, &mut output)
+            .unwrap_or_else(|e| panic!("rank {rank}: all_gather {dt} c={c}: {e}"));
+        for (j, got) in output.iter().enumerate() {
+            let want = T::input(j / c.max(1), j % c.max(1), ReduceOp::Sum);
+            assert!(
+                same_bits(got, &want),
+                "rank {rank}: all_gather {dt} c={c}: element {j}"
+            );
+        }
+        lines.push(format!(
+            "all_gather {dt} c={c} {:016x}",
+            digest(bytemuck::cast_slice(&output))
+        ));
+
+        // all_to_all: block q of rank r's input becomes block r of rank q's output.
+        let input: Vec<T> = (0..n * c)
+            .map(|j| T::input(rank, j, ReduceOp::Sum))
+            .collect();
+        let mut output = vec![T::input(99, 0, ReduceOp::Sum); n * c];
+        pg.all_to_all(&input, &mut output)
+            .unwrap_or_else(|e| panic!("rank {rank}: all_to_all {dt} c={c}: {e}"));
+        for (j, got) in output.iter().enumerate() {
+            let (q, i) = (j / c.max(1), j % c.max(1));
+            let want = T::input(q, rank * c + i, ReduceOp::Sum);
+            assert!(
+                same_bits(got, &want),
+                "rank {rank}: all_to_all {dt} c={c}: element {j}"
+            );
+        }
+
+        for op in ReduceOp::ALL {
+            let int_avg = op == ReduceOp::Avg && !dt.is_float();
+            // reduce_scatter
+            let input: Vec<T> = (0..n * c).map(|j| T::input(rank, j, op)).collect();
+            let mut output = vec![T::input(99, 0, op); c];
+            let result = pg.reduce_scatter(&input, &mut output, op);
+            if int_avg {
+                assert!(
+                    matches!(result, Err(Error::UnsupportedOp { .. })),
+                    "{result:?}"
+                );
+            } else {
+                result
+                    .unwrap_or_else(|e| panic!("rank {rank}: reduce_scatter {dt} {op} c={c}: {e}"));
+                for (i, got) in output.iter().enumerate() {
+                    let want: T = reference(n, rank * c + i, op);
+                    assert!(
+                        same_bits(got, &want),
+                        "rank {rank}: reduce_scatter {dt} {op} c={c}: element {i}"
+                    );
+                }
+            }
+
+            // reduce, to a root that changes from case to case
+            let root = (case + op.code() as usize) % n;
+            let count = c * 3 + 1;
+            let mut buf: Vec<T> = (0..count).map(|i| T::input(rank, i, op)).collect();
+            let result = pg.reduce(&mut buf, op, root);
+            if int_avg {
+                assert!(
+                    matches!(result, Err(Error::UnsupportedOp { .. })),
+                    "{result:?}"
+                );
+            } else {
+                result.unwrap_or_else(|e| panic!("rank {rank}: reduce {dt} {op} c={count}: {e}"));
+                lines.push(format!("reduce {dt} {op} c={count} root={root}"));
+                if rank == root {
+                    for (i, got) in buf.iter().enumerate() {
+                        let want: T = reference(n, i, op);
+                        assert!(
+                            same_bits(got, &want),
+                            "rank {rank}: reduce {dt} {op} root={root}: element {i}"
+                        );
+                    }
+                }
+            }
+        }
+
+        // send/recv: rank 0 exchanges a message with every other rank, in turn.
+        let tag = case as u32;
+        if rank == 0 {
+            for q in 1..n {
+                let out: Vec<T> = (0..c).map(|i| T::input(q, i, ReduceOp::Max)).collect();
+                pg.send(&out, q, tag).unwrap();
+                let mut back = vec![T::input(99, 0, ReduceOp::Sum); c];
+                pg.recv(&mut back, q, tag + 1000).unwrap();
+                for (i, got) in back.iter().enumerate() {
+                    assert!(
+                        same_bits(got, &T::input(q + 7, i, ReduceOp::Max)),
+                        "echo from {q}"
+                    );
+                }
+            }
+        } else {
+            let mut got = vec![T::input(99, 0, ReduceOp::Sum); c];
+            pg.recv(&mut got, 0, tag).unwrap();
+            for (i, g) in got.iter().enumerate() {
+                assert!(
+                    same_bits(g, &T::input(rank, i, ReduceOp::Max)),
+                    "rank {rank}: recv element {i}"
+                );
+            }
+            let reply: Vec<T> = (0..c)
+                .map(|i| T::input(rank + 7, i, ReduceOp::Max))
+                .collect();
+            pg.send(&reply, 0, tag + 1000).unwrap();
+        }
+    }
+    lines
+}
+
+fn for_each_new_op_dtype(pg: &ProcessGroup) -> Vec<String> {
+    let mut lines = new_ops::<f32>(pg);
+    lines.extend(new_ops::<f64>(pg));
+    lines.extend(new_ops::<f16>(pg));
+    lines.extend(new_ops::<bf16>(pg));
+    lines.extend(new_ops::<i8>(pg));
+    lines.extend(new_ops::<u8>(pg));
+    lines.extend(new_ops::<i32>(pg));
+    lines.extend(new_ops::<i64>(pg));
+    lines
+}
+
 fn for_each_dtype(mut f: impl FnMut(&dyn Fn(&ProcessGroup) -> Vec<String>)) {
     fn all_ops<T: TestElem>(pg: &ProcessGroup) -> Vec<String> {
         let mut lines = Vec::new();
@@ -86,10 +222,17 @@ fn for_each_dtype(mut f: impl FnMut(&dyn Fn(&ProcessGroup) -> Vec<String>)) {
     f(&all_ops::<i64>);
 }
 
-/// Everything one rank runs; returns one line per case, with a digest of the result.
-fn matrix(pg: &ProcessGroup) -> Vec<String> {
+/// All-reduce over every dtype, op and count; one line per case, with a digest.
+fn all_reduce_matrix(pg: &ProcessGroup) -> Vec<String> {
     let mut lines = Vec::new();
     for_each_dtype(|run| lines.extend(run(pg)));
+    lines
+}
+
+/// Everything one rank runs; returns one line per case, with a digest of the result.
+fn matrix(pg: &ProcessGroup) -> Vec<String> {
+    let mut lines = all_reduce_matrix(pg);
+    lines.extend(for_each_new_op_dtype(pg));
     for root in 0..pg.world_size() {
         for count in [0, 1, 7, 100_003] {
             lines.push(check_broadcast::<f32>(pg, count, root));
@@ -121,14 +264,34 @@ fn assert_identical(lines: &[Vec<String>]) {
     }
 }
 
+/// As threads: the whole matrix with the ring forced, then the all-reduce matrix again
+/// with recursive doubling forced (at every size). The process variant runs with the
+/// automatic choice.
 fn threads_matrix(n: usize) {
     let _guard = heavy_lock();
     let started = Instant::now();
-    let lines = run_threads(n, GROUP_TIMEOUT, |pg| matrix(&pg));
+    let algo = |a: AllReduceAlgo| move |opts: ringccl::InitOptions| opts.all_reduce_algo(a);
+    let lines = run_threads_with(n, GROUP_TIMEOUT, algo(AllReduceAlgo::Ring), |pg| {
+        matrix(&pg)
+    });
     assert_identical(&lines);
+    let rd = run_threads_with(
+        n,
+        GROUP_TIMEOUT,
+        algo(AllReduceAlgo::RecursiveDoubling),
+        |pg| all_reduce_matrix(&pg),
+    );
+    assert_identical(&rd);
+    // Same exact inputs, same results whichever algorithm ran.
+    assert_eq!(
+        rd[0][..],
+        lines[0][..rd[0].len()],
+        "ring and recursive doubling disagree"
+    );
     eprintln!(
-        "threads n={n}: {} cases in {:?}",
+        "threads n={n}: {} + {} cases in {:?}",
         lines[0].len(),
+        rd[0].len(),
         started.elapsed()
     );
 }

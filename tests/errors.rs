@@ -293,3 +293,69 @@ fn bad_arguments_are_rejected_before_any_communication() {
     pg.all_reduce(&mut x, ReduceOp::Avg).unwrap();
     assert_eq!(x, [2.0]);
 }
+
+#[test]
+fn ranks_with_different_algorithms_get_a_clear_error() {
+    let _guard = heavy_lock();
+    let errors = common::run_threads_with(
+        2,
+        SHORT * 5,
+        |opts| {
+            let algo = if opts.rank() == 0 {
+                ringccl::AllReduceAlgo::Ring
+            } else {
+                ringccl::AllReduceAlgo::RecursiveDoubling
+            };
+            opts.all_reduce_algo(algo)
+        },
+        |pg| {
+            let mut buf = vec![1.0f32; 64];
+            pg.all_reduce(&mut buf, ReduceOp::Sum).err()
+        },
+    );
+    let text: Vec<String> = errors.iter().flatten().map(ToString::to_string).collect();
+    assert!(
+        text.iter()
+            .any(|t| t.contains("ring") && t.contains("recursive doubling")),
+        "{text:?}"
+    );
+}
+
+#[test]
+fn point_to_point_tag_mismatch_is_named() {
+    let _guard = heavy_lock();
+    let errors = run_threads(2, SHORT * 5, |pg| {
+        if pg.rank() == 0 {
+            pg.send(&[1i32, 2, 3], 1, 7).err()
+        } else {
+            let mut buf = [0i32; 3];
+            pg.recv(&mut buf, 0, 8).err()
+        }
+    });
+    let err = errors[1].as_ref().expect("the receiver must fail");
+    assert!(matches!(err, Error::CollectiveMismatch { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("tag=8") && text.contains("tag=7"), "{text}");
+}
+
+#[test]
+fn point_to_point_to_self_or_out_of_range_is_rejected() {
+    let pg = init_process_group("gloo", InitOptions::new(0, 1, "127.0.0.1:0")).unwrap();
+    assert!(matches!(
+        pg.send(&[1u8], 0, 0),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pg.recv(&mut [1u8], 5, 0),
+        Err(Error::InvalidArgument(_))
+    ));
+    let mut out = [0f32; 3];
+    assert!(matches!(
+        pg.all_gather(&[1f32, 2.0], &mut out),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        pg.reduce_scatter(&[1f32, 2.0], &mut out, ReduceOp::Sum),
+        Err(Error::InvalidArgument(_))
+    ));
+}

@@ -97,3 +97,15 @@ macro_rules! int_elem {
     )*};
 }
 int_elem!(i8, u8, i32, i64);
+
+/// The reduction of every rank's `input(r, i, op)`, as ringccl defines it.
+pub fn reference<T: TestElem>(n: usize, i: usize, op: ReduceOp) -> T {
+    let mut acc = T::input(0, i, op);
+    for r in 1..n {
+        acc = T::combine(acc, T::input(r, i, op), op);
+    }
+    if op == ReduceOp::Avg {
+        acc = T::mean(acc, n);
+    }
+    acc
+}

@@ -44,6 +44,17 @@ pub fn run_threads<R: Send>(
     run_threads_on(listener, n, timeout, body)
 }
 
+/// [`run_threads`] with every rank's options adjusted by `tweak`.
+pub fn run_threads_with<R: Send>(
+    n: usize,
+    timeout: Duration,
+    tweak: impl Fn(InitOptions) -> InitOptions + Sync,
+    body: impl Fn(ProcessGroup) -> R + Sync,
+) -> Vec<R> {
+    let listener = StoreListener::bind("127.0.0.1:0").expect("bind store listener");
+    run_threads_configured(listener, n, timeout, &tweak, body)
+}
+
 /// [`run_threads`] with rank 0's store on a listener the caller bound.
 pub fn run_threads_on<R: Send>(
     listener: StoreListener,
@@ -51,12 +62,22 @@ pub fn run_threads_on<R: Send>(
     timeout: Duration,
     body: impl Fn(ProcessGroup) -> R + Sync,
 ) -> Vec<R> {
+    run_threads_configured(listener, n, timeout, &|opts| opts, body)
+}
+
+fn run_threads_configured<R: Send>(
+    listener: StoreListener,
+    n: usize,
+    timeout: Duration,
+    tweak: &(dyn Fn(InitOptions) -> InitOptions + Sync),
+    body: impl Fn(ProcessGroup) -> R + Sync,
+) -> Vec<R> {
     let addr = listener.local_addr().expect("store address").to_string();
     let mut listener = Some(listener);
     thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
             .map(|rank| {
-                let mut opts = InitOptions::new(rank, n, &addr).timeout(timeout);
+                let mut opts = tweak(InitOptions::new(rank, n, &addr).timeout(timeout));
                 if rank == 0 {
                     opts = opts.store_listener(listener.take().expect("listener"));
                 }
