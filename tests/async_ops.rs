@@ -206,7 +206,7 @@ fn bucketed_all_reduce_handles_mixed_sizes_empty_tensors_and_oversized_ones() {
 fn bucketed_rejects_integer_mean_up_front() {
     let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))
         .unwrap();
-    let mut a = vec![1i32; 3];
+    let mut a = [1i32; 3];
     let err = pg
         .all_reduce_bucketed(&mut [&mut a[..]], ReduceOp::Avg, 1024)
         .unwrap_err();
