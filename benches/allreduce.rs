@@ -420,15 +420,19 @@ fn check(
 }
 
 /// A fixed amount of floating-point work on a private buffer (the "backward pass" the
-/// overlap benchmark hides communication behind).
+/// overlap benchmark hides communication behind). Values stay bounded.
 fn compute(scratch: &mut [f32], rounds: usize) -> f32 {
-    for r in 0..rounds {
-        let k = 1.0 + r as f32 * 1e-7;
+    for _ in 0..rounds {
         for x in scratch.iter_mut() {
-            *x = x.mul_add(k, 1e-6);
+            *x = *x * 0.999_999 + 1e-6;
         }
     }
     scratch[0]
+}
+
+/// Work that leaves the CPU free, standing in for an accelerator's backward pass.
+fn off_cpu(rounds: usize) {
+    thread::sleep(Duration::from_micros(rounds as u64));
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -462,7 +466,13 @@ fn slowest_median_us(
 
 /// Compute overlapped with a background all-reduce of `count` floats, against the two
 /// one after the other. Compute is calibrated to take about as long as the all-reduce.
-fn overlap_row(pg: &ProcessGroup, count: usize, reps: usize) -> Result<String, ringccl::Error> {
+/// Two kinds of compute: CPU work (competes with the transport for the cores) and
+/// off-CPU work (a sleep, standing in for work on an accelerator).
+fn overlap_rows(
+    pg: &ProcessGroup,
+    count: usize,
+    reps: usize,
+) -> Result<Vec<String>, ringccl::Error> {
     let mut scratch = vec![1.0f32; 1 << 18];
     let mut buf = vec![1.0f32; count];
     let comm = slowest_median_us(pg, reps, || pg.all_reduce(&mut buf, ReduceOp::Sum))?;
@@ -472,32 +482,45 @@ fn overlap_row(pg: &ProcessGroup, count: usize, reps: usize) -> Result<String, r
     })?;
     let mut rounds = [((comm / one_round.max(1e-3)).round() as i64).max(1)];
     pg.broadcast(&mut rounds, 0)?;
-    let rounds = rounds[0] as usize;
-    let comp = slowest_median_us(pg, reps, || {
-        std::hint::black_box(compute(&mut scratch, rounds));
-        Ok(())
-    })?;
-    let sequential = slowest_median_us(pg, reps, || {
-        pg.all_reduce(&mut buf, ReduceOp::Sum)?;
-        std::hint::black_box(compute(&mut scratch, rounds));
-        Ok(())
-    })?;
-    let mut owned = Some(vec![1.0f32; count]);
-    let overlapped = slowest_median_us(pg, reps, || {
-        let work = pg.all_reduce_async(owned.take().unwrap_or_default(), ReduceOp::Sum)?;
-        std::hint::black_box(compute(&mut scratch, rounds));
-        owned = Some(work.wait()?);
-        Ok(())
-    })?;
-    Ok(format!(
-        "{:>12} {:>12.1} {:>12.1} {:>14.1} {:>14.1} {:>9.2}x",
-        count * 4,
-        comm,
-        comp,
-        sequential,
-        overlapped,
-        sequential / overlapped
-    ))
+    let cpu_rounds = rounds[0] as usize;
+    let sleep_us = comm.round().max(1.0) as usize;
+    let mut rows = Vec::new();
+    for kind in ["cpu", "off-cpu"] {
+        let work = |scratch: &mut [f32]| {
+            if kind == "cpu" {
+                std::hint::black_box(compute(scratch, cpu_rounds));
+            } else {
+                off_cpu(sleep_us);
+            }
+        };
+        let comp = slowest_median_us(pg, reps, || {
+            work(&mut scratch);
+            Ok(())
+        })?;
+        let sequential = slowest_median_us(pg, reps, || {
+            pg.all_reduce(&mut buf, ReduceOp::Sum)?;
+            work(&mut scratch);
+            Ok(())
+        })?;
+        let mut owned = Some(vec![1.0f32; count]);
+        let overlapped = slowest_median_us(pg, reps, || {
+            let pending = pg.all_reduce_async(owned.take().unwrap_or_default(), ReduceOp::Sum)?;
+            work(&mut scratch);
+            owned = Some(pending.wait()?);
+            Ok(())
+        })?;
+        rows.push(format!(
+            "{:>12} {:>8} {:>12.1} {:>12.1} {:>14.1} {:>14.1} {:>9.2}x",
+            count * 4,
+            kind,
+            comm,
+            comp,
+            sequential,
+            overlapped,
+            sequential / overlapped
+        ));
+    }
+    Ok(rows)
 }
 
 fn run_rank(args: &Args) -> Result<(), String> {
@@ -527,9 +550,11 @@ fn run_rank(args: &Args) -> Result<(), String> {
             if wrong > 0 {
                 return Err(format!("{wrong} wrong elements"));
             }
-            let row = overlap_row(&pg, count, 7).map_err(err)?;
+            let rows = overlap_rows(&pg, count, 7).map_err(err)?;
             if rank0 {
-                println!("{row}");
+                for row in rows {
+                    println!("{row}");
+                }
             }
         }
         return pg.barrier().map_err(err);

@@ -1,5 +1,6 @@
 //! The typed, user-facing handle on a group of ranks.
 
+use std::any::Any;
 use std::collections::VecDeque;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
@@ -84,6 +85,35 @@ pub struct ProcessGroup {
     backend: Arc<dyn Backend>,
     sequencer: Arc<Sequencer>,
     worker: Mutex<Option<Worker>>,
+    fusion_buffers: FusionPool,
+}
+
+/// Fusion buffers kept between calls of `all_reduce_bucketed`, so that a training loop
+/// does not allocate (and page-fault in) fresh buckets every step.
+#[derive(Default)]
+struct FusionPool {
+    /// Each entry is a `Vec<Vec<T>>` for some element type `T`.
+    by_type: Mutex<Vec<Box<dyn Any + Send>>>,
+}
+
+impl FusionPool {
+    fn take<T: Element>(&self) -> Vec<Vec<T>> {
+        let Ok(mut pool) = self.by_type.lock() else {
+            return Vec::new();
+        };
+        let found = pool.iter().position(|entry| entry.is::<Vec<Vec<T>>>());
+        found
+            .map(|i| pool.swap_remove(i))
+            .and_then(|entry| entry.downcast::<Vec<Vec<T>>>().ok())
+            .map_or_else(Vec::new, |buffers| *buffers)
+    }
+
+    fn put<T: Element>(&self, mut buffers: Vec<Vec<T>>) {
+        buffers.truncate(BUCKETS_IN_FLIGHT + 1);
+        if let Ok(mut pool) = self.by_type.lock() {
+            pool.push(Box::new(buffers));
+        }
+    }
 }
 
 impl ProcessGroup {
@@ -93,6 +123,7 @@ impl ProcessGroup {
             backend: Arc::from(backend),
             sequencer: Arc::default(),
             worker: Mutex::new(None),
+            fusion_buffers: FusionPool::default(),
         }
     }
 
@@ -300,8 +331,26 @@ impl ProcessGroup {
         validate_reduce(T::DTYPE, op)?;
         let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
         let plan = plan_buckets(&lens, T::DTYPE.size(), bucket_bytes);
+        let mut spare: Vec<Vec<T>> = self.fusion_buffers.take();
+        if plan.len() == 1 {
+            // One bucket: nothing to pipeline, so skip the hand-off to the worker.
+            let mut fused = spare.pop().unwrap_or_default();
+            fused.clear();
+            for piece in &plan[0] {
+                fused.extend_from_slice(&tensors[piece.tensor][piece.range.clone()]);
+            }
+            self.all_reduce(&mut fused, op)?;
+            let mut at = 0;
+            for piece in &plan[0] {
+                let len = piece.range.len();
+                tensors[piece.tensor][piece.range.clone()].copy_from_slice(&fused[at..at + len]);
+                at += len;
+            }
+            spare.push(fused);
+            self.fusion_buffers.put(spare);
+            return Ok(());
+        }
         let mut in_flight = VecDeque::<(usize, Work<Vec<T>>)>::new();
-        let mut spare: Vec<Vec<T>> = Vec::new();
         let mut first_error = None;
         // Waits for bucket `index` and copies its result back into the tensors.
         let finish = |index: usize,
@@ -346,6 +395,7 @@ impl ProcessGroup {
                 first_error.get_or_insert(e);
             }
         }
+        self.fusion_buffers.put(spare);
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),

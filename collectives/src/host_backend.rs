@@ -34,7 +34,7 @@ pub struct HostConfig {
 }
 
 /// Default crossover between recursive doubling and the ring; see docs/benchmarks.md.
-pub const DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES: usize = 64 * 1024;
+pub const DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES: usize = 32 * 1024;
 
 impl Default for HostConfig {
     fn default() -> HostConfig {

@@ -15,7 +15,7 @@ mod rendezvous;
 pub mod store;
 mod tcp;
 
-pub use options::{InitOptions, DEFAULT_TIMEOUT};
+pub use options::{first_slurm_host, InitOptions, DEFAULT_TIMEOUT};
 pub use rendezvous::connect_mesh;
 pub use store::StoreListener;
 pub use tcp::TcpTransport;

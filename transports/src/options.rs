@@ -35,8 +35,38 @@ pub struct InitOptions {
     small_all_reduce_max_bytes: Option<usize>,
 }
 
-const TORCHRUN_HINT: &str =
-    "launch under `ringrun` or `torchrun`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
+const TORCHRUN_HINT: &str = "launch under `ringrun`, `torchrun`, Slurm's `srun` or OpenMPI's `mpirun`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
+
+/// The first host of a Slurm node list: `node[01-04,07],gpu5` → `node01`.
+pub fn first_slurm_host(nodelist: &str) -> Option<String> {
+    let list = nodelist.trim();
+    // The first entry ends at the first comma outside brackets.
+    let mut depth = 0i32;
+    let end = list
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ => {}
+            }
+            c == ',' && depth == 0
+        })
+        .map_or(list.len(), |(i, _)| i);
+    let first = &list[..end];
+    let host = match first.split_once('[') {
+        None => first.to_string(),
+        Some((prefix, rest)) => {
+            let range = rest.split([',', ']']).next()?;
+            let start = range.split('-').next()?;
+            if start.is_empty() || !start.chars().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            format!("{prefix}{start}")
+        }
+    };
+    (!host.is_empty()).then_some(host)
+}
 
 impl InitOptions {
     /// Options for rank `rank` of `world_size`, with rank 0's store at `master`
@@ -73,15 +103,20 @@ impl InitOptions {
     /// # Ok::<(), ringccl_collectives::Error>(())
     /// ```
     pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<InitOptions, Error> {
-        let required = |var: &'static str| {
-            lookup(var)
-                .filter(|v| !v.trim().is_empty())
-                .ok_or(Error::MissingEnv {
-                    var,
-                    hint: TORCHRUN_HINT,
-                })
+        let set = |var: &str| lookup(var).filter(|v| !v.trim().is_empty());
+        // The torchrun name first, then what Slurm's srun and OpenMPI's mpirun set.
+        let first_of = |names: &[&'static str]| {
+            names
+                .iter()
+                .find_map(|&var| set(var).map(|value| (var, value)))
         };
-        let number = |var: &'static str, value: String| {
+        let required = |names: &[&'static str]| {
+            first_of(names).ok_or(Error::MissingEnv {
+                var: names[0],
+                hint: TORCHRUN_HINT,
+            })
+        };
+        let number = |(var, value): (&'static str, String)| {
             value
                 .trim()
                 .parse::<usize>()
@@ -91,24 +126,41 @@ impl InitOptions {
                     reason: format!("expected a non-negative integer ({e})"),
                 })
         };
-        let rank = number("RANK", required("RANK")?)?;
-        let world_size = number("WORLD_SIZE", required("WORLD_SIZE")?)?;
+        let rank_var = required(&["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"])?;
+        let rank_name = rank_var.0;
+        let rank = number(rank_var)?;
+        let world_var = required(&["WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"])?;
+        let world_name = world_var.0;
+        let world_size = number(world_var)?;
         if world_size == 0 {
             return Err(Error::InvalidEnv {
-                var: "WORLD_SIZE",
+                var: world_name,
                 value: "0".into(),
                 reason: "a group needs at least one rank".into(),
             });
         }
         if rank >= world_size {
             return Err(Error::InvalidEnv {
-                var: "RANK",
+                var: rank_name,
                 value: rank.to_string(),
-                reason: format!("must be less than WORLD_SIZE={world_size}"),
+                reason: format!("must be less than {world_name}={world_size}"),
             });
         }
-        let addr = required("MASTER_ADDR")?.trim().to_string();
-        let port_text = required("MASTER_PORT")?;
+        let addr = match set("MASTER_ADDR") {
+            Some(addr) => addr.trim().to_string(),
+            None => match set("SLURM_JOB_NODELIST").map(|list| first_slurm_host(&list)) {
+                Some(Some(host)) => host,
+                Some(None) => {
+                    return Err(Error::InvalidEnv {
+                        var: "SLURM_JOB_NODELIST",
+                        value: set("SLURM_JOB_NODELIST").unwrap_or_default(),
+                        reason: "cannot read a first host from it; set MASTER_ADDR".into(),
+                    })
+                }
+                None => required(&["MASTER_ADDR"])?.1,
+            },
+        };
+        let port_text = required(&["MASTER_PORT"])?.1;
         let port = port_text
             .trim()
             .parse::<u16>()
@@ -125,8 +177,10 @@ impl InitOptions {
             addr
         };
         let mut opts = InitOptions::new(rank, world_size, &format!("{host}:{port}"));
-        if let Some(value) = lookup("LOCAL_RANK") {
-            opts.local_rank = Some(number("LOCAL_RANK", value)?);
+        if let Some(local) =
+            first_of(&["LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"])
+        {
+            opts.local_rank = Some(number(local)?);
         }
         if let Some(value) = lookup("RINGCCL_TIMEOUT") {
             let secs = value
@@ -179,7 +233,7 @@ impl InitOptions {
     }
 
     /// Sets the largest all-reduce that [`AllReduceAlgo::Auto`] runs with recursive
-    /// doubling (default 64 KiB). Every rank must use the same value.
+    /// doubling (default 32 KiB). Every rank must use the same value.
     pub fn small_all_reduce_max_bytes(mut self, bytes: usize) -> InitOptions {
         self.small_all_reduce_max_bytes = Some(bytes);
         self
@@ -332,6 +386,80 @@ mod tests {
                 other => panic!("{var}={bad}: unexpected {other}"),
             }
         }
+    }
+
+    #[test]
+    fn cluster_launcher_variables_are_understood_and_torchrun_names_win() {
+        let slurm = [
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_JOB_NODELIST", "gpu[007-010,12],cpu1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let opts = InitOptions::from_vars(vars(&slurm)).unwrap();
+        assert_eq!((opts.rank(), opts.world_size()), (5, 8));
+        assert_eq!(opts.get_local_rank(), Some(1));
+        assert_eq!(opts.master(), "gpu007:29500");
+
+        let ompi = [
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "3"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "1234"),
+        ];
+        let opts = InitOptions::from_vars(vars(&ompi)).unwrap();
+        assert_eq!(
+            (opts.rank(), opts.world_size(), opts.get_local_rank()),
+            (2, 3, Some(0))
+        );
+        assert_eq!(opts.master(), "10.1.2.3:1234");
+
+        let mut both = slurm.to_vec();
+        both.extend([
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "0"),
+            ("MASTER_ADDR", "h0"),
+        ]);
+        let opts = InitOptions::from_vars(vars(&both)).unwrap();
+        assert_eq!(
+            (opts.rank(), opts.world_size(), opts.get_local_rank()),
+            (1, 2, Some(0))
+        );
+        assert_eq!(opts.master(), "h0:29500");
+
+        let bad = [
+            ("SLURM_PROCID", "9"),
+            ("SLURM_NTASKS", "8"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ];
+        let err = InitOptions::from_vars(vars(&bad)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidEnv {
+                    var: "SLURM_PROCID",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn slurm_node_lists() {
+        assert_eq!(first_slurm_host("node01").as_deref(), Some("node01"));
+        assert_eq!(
+            first_slurm_host("node[01-04,07]").as_deref(),
+            Some("node01")
+        );
+        assert_eq!(first_slurm_host("a[3,5],b7").as_deref(), Some("a3"));
+        assert_eq!(first_slurm_host("x1,y[2-3]").as_deref(), Some("x1"));
+        assert_eq!(first_slurm_host("n[]"), None);
+        assert_eq!(first_slurm_host(""), None);
     }
 
     #[test]
