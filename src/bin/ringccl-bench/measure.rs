@@ -1,0 +1,169 @@
+//! Timing, the same way the peer scripts in `shared/peers` time: warm-up, calibration,
+//! back-to-back iterations; the slowest rank's time per iteration, median over
+//! iterations.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ringccl::{Error, ProcessGroup, ReduceOp};
+
+/// One row's timing, identical on every rank.
+pub(crate) struct Timing {
+    pub(crate) median_us: f64,
+    pub(crate) loop_us: f64,
+    pub(crate) iters: usize,
+}
+
+/// How many iterations to time.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Iterations {
+    /// Exactly this many (`-n`).
+    Fixed(usize),
+    /// As many as fit in about this many seconds (calibrated).
+    Budget(f64),
+}
+
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Times `op`; every rank returns the same figures.
+pub(crate) fn time_op(
+    pg: &ProcessGroup,
+    warmup: usize,
+    iterations: Iterations,
+    mut op: impl FnMut() -> Result<(), Error>,
+) -> Result<Timing, Error> {
+    for _ in 0..warmup {
+        op()?;
+    }
+    let iters = match iterations {
+        Iterations::Fixed(n) => n.max(1),
+        Iterations::Budget(budget) => {
+            let mut k = 1usize;
+            let per_call = loop {
+                pg.barrier()?;
+                let t0 = Instant::now();
+                for _ in 0..k {
+                    op()?;
+                }
+                let mut elapsed = [t0.elapsed().as_secs_f64()];
+                pg.all_reduce(&mut elapsed, ReduceOp::Max)?;
+                if elapsed[0] >= 0.1 || k >= 20_000 {
+                    break elapsed[0] / k as f64;
+                }
+                k *= 2;
+            };
+            ((budget / per_call.max(1e-9)) as usize).clamp(5, 20_000)
+        }
+    };
+    let mut times = vec![0f64; iters];
+    pg.barrier()?;
+    let loop_start = Instant::now();
+    for t in times.iter_mut() {
+        let s = Instant::now();
+        op()?;
+        *t = s.elapsed().as_secs_f64();
+    }
+    let mut loop_time = [loop_start.elapsed().as_secs_f64() / iters as f64];
+    pg.all_reduce(&mut times, ReduceOp::Max)?;
+    pg.all_reduce(&mut loop_time, ReduceOp::Max)?;
+    Ok(Timing {
+        median_us: median(times) * 1e6,
+        loop_us: loop_time[0] * 1e6,
+        iters,
+    })
+}
+
+/// Slowest rank's time for `f`, median of `reps` repetitions, in microseconds.
+fn slowest_median_us(
+    pg: &ProcessGroup,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), Error>,
+) -> Result<f64, Error> {
+    let mut times = vec![0f64; reps];
+    for t in times.iter_mut() {
+        pg.barrier()?;
+        let s = Instant::now();
+        f()?;
+        *t = s.elapsed().as_secs_f64();
+    }
+    pg.all_reduce(&mut times, ReduceOp::Max)?;
+    Ok(median(times) * 1e6)
+}
+
+/// A fixed amount of floating-point work on a private buffer (the "backward pass" the
+/// overlap benchmark hides communication behind). Values stay bounded.
+fn compute(scratch: &mut [f32], rounds: usize) -> f32 {
+    for _ in 0..rounds {
+        for x in scratch.iter_mut() {
+            *x = *x * 0.999_999 + 1e-6;
+        }
+    }
+    scratch[0]
+}
+
+/// Compute overlapped with a background all-reduce of `count` floats, against the two
+/// one after the other. Compute is calibrated to take about as long as the all-reduce.
+/// Two kinds of compute: CPU work (competes with the transport for the cores) and
+/// off-CPU work (a sleep, standing in for work on an accelerator).
+pub(crate) fn overlap_rows(
+    pg: &ProcessGroup,
+    count: usize,
+    reps: usize,
+) -> Result<Vec<String>, Error> {
+    let mut scratch = vec![1.0f32; 1 << 18];
+    let mut buf = vec![1.0f32; count];
+    let comm = slowest_median_us(pg, reps, || pg.all_reduce(&mut buf, ReduceOp::Sum))?;
+    let one_round = slowest_median_us(pg, reps, || {
+        std::hint::black_box(compute(&mut scratch, 1));
+        Ok(())
+    })?;
+    let mut rounds = [((comm / one_round.max(1e-3)).round() as i64).max(1)];
+    pg.broadcast(&mut rounds, 0)?;
+    let cpu_rounds = rounds[0] as usize;
+    let sleep = Duration::from_micros(comm.round().max(1.0) as u64);
+    let mut rows = Vec::new();
+    for kind in ["cpu", "off-cpu"] {
+        let work = |scratch: &mut [f32]| {
+            if kind == "cpu" {
+                std::hint::black_box(compute(scratch, cpu_rounds));
+            } else {
+                thread::sleep(sleep);
+            }
+        };
+        let comp = slowest_median_us(pg, reps, || {
+            work(&mut scratch);
+            Ok(())
+        })?;
+        let sequential = slowest_median_us(pg, reps, || {
+            pg.all_reduce(&mut buf, ReduceOp::Sum)?;
+            work(&mut scratch);
+            Ok(())
+        })?;
+        let mut owned = Some(vec![1.0f32; count]);
+        let overlapped = slowest_median_us(pg, reps, || {
+            let pending = pg.all_reduce_async(owned.take().unwrap_or_default(), ReduceOp::Sum)?;
+            work(&mut scratch);
+            owned = Some(pending.wait()?);
+            Ok(())
+        })?;
+        rows.push(format!(
+            "{:>12} {:>8} {:>12.1} {:>12.1} {:>14.1} {:>14.1} {:>9.2}x",
+            count * 4,
+            kind,
+            comm,
+            comp,
+            sequential,
+            overlapped,
+            sequential / overlapped
+        ));
+    }
+    Ok(rows)
+}

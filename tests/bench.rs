@@ -1,0 +1,196 @@
+//! The `ringccl-bench` binary: a correct sweep reports no wrong elements, an injected
+//! fault is counted, JSON rows match, it runs under `ringrun`, and an unavailable
+//! backend is a clear error.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::heavy_lock;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_ringccl-bench");
+const RINGRUN: &str = env!("CARGO_BIN_EXE_ringrun");
+
+fn bench(args: &[&str], fault: bool) -> Output {
+    let mut cmd = Command::new(BENCH);
+    cmd.args(args);
+    if fault {
+        cmd.env("RINGCCL_BENCH_INJECT_FAULT", "1");
+    }
+    cmd.output().expect("run ringccl-bench")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The table's rows: (size, type, redop, #wrong).
+fn rows(stdout: &str) -> Vec<(usize, String, String, i64)> {
+    let parse = |line: &str| -> Option<(usize, String, String, i64)> {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() != 11 {
+            return None;
+        }
+        Some((
+            f[0].parse().ok()?,
+            f[2].to_string(),
+            f[3].to_string(),
+            f[8].parse().ok()?,
+        ))
+    };
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(parse)
+        .collect()
+}
+
+#[test]
+fn every_type_and_op_checks_out_with_zero_wrong() {
+    let _guard = heavy_lock();
+    let json = std::env::temp_dir().join(format!("ringccl-bench-{}.json", std::process::id()));
+    let out = bench(
+        &[
+            "--np",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "64",
+            "-n",
+            "3",
+            "-w",
+            "1",
+            "-d",
+            "all",
+            "-o",
+            "all",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        false,
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let table = rows(&stdout);
+    // 8 types x 5 ops - 4 integer means; sizes 8, 512, 32768 and the end point 65536.
+    assert_eq!(table.len(), (8 * 5 - 4) * 4, "{stdout}");
+    assert!(table.iter().all(|r| r.3 == 0), "{stdout}");
+    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+    let lines = std::fs::read_to_string(&json).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(lines.lines().count(), table.len());
+    assert!(lines
+        .lines()
+        .all(|l| l.starts_with("{\"coll\":\"all_reduce\"") && l.contains("\"wrong\":0")));
+}
+
+#[test]
+fn other_collectives_check_out_too() {
+    let _guard = heavy_lock();
+    for coll in [
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "all_reduce_bucketed",
+        "barrier",
+    ] {
+        let out = bench(
+            &[
+                "--np",
+                "3",
+                "--coll",
+                coll,
+                "-b",
+                "64",
+                "-e",
+                "256K",
+                "-f",
+                "64",
+                "-n",
+                "3",
+                "-w",
+                "1",
+                "--tensors",
+                "7",
+            ],
+            false,
+        );
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{coll}: {stdout}{}",
+            text(&out.stderr)
+        );
+        assert!(
+            stdout.contains("# Out of bounds values : 0 OK"),
+            "{coll}: {stdout}"
+        );
+        assert!(!rows(&stdout).is_empty(), "{coll}: {stdout}");
+    }
+}
+
+#[test]
+fn an_injected_fault_is_counted_as_wrong() {
+    let _guard = heavy_lock();
+    for coll in ["all_reduce", "broadcast", "all_gather"] {
+        let out = bench(
+            &[
+                "--np", "2", "--coll", coll, "-b", "1K", "-e", "1K", "-n", "2",
+            ],
+            true,
+        );
+        let stdout = text(&out.stdout);
+        assert!(
+            !out.status.success(),
+            "{coll}: a corrupted result must fail the run"
+        );
+        let table = rows(&stdout);
+        assert!(table.iter().any(|r| r.3 > 0), "{coll}: {stdout}");
+        assert!(stdout.contains("FAILED"), "{coll}: {stdout}");
+    }
+}
+
+#[test]
+fn runs_as_ranks_under_ringrun() {
+    let _guard = heavy_lock();
+    let out = Command::new(RINGRUN)
+        .args([
+            "--nproc-per-node",
+            "2",
+            "--",
+            BENCH,
+            "-b",
+            "8",
+            "-e",
+            "4K",
+            "-f",
+            "8",
+            "-n",
+            "3",
+        ])
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("[rank 0] # Out of bounds values : 0 OK"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("backend gloo, 2 ranks"), "{stdout}");
+}
+
+#[test]
+fn unavailable_backend_is_a_clear_error() {
+    let out = bench(&["--np", "1", "--backend", "nccl", "-n", "1"], false);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("not available"),
+        "{}",
+        text(&out.stderr)
+    );
+}
