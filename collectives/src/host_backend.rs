@@ -9,8 +9,8 @@ use crate::backend::{validate_blocks, validate_reduce, validate_root};
 use crate::executor::{execute, Call};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, pairwise_all_to_all,
-    recursive_doubling_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce,
-    ring_reduce_scatter, segment, RecvAction, RecvStep, Schedule, SendStep,
+    recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
+    ring_reduce_scatter, segment, send_to, Schedule,
 };
 use crate::transport::Transport;
 use crate::wire::{Algorithm, MAX_FRAME_PAYLOAD};
@@ -425,75 +425,66 @@ impl<T: Transport> Backend for HostBackend<T> {
 
     fn send(&self, buf: BufferRef<'_>, dst: usize, tag: u32) -> Result<(), Error> {
         self.check_peer(dst, "send to")?;
-        let dtype = buf.dtype();
-        let count = buf.len();
-        let chunk = self.config.chunk_bytes;
+        let (dtype, count) = (buf.dtype(), buf.len());
+        let schedule = send_to(dst, count, dtype.size(), self.config.chunk_bytes);
         self.run(|state| {
             state.sent_to[dst] += 1;
-            let schedule = Schedule {
-                sends: crate::schedule::chunks(0..count, dtype.size(), chunk)
-                    .map(|range| SendStep {
-                        peer: dst,
-                        range,
-                        after_recv: None,
-                    })
-                    .collect(),
-                recvs: Vec::new(),
-            };
-            Job {
-                op: OpDesc::new(
-                    state.sent_to[dst],
-                    CollectiveKind::SendRecv,
-                    dtype,
-                    count,
-                    None,
-                    Some(tag as usize),
-                ),
-                algorithm: Algorithm::Direct,
+            p2p_job(
+                state.sent_to[dst],
+                dtype,
+                count,
+                tag,
                 schedule,
-                elem_size: dtype.size(),
-                reduce: None,
-                buf: &mut [],
-                send_from: Some(buf.bytes()),
-            }
+                &mut [],
+                Some(buf.bytes()),
+            )
         })
     }
 
     fn recv(&self, mut buf: BufferMut<'_>, src: usize, tag: u32) -> Result<(), Error> {
         self.check_peer(src, "receive from")?;
-        let dtype = buf.dtype();
-        let count = buf.len();
-        let chunk = self.config.chunk_bytes;
+        let (dtype, count) = (buf.dtype(), buf.len());
+        let schedule = recv_from(src, count, dtype.size(), self.config.chunk_bytes);
         self.run(|state| {
             state.received_from[src] += 1;
-            let schedule = Schedule {
-                sends: Vec::new(),
-                recvs: crate::schedule::chunks(0..count, dtype.size(), chunk)
-                    .map(|range| RecvStep {
-                        peer: src,
-                        range,
-                        action: RecvAction::Store,
-                        after_send: None,
-                    })
-                    .collect(),
-            };
-            Job {
-                op: OpDesc::new(
-                    state.received_from[src],
-                    CollectiveKind::SendRecv,
-                    dtype,
-                    count,
-                    None,
-                    Some(tag as usize),
-                ),
-                algorithm: Algorithm::Direct,
+            p2p_job(
+                state.received_from[src],
+                dtype,
+                count,
+                tag,
                 schedule,
-                elem_size: dtype.size(),
-                reduce: None,
-                buf: buf.bytes_mut(),
-                send_from: None,
-            }
+                buf.bytes_mut(),
+                None,
+            )
         })
+    }
+}
+
+/// A point-to-point message: numbered per direction of the pair, the tag in the root field.
+fn p2p_job<'a>(
+    seq: u64,
+    dtype: DType,
+    count: usize,
+    tag: u32,
+    schedule: Schedule,
+    buf: &'a mut [u8],
+    send_from: Option<&'a [u8]>,
+) -> Job<'a> {
+    Job {
+        op: OpDesc::new(
+            seq,
+            CollectiveKind::SendRecv,
+            dtype,
+            count,
+            None,
+            Some(tag as usize),
+        ),
+        algorithm: Algorithm::Direct,
+        schedule,
+        elem_size: dtype.size(),
+        reduce: None,
+        buf,
+        send_from,
     }
 }
 

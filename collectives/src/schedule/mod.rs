@@ -12,6 +12,7 @@ use std::ops::Range;
 mod all_to_all;
 mod barrier;
 mod broadcast;
+mod point_to_point;
 mod recursive_doubling;
 mod ring;
 #[cfg(test)]
@@ -20,6 +21,7 @@ mod sim;
 pub use all_to_all::pairwise_all_to_all;
 pub use barrier::dissemination_barrier;
 pub use broadcast::{binomial_tree_broadcast, chain_broadcast};
+pub use point_to_point::{recv_from, send_to};
 pub use recursive_doubling::recursive_doubling_all_reduce;
 pub use ring::{
     ring_all_gather, ring_all_reduce, ring_reduce, ring_reduce_scatter, RING_MIN_CHUNKS_BYTES,

@@ -134,6 +134,26 @@ pub fn ring_all_reduce(
     schedule
 }
 
+/// One ring phase on its own, with rank `r` owning block `r`.
+fn single_phase(
+    rank: usize,
+    world_size: usize,
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+    phase: Phase,
+) -> Schedule {
+    let mut schedule = Schedule::default();
+    if world_size > 1 {
+        ring(rank, world_size, count, elem_size, max_chunk_bytes, 0).push_phase(
+            &mut schedule,
+            phase,
+            None,
+        );
+    }
+    schedule
+}
+
 /// Ring reduce-scatter over a buffer of `world_size` equal blocks: afterwards rank `r`'s
 /// block `r` holds the reduction of every rank's block `r` (other blocks hold partial
 /// results).
@@ -144,15 +164,14 @@ pub fn ring_reduce_scatter(
     elem_size: usize,
     max_chunk_bytes: usize,
 ) -> Schedule {
-    let mut schedule = Schedule::default();
-    if world_size > 1 {
-        ring(rank, world_size, count, elem_size, max_chunk_bytes, 0).push_phase(
-            &mut schedule,
-            Phase::ReduceScatter,
-            None,
-        );
-    }
-    schedule
+    single_phase(
+        rank,
+        world_size,
+        count,
+        elem_size,
+        max_chunk_bytes,
+        Phase::ReduceScatter,
+    )
 }
 
 /// Ring all-gather over a buffer of `world_size` blocks where rank `r` starts with its
@@ -164,15 +183,14 @@ pub fn ring_all_gather(
     elem_size: usize,
     max_chunk_bytes: usize,
 ) -> Schedule {
-    let mut schedule = Schedule::default();
-    if world_size > 1 {
-        ring(rank, world_size, count, elem_size, max_chunk_bytes, 0).push_phase(
-            &mut schedule,
-            Phase::AllGather,
-            None,
-        );
-    }
-    schedule
+    single_phase(
+        rank,
+        world_size,
+        count,
+        elem_size,
+        max_chunk_bytes,
+        Phase::AllGather,
+    )
 }
 
 /// Reduce to `root`: a ring reduce-scatter, then every rank sends the segment it owns to
