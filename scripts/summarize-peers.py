@@ -5,7 +5,7 @@ import statistics
 import sys
 
 out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "target/compare-peers")
-SIZE = {"8 B": 8, "1 MiB": 1 << 20, "64 MiB": 64 << 20}
+UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
 COLS = {"allreduce": "all_reduce", "barrier": "barrier", "broadcast": "broadcast"}
 
 
@@ -19,7 +19,7 @@ def peer(path):
         if f[0] == "barrier":
             rows[("barrier", 0)].append((float(f[4]), None))
         else:
-            size = SIZE[f"{f[1]} {f[2]}"]
+            size = int(f[1]) * UNIT[f[2]]
             rows[(COLS[f[0]], size)].append((float(f[5]), float(f[-1])))
     return rows
 

@@ -69,17 +69,23 @@ pub(crate) enum Order {
     IncomingFirst,
 }
 
-fn combine<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T], order: Order) {
-    let f: fn(T, T) -> T = match op {
-        // Avg reduces as a sum; `finalize_avg` divides once at the end.
-        ReduceOp::Sum | ReduceOp::Avg => T::sum,
-        ReduceOp::Product => T::prod,
-        ReduceOp::Min => T::min,
-        ReduceOp::Max => T::max,
-    };
+#[inline(always)]
+fn apply<T: Arith>(dst: &mut [T], src: &[T], order: Order, f: impl Fn(T, T) -> T) {
     match order {
-        Order::LocalFirst => zip_apply(dst, src, f),
+        Order::LocalFirst => zip_apply(dst, src, |d, s| f(d, s)),
         Order::IncomingFirst => zip_apply(dst, src, |d, s| f(s, d)),
+    }
+}
+
+fn combine<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T], order: Order) {
+    // Each arm passes a distinct function item (not a function pointer), so every
+    // (type, op, order) loop is monomorphised, inlined and vectorised.
+    match op {
+        // Avg reduces as a sum; `finalize_avg` divides once at the end.
+        ReduceOp::Sum | ReduceOp::Avg => apply(dst, src, order, T::sum),
+        ReduceOp::Product => apply(dst, src, order, T::prod),
+        ReduceOp::Min => apply(dst, src, order, T::min),
+        ReduceOp::Max => apply(dst, src, order, T::max),
     }
 }
 
