@@ -72,7 +72,7 @@ pub(crate) enum Order {
 #[inline(always)]
 fn apply<T: Arith>(dst: &mut [T], src: &[T], order: Order, f: impl Fn(T, T) -> T) {
     match order {
-        Order::LocalFirst => zip_apply(dst, src, |d, s| f(d, s)),
+        Order::LocalFirst => zip_apply(dst, src, &f),
         Order::IncomingFirst => zip_apply(dst, src, |d, s| f(s, d)),
     }
 }
