@@ -8,12 +8,12 @@ fn from_env_reads_torchrun_variables_and_names_what_is_missing() {
     let set = |k: &str, v: &str| std::env::set_var(k, v);
     set("RANK", "3");
     set("WORLD_SIZE", "8");
-    set("MASTER_ADDR", "127.0.0.1");
+    set("MASTER_ADDR", "node0");
     set("MASTER_PORT", "29400");
     set("LOCAL_RANK", "1");
     let opts = InitOptions::from_env().unwrap();
     assert_eq!((opts.rank(), opts.world_size()), (3, 8));
-    assert_eq!(opts.master(), "127.0.0.1:29400");
+    assert_eq!(opts.master(), "node0:29400");
     assert_eq!(opts.get_local_rank(), Some(1));
 
     set("RANK", "8");
