@@ -16,6 +16,7 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
+use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -114,7 +115,16 @@ fn describe(status: ExitStatus) -> String {
     }
 }
 
-fn forward_lines(rank: usize, stream: impl Read + Send + 'static, to_stderr: bool) {
+/// How long ringrun waits, after the ranks exit, for their last output lines.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// Copies a rank's output, prefixed, and reports on `done` when the stream ends.
+fn forward_lines(
+    rank: usize,
+    stream: impl Read + Send + 'static,
+    to_stderr: bool,
+    done: mpsc::Sender<()>,
+) {
     thread::spawn(move || {
         for line in BufReader::new(stream).lines().map_while(Result::ok) {
             if to_stderr {
@@ -123,14 +133,34 @@ fn forward_lines(rank: usize, stream: impl Read + Send + 'static, to_stderr: boo
                 let _ = writeln!(io::stdout().lock(), "[rank {rank}] {line}");
             }
         }
+        let _ = done.send(());
     });
+}
+
+/// Waits (boundedly: a rank's own children may keep its pipes open) until every
+/// forwarded stream has been printed to the end.
+fn drain(streams: usize, done: &mpsc::Receiver<()>) {
+    let deadline = Instant::now() + DRAIN;
+    for _ in 0..streams {
+        if done
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_err()
+        {
+            return;
+        }
+    }
 }
 
 fn free_port(addr: &str) -> io::Result<u16> {
     Ok(TcpListener::bind((addr, 0))?.local_addr()?.port())
 }
 
-fn spawn_group(args: &Args, port: u16, restart: u32) -> io::Result<Vec<Rank>> {
+fn spawn_group(
+    args: &Args,
+    port: u16,
+    restart: u32,
+    done: &mpsc::Sender<()>,
+) -> io::Result<Vec<Rank>> {
     let world = args.nnodes * args.nproc_per_node;
     let mut ranks = Vec::with_capacity(args.nproc_per_node);
     for local in 0..args.nproc_per_node {
@@ -157,10 +187,10 @@ fn spawn_group(args: &Args, port: u16, restart: u32) -> io::Result<Vec<Rank>> {
                 )
             })?;
         if let Some(out) = child.stdout.take() {
-            forward_lines(rank, out, false);
+            forward_lines(rank, out, false, done.clone());
         }
         if let Some(err) = child.stderr.take() {
-            forward_lines(rank, err, true);
+            forward_lines(rank, err, true, done.clone());
         }
         ranks.push(Rank {
             rank,
@@ -230,13 +260,14 @@ fn run(args: &Args) -> Result<ExitCode, String> {
                 .map_err(|e| format!("finding a free port on {}: {e}", args.master_addr))?,
             None => 29500,
         };
-        let mut ranks = spawn_group(args, port, restart).map_err(|e| e.to_string())?;
-        match supervise(&mut ranks) {
-            Outcome::Succeeded => return Ok(ExitCode::SUCCESS),
+        let (done, streams_done) = mpsc::channel();
+        let mut ranks = spawn_group(args, port, restart, &done).map_err(|e| e.to_string())?;
+        let outcome = supervise(&mut ranks);
+        match outcome {
+            Outcome::Succeeded => {}
             Outcome::Interrupted(signal) => {
                 eprintln!("ringrun: got signal {signal}, forwarding it to every rank");
                 stop_all(&mut ranks, signal);
-                return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
             }
             Outcome::Failed { rank, status } => {
                 eprintln!(
@@ -244,14 +275,23 @@ fn run(args: &Args) -> Result<ExitCode, String> {
                     describe(status)
                 );
                 stop_all(&mut ranks, libc::SIGTERM);
-                if restart < args.max_restarts {
-                    eprintln!(
-                        "ringrun: restarting the group (restart {} of {})",
-                        restart + 1,
-                        args.max_restarts
-                    );
-                    continue;
-                }
+            }
+        }
+        // Print every rank's last lines before deciding what comes next.
+        drain(2 * ranks.len(), &streams_done);
+        match outcome {
+            Outcome::Succeeded => return Ok(ExitCode::SUCCESS),
+            Outcome::Interrupted(signal) => {
+                return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
+            }
+            Outcome::Failed { .. } if restart < args.max_restarts => {
+                eprintln!(
+                    "ringrun: restarting the group (restart {} of {})",
+                    restart + 1,
+                    args.max_restarts
+                );
+            }
+            Outcome::Failed { .. } => {
                 if args.max_restarts > 0 {
                     eprintln!("ringrun: giving up after {} restarts", args.max_restarts);
                 }
