@@ -35,11 +35,11 @@ pub use ringccl_collectives::{
     half, AllReduceAlgo, Backend, BufferMut, BufferRef, CollectiveKind, DType, Element, Error,
     HostConfig, OpDesc, ReduceOp, Result,
 };
-pub use ringccl_transports::{InitOptions, StoreListener, DEFAULT_TIMEOUT};
+pub use ringccl_transports::{InitOptions, StoreListener, TransportKind, DEFAULT_TIMEOUT};
 pub use work::Work;
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {
     pub use ringccl_collectives::{bucket, schedule, wire, HostBackend, Readiness, Transport};
-    pub use ringccl_transports::{connect_mesh, store, TcpTransport};
+    pub use ringccl_transports::{connect_mesh, store, ShmTransport, TcpTransport};
 }

@@ -11,7 +11,9 @@ use ringccl_collectives::{
     validate_reduce, Backend, BufferMut, BufferRef, Element, Error, HostBackend, HostConfig,
     ReduceOp,
 };
-use ringccl_transports::{connect_mesh, InitOptions};
+use ringccl_transports::{
+    connect_mesh, InitOptions, ShmTransport, TransportKind, DEFAULT_RING_BYTES,
+};
 
 use crate::sequencer::Sequencer;
 use crate::work::Work;
@@ -58,10 +60,18 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
             if let Some(bytes) = opts.get_small_all_reduce_max_bytes() {
                 config.small_all_reduce_max_bytes = bytes;
             }
-            let transport = connect_mesh(opts)?;
-            Ok(ProcessGroup::from_backend(Box::new(HostBackend::new(
-                "gloo", transport, config,
-            ))))
+            let kind = opts.get_transport()?;
+            let timeout = opts.get_timeout();
+            let tcp = connect_mesh(opts)?;
+            let backend: Box<dyn Backend> = match kind {
+                TransportKind::SharedMemory => Box::new(HostBackend::new(
+                    "gloo",
+                    ShmTransport::attach(tcp, DEFAULT_RING_BYTES, timeout)?,
+                    config,
+                )),
+                _ => Box::new(HostBackend::new("gloo", tcp, config)),
+            };
+            Ok(ProcessGroup::from_backend(backend))
         }
         "nccl" => Err(Error::BackendUnavailable {
             backend: "nccl",

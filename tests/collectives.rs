@@ -436,3 +436,47 @@ fn barrier_waits_for_the_last_rank_across_processes() {
         );
     }
 }
+
+// ---- the same matrix over the shared-memory transport
+
+fn shm_threads_matrix(n: usize) {
+    let _guard = heavy_lock();
+    let started = Instant::now();
+    let shm = |opts: ringccl::InitOptions| opts.transport(ringccl::TransportKind::SharedMemory);
+    let lines = run_threads_with(n, GROUP_TIMEOUT, shm, |pg| matrix(&pg));
+    assert_identical(&lines);
+    eprintln!(
+        "shm threads n={n}: {} cases in {:?}",
+        lines[0].len(),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn shm_threads_world_2() {
+    shm_threads_matrix(2);
+}
+
+#[test]
+fn shm_threads_world_3() {
+    shm_threads_matrix(3);
+}
+
+#[test]
+fn shm_threads_world_5() {
+    shm_threads_matrix(5);
+}
+
+#[test]
+fn shm_processes_world_4() {
+    const NAME: &str = "shm_processes_world_4";
+    if let Some(pg) = common::child_group(NAME) {
+        for line in matrix(&pg) {
+            println!("{RESULT_PREFIX}{line}");
+        }
+        return;
+    }
+    let _guard = heavy_lock();
+    let lines = common::run_processes_with_env(NAME, 4, &[("RINGCCL_TRANSPORT", "shm")]);
+    assert_identical(&lines);
+}

@@ -121,10 +121,11 @@ pub fn child_group(test_name: &str) -> Option<ProcessGroup> {
     Some(pg)
 }
 
-fn spawn_child(test_name: &str, rank: usize, n: usize, port: u16) -> Child {
+fn spawn_child(test_name: &str, rank: usize, n: usize, port: u16, env: &[(&str, &str)]) -> Child {
     let exe = std::env::current_exe().expect("current test binary");
     Command::new(exe)
         .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
         .env(CHILD_VAR, test_name)
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", n.to_string())
@@ -157,10 +158,15 @@ fn forward_stdout(rank: usize, child: &mut Child, tx: mpsc::Sender<Line>) {
 /// store's port) and returns the `RESULT` lines each rank printed, by rank. Fails the
 /// test if a rank fails or the whole run exceeds [`PROCESS_TEST_LIMIT`].
 pub fn run_processes(test_name: &str, n: usize) -> Vec<Vec<String>> {
+    run_processes_with_env(test_name, n, &[])
+}
+
+/// [`run_processes`] with extra environment variables for every rank.
+pub fn run_processes_with_env(test_name: &str, n: usize, env: &[(&str, &str)]) -> Vec<Vec<String>> {
     let deadline = Instant::now() + PROCESS_TEST_LIMIT;
     let (tx, rx) = mpsc::channel();
     let mut children: Vec<Child> = Vec::new();
-    let mut first = spawn_child(test_name, 0, n, 0);
+    let mut first = spawn_child(test_name, 0, n, 0, env);
     forward_stdout(0, &mut first, tx.clone());
     children.push(first);
     let mut results: Vec<Vec<String>> = vec![Vec::new(); n];
@@ -188,7 +194,7 @@ pub fn run_processes(test_name: &str, n: usize) -> Vec<Vec<String>> {
                     let p: u16 = p.trim().parse().expect("port line");
                     port = Some(p);
                     for r in 1..n {
-                        let mut child = spawn_child(test_name, r, n, p);
+                        let mut child = spawn_child(test_name, r, n, p, env);
                         forward_stdout(r, &mut child, tx.clone());
                         children.push(child);
                     }

@@ -12,10 +12,12 @@ mod options;
 mod peer_hello;
 mod poll;
 mod rendezvous;
+mod shm;
 pub mod store;
 mod tcp;
 
-pub use options::{first_slurm_host, InitOptions, DEFAULT_TIMEOUT};
+pub use options::{first_slurm_host, InitOptions, TransportKind, DEFAULT_TIMEOUT};
 pub use rendezvous::connect_mesh;
+pub use shm::{ShmTransport, DEFAULT_RING_BYTES};
 pub use store::StoreListener;
 pub use tcp::TcpTransport;

@@ -7,6 +7,31 @@ use ringccl_collectives::{AllReduceAlgo, Error};
 
 use crate::StoreListener;
 
+/// Which transport the CPU backend moves bytes with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TransportKind {
+    /// TCP between every pair of ranks (any number of hosts).
+    #[default]
+    Tcp,
+    /// Shared memory between every pair of ranks; every rank must be on one host.
+    SharedMemory,
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<TransportKind, Error> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tcp" => Ok(TransportKind::Tcp),
+            "shm" | "shared_memory" => Ok(TransportKind::SharedMemory),
+            other => Err(Error::InvalidArgument(format!(
+                "unknown transport {other:?}: valid names are tcp, shm"
+            ))),
+        }
+    }
+}
+
 /// Default deadline of rendezvous and of every collective: 30 minutes, as PyTorch's gloo.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
@@ -33,6 +58,7 @@ pub struct InitOptions {
     chunk_bytes: Option<usize>,
     all_reduce_algo: Option<AllReduceAlgo>,
     small_all_reduce_max_bytes: Option<usize>,
+    transport: Option<TransportKind>,
 }
 
 const TORCHRUN_HINT: &str = "launch under `ringrun`, `torchrun`, Slurm's `srun` or OpenMPI's `mpirun`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
@@ -82,6 +108,7 @@ impl InitOptions {
             chunk_bytes: None,
             all_reduce_algo: None,
             small_all_reduce_max_bytes: None,
+            transport: None,
         }
     }
 
@@ -251,6 +278,28 @@ impl InitOptions {
                 reason: format!("expected one of {}", AllReduceAlgo::NAMES),
             }),
             Err(_) => Ok(AllReduceAlgo::Auto),
+        }
+    }
+
+    /// Chooses the transport (default TCP; the `RINGCCL_TRANSPORT=tcp|shm` environment
+    /// variable applies when this is not called). Every rank must use the same one.
+    pub fn transport(mut self, kind: TransportKind) -> InitOptions {
+        self.transport = Some(kind);
+        self
+    }
+
+    /// The transport: the explicit setting, else `RINGCCL_TRANSPORT`, else TCP.
+    pub fn get_transport(&self) -> Result<TransportKind, Error> {
+        if let Some(kind) = self.transport {
+            return Ok(kind);
+        }
+        match std::env::var("RINGCCL_TRANSPORT") {
+            Ok(value) => value.parse().map_err(|_| Error::InvalidEnv {
+                var: "RINGCCL_TRANSPORT",
+                value: value.clone(),
+                reason: "expected tcp or shm".into(),
+            }),
+            Err(_) => Ok(TransportKind::Tcp),
         }
     }
 

@@ -66,3 +66,16 @@ fn millis_rounded_up(d: Duration) -> libc::c_int {
     let ms = d.as_micros().div_ceil(1000);
     ms.min(libc::c_int::MAX as u128) as libc::c_int
 }
+
+/// Whether the peer of the connected socket `fd` has closed or reset it. Never blocks.
+/// Bytes waiting to be read also count (a liveness-only connection carries none).
+pub(crate) fn hung_up(fd: RawFd) -> bool {
+    let mut entry = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid, initialised `pollfd`; a zero timeout never blocks.
+    let rc = unsafe { libc::poll(&mut entry, 1, 0) };
+    rc > 0 && entry.revents & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}

@@ -203,6 +203,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
         rank,
         world_size,
         peers,
+        job_id,
         Some(store),
         server,
     ))

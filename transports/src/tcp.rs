@@ -19,8 +19,9 @@ pub struct TcpTransport {
     rank: usize,
     world_size: usize,
     peers: Vec<Option<Socket>>,
+    pub(crate) job_id: u64,
     // Field order matters for drop: close the client before stopping the server.
-    _store: Option<StoreClient>,
+    pub(crate) store: Option<StoreClient>,
     _server: Option<StoreServer>,
 }
 
@@ -29,6 +30,7 @@ impl TcpTransport {
         rank: usize,
         world_size: usize,
         peers: Vec<Option<Socket>>,
+        job_id: u64,
         store: Option<StoreClient>,
         server: Option<StoreServer>,
     ) -> TcpTransport {
@@ -36,8 +38,19 @@ impl TcpTransport {
             rank,
             world_size,
             peers,
-            _store: store,
+            job_id,
+            store,
             _server: server,
+        }
+    }
+
+    /// Whether `peer`'s connection has been closed or reset (its process is gone).
+    /// Never blocks. Meant for connections that carry no data (the shared-memory
+    /// transport keeps them as a liveness channel).
+    pub(crate) fn peer_gone(&self, peer: usize) -> bool {
+        match self.peer(peer) {
+            Ok(socket) => crate::poll::hung_up(socket.as_raw_fd()),
+            Err(_) => true,
         }
     }
 

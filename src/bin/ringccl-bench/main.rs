@@ -91,6 +91,9 @@ struct Args {
     /// All-reduce algorithm: auto, ring or rd.
     #[arg(long)]
     algo: Option<String>,
+    /// Transport of the gloo backend: tcp or shm (one host).
+    #[arg(long)]
+    transport: Option<String>,
     /// Also write one JSON object per row to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -250,6 +253,9 @@ fn join_group(args: &Args, own_launcher: bool) -> Result<ProcessGroup, String> {
     }
     if let Some(algo) = &args.algo {
         opts = opts.all_reduce_algo(algo.parse().map_err(|e: Error| e.to_string())?);
+    }
+    if let Some(transport) = &args.transport {
+        opts = opts.transport(transport.parse().map_err(|e: Error| e.to_string())?);
     }
     init_process_group(&args.backend, opts).map_err(|e| e.to_string())
 }
@@ -527,9 +533,13 @@ fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
     let err = |e: Error| e.to_string();
     if rank0 {
         println!(
-            "# ringccl-bench {}: backend {}, {n} ranks, all-reduce algorithm {}",
+            "# ringccl-bench {}: backend {}, {n} ranks, transport {}, all-reduce algorithm {}",
             coll.name(),
             pg.backend(),
+            args.transport
+                .as_deref()
+                .or(std::env::var("RINGCCL_TRANSPORT").ok().as_deref())
+                .unwrap_or("tcp"),
             args.algo.as_deref().unwrap_or("auto")
         );
     }

@@ -1,0 +1,124 @@
+//! Shared-memory transport specifics: a lost peer is reported, nothing is left behind in
+//! /dev/shm, and ranks that disagree about the transport fail within the deadline.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{heavy_lock, run_threads_with};
+use ringccl::{Error, InitOptions, ReduceOp, TransportKind};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+const PROMPT: Duration = Duration::from_secs(20);
+
+fn shm(opts: InitOptions) -> InitOptions {
+    opts.transport(TransportKind::SharedMemory)
+}
+
+fn ringccl_files() -> usize {
+    std::fs::read_dir("/dev/shm")
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("ringccl-"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn lost_peer_is_named_over_shared_memory() {
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        eprintln!("skipped: no /dev/shm on this machine");
+        return;
+    }
+    let _guard = heavy_lock();
+    let results = run_threads_with(3, TIMEOUT, shm, |pg| {
+        if pg.rank() == 2 {
+            drop(pg);
+            return None;
+        }
+        let mut buf = vec![1.0f32; 1 << 20];
+        let started = Instant::now();
+        let first = pg.all_reduce(&mut buf, ReduceOp::Sum).unwrap_err();
+        Some((first, started.elapsed(), pg.barrier().unwrap_err()))
+    });
+    for (rank, r) in results.iter().enumerate().take(2) {
+        let (first, elapsed, second) = r.as_ref().unwrap();
+        assert!(*elapsed < PROMPT, "rank {rank} took {elapsed:?}");
+        assert!(
+            matches!(first, Error::PeerLost { .. }),
+            "rank {rank}: {first}"
+        );
+        assert!(
+            matches!(second, Error::GroupBroken { .. }),
+            "rank {rank}: {second}"
+        );
+    }
+    assert!(
+        matches!(
+            results[1].as_ref().unwrap().0,
+            Error::PeerLost { rank: 2, .. }
+        ),
+        "{:?}",
+        results[1]
+    );
+}
+
+#[test]
+fn nothing_is_left_in_dev_shm() {
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        eprintln!("skipped: no /dev/shm on this machine");
+        return;
+    }
+    let _guard = heavy_lock();
+    let before = ringccl_files();
+    let during = run_threads_with(4, TIMEOUT, shm, |pg| {
+        let mut x = vec![pg.rank() as i32; 1000];
+        pg.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(x, vec![6; 1000]);
+        pg.barrier().unwrap();
+        ringccl_files()
+    });
+    // Once the group is up, the inbox files are already unlinked.
+    assert!(
+        during.iter().all(|&d| d <= before),
+        "{during:?} vs {before}"
+    );
+    assert_eq!(ringccl_files(), before);
+}
+
+#[test]
+fn transport_disagreement_fails_within_the_deadline() {
+    let _guard = heavy_lock();
+    let started = Instant::now();
+    let listener = ringccl::StoreListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let results = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            ringccl::init_process_group(
+                "gloo",
+                shm(InitOptions::new(0, 2, &addr))
+                    .timeout(Duration::from_secs(2))
+                    .store_listener(listener),
+            )
+            .err()
+        });
+        let b = s.spawn(|| {
+            ringccl::init_process_group(
+                "gloo",
+                InitOptions::new(1, 2, &addr)
+                    .transport(TransportKind::Tcp)
+                    .timeout(Duration::from_secs(2)),
+            )
+            .map(|pg| {
+                // The TCP rank is connected; its first collective cannot complete.
+                let mut x = [1u8];
+                pg.all_reduce(&mut x, ReduceOp::Sum).err()
+            })
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert!(started.elapsed() < PROMPT, "took {:?}", started.elapsed());
+    let err = results.0.expect("the shared-memory rank must fail");
+    assert!(matches!(err, Error::RendezvousTimeout { .. }), "{err}");
+}

@@ -1,0 +1,134 @@
+//! The only `unsafe` of the shared-memory transport: a shared file mapping, atomics
+//! placed in it, byte copies in and out of it, and the futex calls that sleep on a word
+//! of it.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::time::Duration;
+
+/// A `MAP_SHARED` mapping of a whole file, unmapped on drop.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all access to it goes through atomics or
+// through byte copies whose ranges the single-producer/single-consumer protocol of the
+// rings keeps disjoint between writer and reader.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps all `len` bytes of `file` read-write and shared.
+    pub(crate) fn new(file: &File, len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh mapping of a file we hold open; the kernel picks the address, and
+        // the length is the file's length (the caller sized it).
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| io::Error::other("mmap returned a null pointer"))?;
+        Ok(Mapping { base, len })
+    }
+
+    fn check(&self, offset: usize, len: usize, align: usize) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len) && offset % align == 0,
+            "shared-memory access out of bounds: {offset}+{len} of {}",
+            self.len
+        );
+    }
+
+    /// The `AtomicU64` at `offset` (8-byte aligned, inside the mapping).
+    pub(crate) fn atomic_u64(&self, offset: usize) -> &AtomicU64 {
+        self.check(offset, 8, 8);
+        // SAFETY: in bounds and aligned (checked); the mapping is page-aligned and lives
+        // as long as `self`; AtomicU64 has the layout of u64 and every process accesses
+        // this word only atomically.
+        unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU64>() }
+    }
+
+    /// The `AtomicU32` at `offset` (4-byte aligned, inside the mapping).
+    pub(crate) fn atomic_u32(&self, offset: usize) -> &AtomicU32 {
+        self.check(offset, 4, 4);
+        // SAFETY: as for `atomic_u64`.
+        unsafe { &*self.base.as_ptr().add(offset).cast::<AtomicU32>() }
+    }
+
+    /// Copies `src` into the mapping at `offset`.
+    pub(crate) fn write(&self, offset: usize, src: &[u8]) {
+        self.check(offset, src.len(), 1);
+        // SAFETY: in bounds (checked); the ring protocol gives the writer exclusive use of
+        // this range until it publishes it; `src` is caller memory, so no overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.as_ptr().add(offset), src.len());
+        }
+    }
+
+    /// Copies from the mapping at `offset` into `dst`.
+    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) {
+        self.check(offset, dst.len(), 1);
+        // SAFETY: in bounds (checked); the ring protocol gives the reader exclusive use of
+        // this published range until it releases it; `dst` is caller memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the region `new` mapped; no reference into it outlives
+        // `self` (they all borrow it).
+        unsafe {
+            libc::munmap(self.base.as_ptr().cast(), self.len);
+        }
+    }
+}
+
+/// Sleeps while `word` still holds `expected`, at most `timeout` (spurious wake-ups are
+/// possible; callers re-check their condition).
+pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
+    };
+    // SAFETY: FUTEX_WAIT on a valid, aligned 32-bit word that lives in a mapping shared
+    // between processes (so not FUTEX_PRIVATE); `ts` outlives the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            &ts as *const libc::timespec,
+        );
+    }
+}
+
+/// Wakes every process sleeping on `word`.
+pub(crate) fn futex_wake(word: &AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid, aligned 32-bit word; it only wakes waiters.
+    unsafe {
+        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+    }
+}
