@@ -34,6 +34,11 @@ for r in $(seq 1 "$REPS"); do
       timeout 300 "$BENCH" --np "$N" --coll barrier | grep -v '^# Out\|^# Avg'
       timeout 300 "$BENCH" --np "$N" --coll broadcast -b 64M -e 64M | grep -v '^# Out\|^# Avg'
     } >>"$OUT/ringccl_N${N}.txt" 2>&1 || echo "ringccl N=$N failed" >&2
+    {
+      for s in 8 1M 64M; do timeout 300 "$BENCH" --np "$N" --transport shm -b "$s" -e "$s" | grep -v '^# Out\|^# Avg'; done
+      timeout 300 "$BENCH" --np "$N" --transport shm --coll barrier | grep -v '^# Out\|^# Avg'
+      timeout 300 "$BENCH" --np "$N" --transport shm --coll broadcast -b 64M -e 64M | grep -v '^# Out\|^# Avg'
+    } >>"$OUT/ringccl_shm_N${N}.txt" 2>&1 || echo "ringccl shm N=$N failed" >&2
     if [ -x "$PY" ] && [ -f "$PEERS/torch_gloo_allreduce.py" ]; then
       timeout 600 "$PY" "$PEERS/torch_gloo_allreduce.py" --nproc "$N" --sizes 8,1048576,67108864 \
         >>"$OUT/torch_N${N}.txt" 2>&1 || echo "torch gloo N=$N failed" >&2

@@ -42,10 +42,11 @@ def med(values, i):
     return statistics.median(vals) if vals else None
 
 
-print("| case | N | ringccl | PyTorch gloo | OpenMPI TCP | PyTorch / ringccl (time) |")
-print("|---|---|---|---|---|---|")
+print("| case | N | ringccl TCP | ringccl shm | PyTorch gloo | OpenMPI TCP | PyTorch / ringccl TCP | PyTorch / ringccl shm |")
+print("|---|---|---|---|---|---|---|---|")
 for n in (2, 4):
     r, t, m = ours(out / f"ringccl_N{n}.txt"), peer(out / f"torch_N{n}.txt"), peer(out / f"mpi_tcp_N{n}.txt")
+    sh = ours(out / f"ringccl_shm_N{n}.txt")
     for key in [("all_reduce", 8), ("all_reduce", 1 << 20), ("all_reduce", 64 << 20), ("barrier", 0), ("broadcast", 64 << 20)]:
         def cell(rows):
             if key not in rows:
@@ -55,7 +56,8 @@ for n in (2, 4):
             if bw and key[1] >= 1 << 20:
                 text += f" / {bw:.2f} GB/s"
             return text, us
-        (rt, ru), (tt, tu), (mt, _) = cell(r), cell(t), cell(m)
+        (rt, ru), (st, su), (tt, tu), (mt, _) = cell(r), cell(sh), cell(t), cell(m)
         ratio = f"{tu / ru:.2f}x" if ru and tu else "—"
+        ratio_shm = f"{tu / su:.2f}x" if su and tu else "—"
         name = f"{key[0]} {key[1]} B" if key[1] else key[0]
-        print(f"| {name} | {n} | {rt} | {tt} | {mt} | {ratio} |")
+        print(f"| {name} | {n} | {rt} | {st} | {tt} | {mt} | {ratio} | {ratio_shm} |")
