@@ -69,7 +69,11 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
                     ShmTransport::attach(tcp, DEFAULT_RING_BYTES, timeout)?,
                     config,
                 )),
-                _ => Box::new(HostBackend::new("gloo", tcp, config)),
+                TransportKind::Tcp => Box::new(HostBackend::new("gloo", tcp, config)),
+                _ => match ShmTransport::attach_if_possible(tcp, DEFAULT_RING_BYTES, timeout)? {
+                    Ok(shm) => Box::new(HostBackend::new("gloo", shm, config)),
+                    Err(tcp) => Box::new(HostBackend::new("gloo", tcp, config)),
+                },
             };
             Ok(ProcessGroup::from_backend(backend))
         }

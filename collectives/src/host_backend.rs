@@ -495,6 +495,7 @@ impl<T: fmt::Debug> fmt::Debug for HostBackend<T> {
             .field("rank", &self.rank)
             .field("world_size", &self.world_size)
             .field("config", &self.config)
+            .field("transport", &std::any::type_name::<T>())
             .finish_non_exhaustive()
     }
 }

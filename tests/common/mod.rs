@@ -77,7 +77,13 @@ fn run_threads_configured<R: Send>(
     thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
             .map(|rank| {
-                let mut opts = tweak(InitOptions::new(rank, n, &addr).timeout(timeout));
+                // Pinned to TCP unless a test asks otherwise: the shared-memory transport
+                // has its own tests, and the default (auto) would pick it here.
+                let mut opts = tweak(
+                    InitOptions::new(rank, n, &addr)
+                        .timeout(timeout)
+                        .transport(ringccl::TransportKind::Tcp),
+                );
                 if rank == 0 {
                     opts = opts.store_listener(listener.take().expect("listener"));
                 }
@@ -125,6 +131,7 @@ fn spawn_child(test_name: &str, rank: usize, n: usize, port: u16, env: &[(&str, 
     let exe = std::env::current_exe().expect("current test binary");
     Command::new(exe)
         .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
+        .env("RINGCCL_TRANSPORT", "tcp")
         .envs(env.iter().copied())
         .env(CHILD_VAR, test_name)
         .env("RANK", rank.to_string())

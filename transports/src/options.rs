@@ -11,8 +11,11 @@ use crate::StoreListener;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TransportKind {
-    /// TCP between every pair of ranks (any number of hosts).
+    /// Shared memory when every rank is on one host and can set it up, TCP otherwise
+    /// (decided collectively at start-up).
     #[default]
+    Auto,
+    /// TCP between every pair of ranks (any number of hosts).
     Tcp,
     /// Shared memory between every pair of ranks; every rank must be on one host.
     SharedMemory,
@@ -23,10 +26,11 @@ impl std::str::FromStr for TransportKind {
 
     fn from_str(s: &str) -> Result<TransportKind, Error> {
         match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(TransportKind::Auto),
             "tcp" => Ok(TransportKind::Tcp),
             "shm" | "shared_memory" => Ok(TransportKind::SharedMemory),
             other => Err(Error::InvalidArgument(format!(
-                "unknown transport {other:?}: valid names are tcp, shm"
+                "unknown transport {other:?}: valid names are auto, tcp, shm"
             ))),
         }
     }
@@ -281,14 +285,15 @@ impl InitOptions {
         }
     }
 
-    /// Chooses the transport (default TCP; the `RINGCCL_TRANSPORT=tcp|shm` environment
-    /// variable applies when this is not called). Every rank must use the same one.
+    /// Chooses the transport (default [`TransportKind::Auto`]; the
+    /// `RINGCCL_TRANSPORT=auto|tcp|shm` environment variable applies when this is not
+    /// called). Every rank must use the same one.
     pub fn transport(mut self, kind: TransportKind) -> InitOptions {
         self.transport = Some(kind);
         self
     }
 
-    /// The transport: the explicit setting, else `RINGCCL_TRANSPORT`, else TCP.
+    /// The transport: the explicit setting, else `RINGCCL_TRANSPORT`, else auto.
     pub fn get_transport(&self) -> Result<TransportKind, Error> {
         if let Some(kind) = self.transport {
             return Ok(kind);
@@ -297,9 +302,9 @@ impl InitOptions {
             Ok(value) => value.parse().map_err(|_| Error::InvalidEnv {
                 var: "RINGCCL_TRANSPORT",
                 value: value.clone(),
-                reason: "expected tcp or shm".into(),
+                reason: "expected auto, tcp or shm".into(),
             }),
-            Err(_) => Ok(TransportKind::Tcp),
+            Err(_) => Ok(TransportKind::Auto),
         }
     }
 

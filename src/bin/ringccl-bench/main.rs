@@ -539,7 +539,7 @@ fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
             args.transport
                 .as_deref()
                 .or(std::env::var("RINGCCL_TRANSPORT").ok().as_deref())
-                .unwrap_or("tcp"),
+                .unwrap_or("auto"),
             args.algo.as_deref().unwrap_or("auto")
         );
     }

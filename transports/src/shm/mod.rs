@@ -71,22 +71,71 @@ impl ShmTransport {
     /// Moves a connected TCP mesh onto shared memory. Every rank must call this; all must
     /// be on the same host. Fails within `timeout`.
     pub fn attach(
-        mut tcp: TcpTransport,
+        tcp: TcpTransport,
         ring_bytes: usize,
         timeout: Duration,
     ) -> Result<ShmTransport, Error> {
+        match ShmTransport::negotiate(tcp, ring_bytes, timeout, true)? {
+            Ok(shm) => Ok(shm),
+            // `required` turns every reason to fall back into an error.
+            Err(_) => Err(Error::InvalidArgument(
+                "shared memory could not be set up".into(),
+            )),
+        }
+    }
+
+    /// Moves the mesh onto shared memory when every rank is on this host and every rank
+    /// manages to set it up; otherwise every rank keeps TCP (the decision is collective:
+    /// all ranks see the same published outcomes). Every rank must call this.
+    pub fn attach_if_possible(
+        tcp: TcpTransport,
+        ring_bytes: usize,
+        timeout: Duration,
+    ) -> Result<Result<ShmTransport, TcpTransport>, Error> {
+        ShmTransport::negotiate(tcp, ring_bytes, timeout, false)
+    }
+
+    /// Publishes this rank's outcome of a set-up step and learns everyone's: `Ok(true)`
+    /// when every rank succeeded.
+    fn agree(
+        store: &mut crate::store::StoreClient,
+        step: &str,
+        rank: usize,
+        n: usize,
+        ok: bool,
+        deadline: Instant,
+    ) -> Result<bool, Error> {
+        store.set(
+            &format!("ringccl/shm/{step}/{rank}"),
+            if ok { b"1" } else { b"0" },
+        )?;
+        let mut all = true;
+        for peer in 0..n {
+            let outcome = store.wait(&format!("ringccl/shm/{step}/{peer}"), deadline, &|| {
+                format!("rank {peer} to finish setting up shared memory ({step})")
+            })?;
+            all &= outcome == b"1";
+        }
+        Ok(all)
+    }
+
+    fn negotiate(
+        mut tcp: TcpTransport,
+        ring_bytes: usize,
+        timeout: Duration,
+        required: bool,
+    ) -> Result<Result<ShmTransport, TcpTransport>, Error> {
         let (rank, n, job) = (tcp.rank(), tcp.world_size(), tcp.job_id);
         let deadline = Instant::now() + timeout;
-        let io_error = |context: String, source: io::Error| Error::Io {
-            rank,
-            context,
-            source,
+        let fail = |what: String| -> Error {
+            Error::InvalidArgument(format!(
+                "rank {rank}: shared-memory transport: {what}; use RINGCCL_TRANSPORT=tcp"
+            ))
         };
         let Some(store) = tcp.store.as_mut() else {
-            return Err(Error::InvalidArgument(
-                "the shared-memory transport needs the rendezvous store".into(),
-            ));
+            return Err(fail("the rendezvous store is gone".into()));
         };
+        // 1. Every rank on this host?
         let me = host_identity();
         store.set(&format!("ringccl/host/{rank}"), me.as_bytes())?;
         for peer in 0..n {
@@ -94,78 +143,90 @@ impl ShmTransport {
                 format!("rank {peer} to report its host")
             })?;
             if theirs != me.as_bytes() {
-                return Err(Error::InvalidArgument(format!(
-                    "rank {rank}: the shared-memory transport needs every rank on one host, but rank {peer} runs on {:?} and this rank on {me:?}; use RINGCCL_TRANSPORT=tcp",
-                    String::from_utf8_lossy(&theirs)
-                )));
+                if required {
+                    return Err(fail(format!(
+                        "it needs every rank on one host, but rank {peer} runs on {:?} and this rank on {me:?}",
+                        String::from_utf8_lossy(&theirs)
+                    )));
+                }
+                return Ok(Err(tcp));
             }
         }
+        // 2. Create this rank's inbox.
         let len = inbox_len(n, ring_bytes);
         let own_path = inbox_path(job, rank);
-        let file = OpenOptions::new()
+        let unlink_own = || {
+            let _ = std::fs::remove_file(&own_path);
+        };
+        let created = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
             .open(&own_path)
-            .map_err(|e| io_error(format!("creating {}", own_path.display()), e))?;
-        let unlink_own = || {
-            let _ = std::fs::remove_file(&own_path);
-        };
-        let own = file
-            .set_len(len as u64)
-            .and_then(|()| Mapping::new(&file, len))
-            .map_err(|e| {
-                unlink_own();
-                io_error(format!("mapping {}", own_path.display()), e)
-            })?;
-        let result = (|| {
-            store.set(&format!("ringccl/shm/created/{rank}"), b"1")?;
-            let mut inboxes = Vec::with_capacity(n);
-            let mut own = Some(own);
-            for peer in 0..n {
-                if peer == rank {
-                    inboxes.extend(own.take());
-                    continue;
-                }
-                store.wait(&format!("ringccl/shm/created/{peer}"), deadline, &|| {
-                    format!("rank {peer} to create its shared-memory inbox")
-                })?;
-                let path = inbox_path(job, peer);
-                let file: File = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
-                let actual = file.metadata().map(|m| m.len()).unwrap_or(0);
-                if actual != len as u64 {
-                    return Err(Error::Handshake {
-                        rank,
-                        peer: format!("rank {peer}"),
-                        reason: format!("its inbox has {actual} bytes, expected {len}: same ringccl version and settings everywhere?"),
-                    });
-                }
-                inboxes.push(
+            .and_then(|file| {
+                file.set_len(len as u64)?;
+                Mapping::new(&file, len)
+            });
+        let own_error = created
+            .as_ref()
+            .err()
+            .map(|e| format!("creating {}: {e}", own_path.display()));
+        if !ShmTransport::agree(store, "created", rank, n, created.is_ok(), deadline)? {
+            unlink_own();
+            return match (required, own_error) {
+                (true, Some(e)) => Err(fail(e)),
+                (true, None) => Err(fail("another rank could not create its inbox".into())),
+                (false, _) => Ok(Err(tcp)),
+            };
+        }
+        // 3. Map every other rank's inbox.
+        let mut own = created.ok();
+        let mut inboxes = Vec::with_capacity(n);
+        let mut map_error = None;
+        for peer in 0..n {
+            if peer == rank {
+                inboxes.extend(own.take());
+                continue;
+            }
+            let path = inbox_path(job, peer);
+            let mapped = File::options()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .and_then(|file| {
+                    let actual = file.metadata()?.len();
+                    if actual != len as u64 {
+                        return Err(io::Error::other(format!(
+                            "it has {actual} bytes, expected {len} (same ringccl version everywhere?)"
+                        )));
+                    }
                     Mapping::new(&file, len)
-                        .map_err(|e| io_error(format!("mapping {}", path.display()), e))?,
-                );
+                });
+            match mapped {
+                Ok(mapping) => inboxes.push(mapping),
+                Err(e) => {
+                    map_error = Some(format!("mapping {}: {e}", path.display()));
+                    break;
+                }
             }
-            store.set(&format!("ringccl/shm/mapped/{rank}"), b"1")?;
-            for peer in 0..n {
-                store.wait(&format!("ringccl/shm/mapped/{peer}"), deadline, &|| {
-                    format!("rank {peer} to map the shared-memory inboxes")
-                })?;
-            }
-            Ok(inboxes)
-        })();
+        }
+        let all_mapped =
+            ShmTransport::agree(store, "mapped", rank, n, map_error.is_none(), deadline);
         unlink_own();
-        let inboxes = result?;
-        Ok(ShmTransport {
+        if !all_mapped? {
+            return match (required, map_error) {
+                (true, Some(e)) => Err(fail(e)),
+                (true, None) => Err(fail("another rank could not map the inboxes".into())),
+                (false, _) => Ok(Err(tcp)),
+            };
+        }
+        Ok(Ok(ShmTransport {
             tcp,
             ring_bytes,
             inboxes,
             gone: vec![false; n],
-        })
+        }))
     }
 
     fn bell(&self, rank: usize) -> &std::sync::atomic::AtomicU32 {
