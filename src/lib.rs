@@ -17,8 +17,10 @@
 //! ```
 //!
 //! Backends are picked at run time by name:
-//! - `"gloo"`: ringccl's own CPU backend over TCP: pipelined ring all-reduce,
-//!   tree/chain broadcast, dissemination barrier.
+//! - `"gloo"`: ringccl's own CPU backend — over shared memory when every rank is on
+//!   one host, over TCP otherwise: pipelined ring and recursive-doubling all-reduce,
+//!   tree/chain broadcast, dissemination barrier, reduce, all-gather, reduce-scatter,
+//!   all-to-all, send/recv, async and bucketed all-reduce.
 //! - `"nccl"`: NVIDIA NCCL for GPUs (not yet available in this build).
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]

@@ -79,7 +79,7 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
         }
         "nccl" => Err(Error::BackendUnavailable {
             backend: "nccl",
-            reason: "this build of ringccl has no NCCL backend yet; use \"gloo\" (CPU over TCP)"
+            reason: "this build of ringccl has no NCCL backend yet; use \"gloo\" (CPU, shared memory or TCP)"
                 .into(),
         }),
         _ => Err(Error::UnknownBackend {
