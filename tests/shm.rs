@@ -147,3 +147,19 @@ fn auto_picks_shared_memory_on_one_host_and_tcp_when_asked() {
     );
     assert!(tcp.iter().all(|k| k.contains("TcpTransport")), "{tcp:?}");
 }
+
+#[test]
+fn rank_0_leaving_right_after_start_up_does_not_break_anyone_elses_start_up() {
+    // Rank 0 hosts the store; the others must be done with it before rank 0 can return
+    // from start-up (regression: a fast rank 0 used to close the store under them).
+    let _guard = heavy_lock();
+    let auto = |opts: InitOptions| opts.transport(TransportKind::Auto);
+    for _ in 0..5 {
+        let joined = run_threads_with(4, TIMEOUT, auto, |pg| {
+            let rank = pg.rank();
+            drop(pg);
+            rank
+        });
+        assert_eq!(joined, vec![0, 1, 2, 3]);
+    }
+}

@@ -44,6 +44,52 @@ impl TcpTransport {
         }
     }
 
+    /// Start-up steps that read the store must end with this on every rank: ranks above 0
+    /// tell rank 0 they are done with the store (one byte on their connection), and rank
+    /// 0 returns only once all have, so the store it hosts outlives every reader.
+    pub(crate) fn release_store(&mut self, deadline: Instant) -> io::Result<()> {
+        let rank = self.rank;
+        if rank != 0 {
+            loop {
+                match self.write_some(0, &[IoSlice::new(&[1u8])]) {
+                    Ok(1) => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                if self.wait(Some(0), None, deadline)? == Readiness::TimedOut {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "rank 0 did not take the done byte",
+                    ));
+                }
+            }
+        }
+        for peer in 1..self.world_size {
+            let mut byte = [0u8; 1];
+            loop {
+                match self.read_some(peer, &mut [IoSliceMut::new(&mut byte)]) {
+                    Ok(1) => break,
+                    Ok(_) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("rank {peer} left during start-up"),
+                        ))
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                if self.wait(None, Some(peer), deadline)? == Readiness::TimedOut {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("rank {peer} did not finish start-up"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `peer`'s connection has been closed or reset (its process is gone).
     /// Never blocks. Meant for connections that carry no data (the shared-memory
     /// transport keeps them as a liveness channel).

@@ -120,13 +120,34 @@ impl ShmTransport {
     }
 
     fn negotiate(
-        mut tcp: TcpTransport,
+        tcp: TcpTransport,
         ring_bytes: usize,
         timeout: Duration,
         required: bool,
     ) -> Result<Result<ShmTransport, TcpTransport>, Error> {
-        let (rank, n, job) = (tcp.rank(), tcp.world_size(), tcp.job_id);
         let deadline = Instant::now() + timeout;
+        let mut outcome = ShmTransport::decide(tcp, ring_bytes, deadline, required)?;
+        // Nobody reads the store after this point: rank 0 may stop hosting it.
+        let tcp = match &mut outcome {
+            Ok(shm) => &mut shm.tcp,
+            Err(tcp) => tcp,
+        };
+        let rank = tcp.rank();
+        tcp.release_store(deadline).map_err(|source| Error::Io {
+            rank,
+            context: "finishing start-up (telling rank 0 the store is no longer needed)".into(),
+            source,
+        })?;
+        Ok(outcome)
+    }
+
+    fn decide(
+        mut tcp: TcpTransport,
+        ring_bytes: usize,
+        deadline: Instant,
+        required: bool,
+    ) -> Result<Result<ShmTransport, TcpTransport>, Error> {
+        let (rank, n, job) = (tcp.rank(), tcp.world_size(), tcp.job_id);
         let fail = |what: String| -> Error {
             Error::InvalidArgument(format!(
                 "rank {rank}: shared-memory transport: {what}; use RINGCCL_TRANSPORT=tcp"
