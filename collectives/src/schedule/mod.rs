@@ -23,9 +23,7 @@ pub use barrier::dissemination_barrier;
 pub use broadcast::{binomial_tree_broadcast, chain_broadcast};
 pub use point_to_point::{recv_from, send_to};
 pub use recursive_doubling::recursive_doubling_all_reduce;
-pub use ring::{
-    ring_all_gather, ring_all_reduce, ring_reduce, ring_reduce_scatter, RING_MIN_CHUNKS_BYTES,
-};
+pub use ring::{ring_all_gather, ring_all_reduce, ring_reduce, ring_reduce_scatter};
 
 /// What a rank does with a received range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

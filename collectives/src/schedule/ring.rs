@@ -16,9 +16,6 @@
 
 use super::{chunks, segment, RecvAction, RecvStep, Schedule, SendStep};
 
-/// Segments smaller than this are not worth cutting into more than one chunk.
-pub const RING_MIN_CHUNKS_BYTES: usize = 64 * 1024;
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Phase {
     ReduceScatter,
