@@ -21,12 +21,18 @@
 //!   one host, over TCP otherwise: pipelined ring and recursive-doubling all-reduce,
 //!   tree/chain broadcast, dissemination barrier, reduce, all-gather, reduce-scatter,
 //!   all-to-all, send/recv, async and bucketed all-reduce.
-//! - `"nccl"`: NVIDIA NCCL for GPUs (not yet available in this build).
+//! - `"nccl"`: NVIDIA NCCL for GPUs, loaded at run time (cargo feature `nccl`, on by
+//!   default). Host buffers are staged through GPU memory; `CudaSlice` buffers go to
+//!   NCCL directly through the `*_device` methods, which also work under `"gloo"`
+//!   (staged through host memory). Without CUDA, init returns an error saying what is
+//!   missing.
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "nccl")]
+mod device;
 mod process_group;
 mod sequencer;
 mod work;
@@ -39,6 +45,9 @@ pub use ringccl_collectives::{
 };
 pub use ringccl_transports::{InitOptions, StoreListener, TransportKind, DEFAULT_TIMEOUT};
 pub use work::Work;
+
+#[cfg(feature = "nccl")]
+pub use ringccl_transports::{cudarc, DeviceElement, NcclBackend};
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {

@@ -77,9 +77,15 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
             };
             Ok(ProcessGroup::from_backend(backend))
         }
+        #[cfg(feature = "nccl")]
+        "nccl" => Ok(ProcessGroup::from_nccl(Arc::new(
+            ringccl_transports::NcclBackend::connect(opts)?,
+        ))),
+        #[cfg(not(feature = "nccl"))]
         "nccl" => Err(Error::BackendUnavailable {
             backend: "nccl",
-            reason: "this build of ringccl has no NCCL backend yet; use \"gloo\" (CPU, shared memory or TCP)"
+            reason: "this build of ringccl was compiled without its `nccl` cargo feature; \
+                     rebuild with default features, or use \"gloo\""
                 .into(),
         }),
         _ => Err(Error::UnknownBackend {
@@ -97,6 +103,9 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
 /// rank that disagrees gets [`Error::CollectiveMismatch`] instead of a hang.
 pub struct ProcessGroup {
     backend: Arc<dyn Backend>,
+    /// The same backend as `backend` when it is NCCL, for the device-buffer methods.
+    #[cfg(feature = "nccl")]
+    pub(crate) nccl: Option<Arc<ringccl_transports::NcclBackend>>,
     sequencer: Arc<Sequencer>,
     worker: Mutex<Option<Worker>>,
     fusion_buffers: FusionPool,
@@ -135,6 +144,20 @@ impl ProcessGroup {
     pub fn from_backend(backend: Box<dyn Backend>) -> ProcessGroup {
         ProcessGroup {
             backend: Arc::from(backend),
+            #[cfg(feature = "nccl")]
+            nccl: None,
+            sequencer: Arc::default(),
+            worker: Mutex::new(None),
+            fusion_buffers: FusionPool::default(),
+        }
+    }
+
+    #[cfg(feature = "nccl")]
+    fn from_nccl(nccl: Arc<ringccl_transports::NcclBackend>) -> ProcessGroup {
+        let backend: Arc<dyn Backend> = nccl.clone();
+        ProcessGroup {
+            backend,
+            nccl: Some(nccl),
             sequencer: Arc::default(),
             worker: Mutex::new(None),
             fusion_buffers: FusionPool::default(),
@@ -163,14 +186,14 @@ impl ProcessGroup {
     }
 
     /// Runs `op` on the calling thread once every earlier operation has finished.
-    fn in_order<R>(&self, op: impl FnOnce(&dyn Backend) -> R) -> R {
+    pub(crate) fn in_order<R>(&self, op: impl FnOnce(&dyn Backend) -> R) -> R {
         let ticket = self.sequencer.issue(|ticket| ticket);
         let _turn = self.sequencer.turn(ticket);
         op(&*self.backend)
     }
 
     /// Queues `op` on the background worker, behind every earlier operation.
-    fn queue<T: Send + 'static>(
+    pub(crate) fn queue<T: Send + 'static>(
         &self,
         op: impl FnOnce(&dyn Backend) -> Result<T, Error> + Send + 'static,
     ) -> Result<Work<T>, Error> {

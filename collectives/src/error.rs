@@ -187,6 +187,38 @@ pub enum Error {
         cause: String,
     },
 
+    /// A device-side collective (NCCL) did not finish before its deadline. NCCL has no
+    /// deadline of its own, so the communicator was aborted to get control back.
+    #[error(
+        "rank {rank}: {op} did not finish on the GPU within {timeout:?}; the NCCL communicator \
+         was aborted. A peer may be dead, stuck, slower than the timeout allows, or in a \
+         different collective (NCCL does not check; run the same code under \"gloo\" to find \
+         a mismatch). NCCL_DEBUG=WARN shows NCCL's own view{detail}"
+    )]
+    DeviceTimeout {
+        /// The rank that gave up.
+        rank: usize,
+        /// The collective.
+        op: OpDesc,
+        /// The deadline that passed.
+        timeout: Duration,
+        /// NCCL's last error message, if it had one (starts with "; ").
+        detail: String,
+    },
+
+    /// A CUDA or NCCL call failed.
+    #[error("rank {rank}: {call} failed during {op}: {reason}")]
+    Device {
+        /// The rank.
+        rank: usize,
+        /// The operation in progress (a collective, or a start-up step).
+        op: String,
+        /// The library call that failed.
+        call: String,
+        /// The library's error code and message, and what to do about it.
+        reason: String,
+    },
+
     /// A local I/O operation failed.
     #[error("rank {rank}: {context}: {source}")]
     Io {
@@ -210,6 +242,8 @@ impl Error {
                 | Error::CollectiveMismatch { .. }
                 | Error::Protocol { .. }
                 | Error::Io { .. }
+                | Error::DeviceTimeout { .. }
+                | Error::Device { .. }
         )
     }
 }

@@ -8,6 +8,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod deadline_io;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod options;
 mod peer_hello;
 mod poll;
@@ -16,8 +18,15 @@ mod shm;
 pub mod store;
 mod tcp;
 
+#[cfg(feature = "nccl")]
+pub use nccl::{DeviceElement, NcclBackend};
 pub use options::{first_slurm_host, InitOptions, TransportKind, DEFAULT_TIMEOUT};
 pub use rendezvous::connect_mesh;
 pub use shm::{ShmTransport, DEFAULT_RING_BYTES};
 pub use store::StoreListener;
 pub use tcp::TcpTransport;
+
+/// Re-export of `cudarc` (the CUDA driver and NCCL binding), whose `CudaSlice<T>` the
+/// device-buffer methods take.
+#[cfg(feature = "nccl")]
+pub use cudarc;

@@ -63,6 +63,7 @@ pub struct InitOptions {
     all_reduce_algo: Option<AllReduceAlgo>,
     small_all_reduce_max_bytes: Option<usize>,
     transport: Option<TransportKind>,
+    device: Option<usize>,
 }
 
 const TORCHRUN_HINT: &str = "launch under `ringrun`, `torchrun`, Slurm's `srun` or OpenMPI's `mpirun`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
@@ -113,6 +114,7 @@ impl InitOptions {
             all_reduce_algo: None,
             small_all_reduce_max_bytes: None,
             transport: None,
+            device: None,
         }
     }
 
@@ -331,6 +333,19 @@ impl InitOptions {
     /// The node-local rank, if known.
     pub fn get_local_rank(&self) -> Option<usize> {
         self.local_rank
+    }
+
+    /// Pins the `"nccl"` backend to CUDA device `ordinal` (as numbered after
+    /// `CUDA_VISIBLE_DEVICES`). Without it, rank `r` uses device
+    /// `(LOCAL_RANK or r) % device_count`.
+    pub fn device(mut self, ordinal: usize) -> InitOptions {
+        self.device = Some(ordinal);
+        self
+    }
+
+    /// The CUDA device override, if any.
+    pub fn get_device(&self) -> Option<usize> {
+        self.device
     }
 
     /// The deadline.

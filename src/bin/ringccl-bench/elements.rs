@@ -4,8 +4,19 @@
 use ringccl::half::{bf16, f16};
 use ringccl::{Element, ReduceOp};
 
+/// Element types that can also live in GPU memory (all of them, when the `nccl` feature
+/// is on).
+#[cfg(feature = "nccl")]
+pub(crate) trait DeviceCapable: ringccl::DeviceElement {}
+#[cfg(feature = "nccl")]
+impl<T: ringccl::DeviceElement> DeviceCapable for T {}
+#[cfg(not(feature = "nccl"))]
+pub(crate) trait DeviceCapable {}
+#[cfg(not(feature = "nccl"))]
+impl<T> DeviceCapable for T {}
+
 /// An element type the benchmark can check exactly.
-pub(crate) trait BenchElem: Element + Copy {
+pub(crate) trait BenchElem: Element + Copy + DeviceCapable {
     /// nccl-tests' name for the type.
     const NAME: &'static str;
     fn from_small(v: i64) -> Self;

@@ -16,6 +16,8 @@
 //! over all ranks, the elements that differ from the exact expected result after `-c`
 //! check iterations with rank-dependent, exactly representable inputs.
 
+#[cfg(feature = "nccl")]
+mod device;
 mod elements;
 mod launch;
 mod measure;
@@ -81,6 +83,10 @@ struct Args {
     /// Backend: gloo or nccl.
     #[arg(long, default_value = "gloo")]
     backend: String,
+    /// Where the buffers live: host, device (GPU memory, as nccl-tests) or auto (device
+    /// under nccl, host otherwise).
+    #[arg(long, default_value = "auto")]
+    memory: String,
     /// Spawn this many ranks locally (default 4, unless running under a launcher).
     #[arg(long)]
     np: Option<usize>,
@@ -260,6 +266,55 @@ fn join_group(args: &Args, own_launcher: bool) -> Result<ProcessGroup, String> {
     init_process_group(&args.backend, opts).map_err(|e| e.to_string())
 }
 
+/// Where device buffers live (a CUDA stream), when the benchmark uses them.
+#[cfg(feature = "nccl")]
+type DeviceStream = std::sync::Arc<ringccl::cudarc::driver::CudaStream>;
+/// Without the `nccl` feature there are no device buffers.
+#[cfg(not(feature = "nccl"))]
+enum DeviceStream {}
+
+/// The stream for `--memory device` (or `auto` under nccl), or `None` for host buffers.
+fn device_stream(
+    args: &Args,
+    pg: &ProcessGroup,
+    coll: Coll,
+) -> Result<Option<DeviceStream>, String> {
+    let wanted = match args.memory.as_str() {
+        "host" => false,
+        "device" => true,
+        // Collectives without a device method are measured on host buffers.
+        "auto" => pg.backend() == "nccl" && cfg!(feature = "nccl") && device_capable(coll),
+        other => {
+            return Err(format!(
+                "unknown --memory {other:?}: use host, device or auto"
+            ))
+        }
+    };
+    if !wanted {
+        return Ok(None);
+    }
+    if !device_capable(coll) {
+        return Err(format!(
+            "--memory device does not support --coll {}",
+            coll.name()
+        ));
+    }
+    #[cfg(feature = "nccl")]
+    return device::stream_for(pg).map(Some).map_err(|e| e.to_string());
+    #[cfg(not(feature = "nccl"))]
+    Err("--memory device needs ringccl built with its `nccl` feature".into())
+}
+
+fn device_capable(coll: Coll) -> bool {
+    #[cfg(feature = "nccl")]
+    return device::supports(coll);
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = coll;
+        false
+    }
+}
+
 /// What one rank prints and records.
 struct Report {
     rank0: bool,
@@ -415,6 +470,7 @@ fn sweep<T: BenchElem>(
     args: &Args,
     coll: Coll,
     op: ReduceOp,
+    on_device: Option<&DeviceStream>,
     report: &mut Report,
 ) -> Result<(), Error> {
     let (n, rank0) = (pg.world_size(), pg.rank() == 0);
@@ -442,6 +498,44 @@ fn sweep<T: BenchElem>(
         let mut count = (bytes / es).max(usize::from(coll != Coll::Barrier));
         if matches!(coll, Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll) {
             count = (count / n).max(1) * n;
+        }
+        if let Some(device) = on_device {
+            #[cfg(feature = "nccl")]
+            {
+                let (wrong, timing) = device::measure::<T>(
+                    pg,
+                    device,
+                    coll,
+                    count,
+                    op,
+                    args.check,
+                    args.warmup,
+                    iterations,
+                )?;
+                let root = if matches!(coll, Coll::Broadcast | Coll::Reduce) {
+                    0
+                } else {
+                    -1
+                };
+                let redop = if coll.reduces() { op.name() } else { "none" };
+                report
+                    .row(
+                        coll,
+                        n,
+                        pg.backend(),
+                        count * es,
+                        count,
+                        T::NAME,
+                        redop,
+                        root,
+                        &timing,
+                        wrong,
+                    )
+                    .map_err(Error::InvalidArgument)?;
+                continue;
+            }
+            #[cfg(not(feature = "nccl"))]
+            match *device {}
         }
         let mut wrong = 0;
         for _ in 0..args.check {
@@ -497,17 +591,19 @@ fn sweep_dtype(
     coll: Coll,
     dtype: &str,
     op: ReduceOp,
+    on_device: Option<&DeviceStream>,
     report: &mut Report,
 ) -> Result<(), Error> {
+    let d = on_device;
     match dtype {
-        "float" => sweep::<f32>(pg, args, coll, op, report),
-        "double" => sweep::<f64>(pg, args, coll, op, report),
-        "half" => sweep::<f16>(pg, args, coll, op, report),
-        "bfloat16" => sweep::<bf16>(pg, args, coll, op, report),
-        "int8" => sweep::<i8>(pg, args, coll, op, report),
-        "uint8" => sweep::<u8>(pg, args, coll, op, report),
-        "int32" => sweep::<i32>(pg, args, coll, op, report),
-        "int64" => sweep::<i64>(pg, args, coll, op, report),
+        "float" => sweep::<f32>(pg, args, coll, op, d, report),
+        "double" => sweep::<f64>(pg, args, coll, op, d, report),
+        "half" => sweep::<f16>(pg, args, coll, op, d, report),
+        "bfloat16" => sweep::<bf16>(pg, args, coll, op, d, report),
+        "int8" => sweep::<i8>(pg, args, coll, op, d, report),
+        "uint8" => sweep::<u8>(pg, args, coll, op, d, report),
+        "int32" => sweep::<i32>(pg, args, coll, op, d, report),
+        "int64" => sweep::<i64>(pg, args, coll, op, d, report),
         other => Err(Error::InvalidArgument(format!(
             "unknown -d {other:?}: use one of {} or all",
             DTYPE_NAMES.join(", ")
@@ -531,11 +627,13 @@ fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
     let n = pg.world_size();
     let rank0 = pg.rank() == 0;
     let err = |e: Error| e.to_string();
+    let on_device = device_stream(args, &pg, coll)?;
     if rank0 {
         println!(
-            "# ringccl-bench {}: backend {}, {n} ranks, transport {}, all-reduce algorithm {}",
+            "# ringccl-bench {}: backend {}, {n} ranks, {} memory, transport {}, all-reduce algorithm {}",
             coll.name(),
             pg.backend(),
+            if on_device.is_some() { "device" } else { "host" },
             args.transport
                 .as_deref()
                 .or(std::env::var("RINGCCL_TRANSPORT").ok().as_deref())
@@ -616,7 +714,8 @@ fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
                 }
                 continue;
             }
-            sweep_dtype(&pg, args, coll, dtype, op, &mut report).map_err(err)?;
+            sweep_dtype(&pg, args, coll, dtype, op, on_device.as_ref(), &mut report)
+                .map_err(err)?;
         }
     }
     if rank0 {

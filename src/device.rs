@@ -1,0 +1,218 @@
+//! Collectives on GPU memory (`CudaSlice<T>`), under either backend.
+//!
+//! * `"nccl"`: the buffer goes to NCCL as it is, on the communicator's stream; cudarc's
+//!   stream tracking orders it after the work that produced the buffer.
+//! * `"gloo"`: the buffer is staged through host memory — copied to the host, run through
+//!   the CPU backend, copied back — as PyTorch's gloo backend does with CUDA tensors.
+//!
+//! So a program written against these methods runs under both backends; only the
+//! backend name passed to [`init_process_group`](crate::init_process_group) changes.
+
+use ringccl_collectives::{validate_reduce, BufferMut, Error, ReduceOp};
+use ringccl_transports::cudarc::driver::{CudaSlice, DriverError};
+use ringccl_transports::DeviceElement;
+
+use crate::{ProcessGroup, Work};
+
+/// Copies `buf` to the host, runs `op` on the copy and copies the result back, all on
+/// the buffer's own stream. Stands in for a device collective on CPU backends.
+fn through_host<T: DeviceElement>(
+    rank: usize,
+    what: &str,
+    buf: &mut CudaSlice<T>,
+    copy_back: bool,
+    op: impl FnOnce(&mut [T]) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let failed = |call: &'static str| {
+        move |e: DriverError| Error::Device {
+            rank,
+            op: format!("{what} (staging a GPU buffer through host memory)"),
+            call: call.to_string(),
+            reason: e.to_string(),
+        }
+    };
+    let stream = buf.stream().clone();
+    let mut host = stream
+        .clone_dtoh(buf)
+        .map_err(failed("copying the buffer to the host"))?;
+    op(&mut host)?;
+    if copy_back {
+        stream
+            .memcpy_htod(&host, buf)
+            .map_err(failed("copying the result to the GPU"))?;
+        stream
+            .synchronize()
+            .map_err(failed("waiting for the copy to the GPU"))?;
+    }
+    Ok(())
+}
+
+impl ProcessGroup {
+    /// The CUDA device this rank's NCCL communicator runs on (`None` under other
+    /// backends). Device buffers handed to the `*_device` methods must live there.
+    pub fn cuda_device(&self) -> Option<usize> {
+        self.nccl.as_ref().map(|nccl| nccl.device())
+    }
+
+    /// Like [`ProcessGroup::all_reduce`], on a buffer in GPU memory. Under `"nccl"` the
+    /// buffer is reduced in place on the GPU (it must be on the group's device, see
+    /// [`InitOptions::device`](crate::InitOptions::device)); under `"gloo"` it is staged
+    /// through host memory.
+    ///
+    /// ```no_run
+    /// use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = std::env::var("BACKEND").unwrap_or("nccl".into()); // or "gloo"
+    /// let opts = ringccl::InitOptions::from_env()?;
+    /// let local_rank = opts.get_local_rank().unwrap_or(0);
+    /// let pg = ringccl::init_process_group(&backend, opts)?;
+    /// let stream = CudaContext::new(local_rank)?.default_stream();
+    /// let mut grads = stream.clone_htod(&[1.0f32; 1024])?;
+    /// pg.all_reduce_device(&mut grads, ringccl::ReduceOp::Avg)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn all_reduce_device<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        match &self.nccl {
+            Some(nccl) => self.in_order(|_| nccl.all_reduce_device(buf, op)),
+            None => {
+                validate_reduce(T::DTYPE, op)?;
+                through_host(self.rank(), "all_reduce", buf, true, |host| {
+                    self.all_reduce(host, op)
+                })
+            }
+        }
+    }
+
+    /// Like [`ProcessGroup::broadcast`], on a buffer in GPU memory (see
+    /// [`ProcessGroup::all_reduce_device`] for how each backend handles it).
+    pub fn broadcast_device<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        root: usize,
+    ) -> Result<(), Error> {
+        match &self.nccl {
+            Some(nccl) => self.in_order(|_| nccl.broadcast_device(buf, root)),
+            None => through_host(self.rank(), "broadcast", buf, self.rank() != root, |host| {
+                self.broadcast(host, root)
+            }),
+        }
+    }
+
+    /// Like [`ProcessGroup::reduce`], on a buffer in GPU memory.
+    pub fn reduce_device<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(), Error> {
+        match &self.nccl {
+            Some(nccl) => self.in_order(|_| nccl.reduce_device(buf, op, root)),
+            None => through_host(self.rank(), "reduce", buf, self.rank() == root, |host| {
+                self.reduce(host, op, root)
+            }),
+        }
+    }
+
+    /// Like [`ProcessGroup::all_gather`], on buffers in GPU memory.
+    pub fn all_gather_device<T: DeviceElement>(
+        &self,
+        input: &CudaSlice<T>,
+        output: &mut CudaSlice<T>,
+    ) -> Result<(), Error> {
+        match &self.nccl {
+            Some(nccl) => self.in_order(|_| nccl.all_gather_device(input, output)),
+            None => {
+                let rank = self.rank();
+                let host_input = input
+                    .stream()
+                    .clone_dtoh(input)
+                    .map_err(|e| Error::Device {
+                        rank,
+                        op: "all_gather (staging a GPU buffer through host memory)".into(),
+                        call: "copying the input to the host".into(),
+                        reason: e.to_string(),
+                    })?;
+                through_host(rank, "all_gather", output, true, |host| {
+                    self.all_gather(&host_input, host)
+                })
+            }
+        }
+    }
+
+    /// Like [`ProcessGroup::reduce_scatter`], on buffers in GPU memory.
+    pub fn reduce_scatter_device<T: DeviceElement>(
+        &self,
+        input: &CudaSlice<T>,
+        output: &mut CudaSlice<T>,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        match &self.nccl {
+            Some(nccl) => self.in_order(|_| nccl.reduce_scatter_device(input, output, op)),
+            None => {
+                let rank = self.rank();
+                let host_input = input
+                    .stream()
+                    .clone_dtoh(input)
+                    .map_err(|e| Error::Device {
+                        rank,
+                        op: "reduce_scatter (staging a GPU buffer through host memory)".into(),
+                        call: "copying the input to the host".into(),
+                        reason: e.to_string(),
+                    })?;
+                through_host(rank, "reduce_scatter", output, true, |host| {
+                    self.reduce_scatter(&host_input, host, op)
+                })
+            }
+        }
+    }
+
+    /// Starts an all-reduce of a GPU buffer in the background, like
+    /// [`ProcessGroup::all_reduce_async`]: the buffer moves into the [`Work`] and comes
+    /// back from [`Work::wait`]. Under `"nccl"` the reduction runs on the communicator's
+    /// stream and the group's worker thread waits on a CUDA event for it (with the
+    /// group's deadline); under `"gloo"` the worker stages it through host memory.
+    pub fn all_reduce_device_async<T: DeviceElement>(
+        &self,
+        mut buf: CudaSlice<T>,
+        op: ReduceOp,
+    ) -> Result<Work<CudaSlice<T>>, Error> {
+        validate_reduce(T::DTYPE, op)?;
+        let rank = self.rank();
+        match &self.nccl {
+            Some(nccl) => {
+                let nccl = nccl.clone();
+                self.queue(move |_| nccl.all_reduce_device(&mut buf, op).map(|()| buf))
+            }
+            None => self.queue(move |backend| {
+                through_host(rank, "all_reduce", &mut buf, true, |host| {
+                    backend.all_reduce(BufferMut::from_slice(host), op)
+                })
+                .map(|()| buf)
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn needs_device_element<T: DeviceElement>() {}
+
+    #[test]
+    fn every_element_type_can_live_on_the_device() {
+        needs_device_element::<f32>();
+        needs_device_element::<f64>();
+        needs_device_element::<half::f16>();
+        needs_device_element::<half::bf16>();
+        needs_device_element::<i32>();
+        needs_device_element::<i64>();
+        needs_device_element::<u8>();
+        needs_device_element::<i8>();
+    }
+}
