@@ -47,7 +47,7 @@ pub use ringccl_transports::{InitOptions, StoreListener, TransportKind, DEFAULT_
 pub use work::Work;
 
 #[cfg(feature = "nccl")]
-pub use ringccl_transports::{cudarc, DeviceElement, NcclBackend};
+pub use ringccl_transports::{cuda_device_count, cudarc, DeviceElement, NcclBackend};
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {

@@ -183,14 +183,3 @@ fn runs_as_ranks_under_ringrun() {
     );
     assert!(stdout.contains("backend gloo, 2 ranks"), "{stdout}");
 }
-
-#[test]
-fn unavailable_backend_is_a_clear_error() {
-    let out = bench(&["--np", "1", "--backend", "nccl", "-n", "1"], false);
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("not available"),
-        "{}",
-        text(&out.stderr)
-    );
-}

@@ -55,8 +55,9 @@ struct Args {
     /// Restart the whole group up to this many times when a rank fails.
     #[arg(long = "max-restarts", alias = "max_restarts", default_value_t = 0)]
     max_restarts: u32,
-    /// The program and its arguments.
-    #[arg(last = true, required = true)]
+    /// The program and its arguments (torchrun style: everything from the program on is
+    /// passed to it; a `--` before the program is accepted too).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     program: Vec<String>,
 }
 

@@ -19,7 +19,7 @@ pub mod store;
 mod tcp;
 
 #[cfg(feature = "nccl")]
-pub use nccl::{DeviceElement, NcclBackend};
+pub use nccl::{cuda_device_count, DeviceElement, NcclBackend};
 pub use options::{first_slurm_host, InitOptions, TransportKind, DEFAULT_TIMEOUT};
 pub use rendezvous::connect_mesh;
 pub use shm::{ShmTransport, DEFAULT_RING_BYTES};

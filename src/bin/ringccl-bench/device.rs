@@ -24,7 +24,7 @@ pub(crate) fn stream_for(pg: &ProcessGroup) -> Result<Arc<CudaStream>, Error> {
     let device = match pg.cuda_device() {
         Some(device) => device,
         None => {
-            let count = ringccl::NcclBackend::probe()?;
+            let count = ringccl::cuda_device_count()?;
             let local = std::env::var("LOCAL_RANK")
                 .ok()
                 .and_then(|v| v.parse().ok())

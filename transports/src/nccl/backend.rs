@@ -14,7 +14,7 @@ use ringccl_collectives::{
 };
 
 use super::ffi::{self, Call, DeviceRegion, NcclCode, Progress, RawComm, UNIQUE_ID_LEN};
-use super::libraries::check_libraries;
+use super::libraries::{check_driver_library, check_nccl_library};
 use crate::{connect_mesh, InitOptions, TcpTransport};
 
 /// The oldest NCCL this backend drives (non-blocking communicators, `ncclCommFinalize`,
@@ -33,6 +33,26 @@ const FINALIZE_LIMIT: Duration = Duration::from_secs(10);
 pub trait DeviceElement: Element + DeviceRepr + ValidAsZeroBits {}
 
 impl<T: Element + DeviceRepr + ValidAsZeroBits> DeviceElement for T {}
+
+/// The number of CUDA devices this process sees, or an error that says why there are
+/// none (no driver library, a failing driver, no device). Never panics.
+pub fn cuda_device_count() -> Result<usize, Error> {
+    let unavailable = |reason: String| Error::BackendUnavailable {
+        backend: "nccl",
+        reason,
+    };
+    check_driver_library().map_err(unavailable)?;
+    let count = CudaContext::device_count()
+        .map_err(|e| unavailable(format!("the CUDA driver loaded but failed: {e}")))?;
+    match usize::try_from(count) {
+        Ok(count) if count > 0 => Ok(count),
+        _ => Err(unavailable(
+            "the CUDA driver loaded but sees no device (check nvidia-smi and \
+             CUDA_VISIBLE_DEVICES)"
+                .into(),
+        )),
+    }
+}
 
 /// One rank's NCCL communicator, behind the same [`Backend`] interface as the CPU backend.
 ///
@@ -91,16 +111,8 @@ impl NcclBackend {
             backend: "nccl",
             reason,
         };
-        check_libraries().map_err(unavailable)?;
-        let count = CudaContext::device_count()
-            .map_err(|e| unavailable(format!("the CUDA driver loaded but failed: {e}")))?;
-        if count <= 0 {
-            return Err(unavailable(
-                "the CUDA driver loaded but sees no device (check nvidia-smi and \
-                 CUDA_VISIBLE_DEVICES)"
-                    .into(),
-            ));
-        }
+        let count = cuda_device_count()?;
+        check_nccl_library().map_err(unavailable)?;
         let version = ffi::nccl_version()
             .map_err(|code| unavailable(format!("ncclGetVersion failed: {}", code.describe())))?;
         if version < MIN_NCCL_VERSION {
@@ -110,7 +122,7 @@ impl NcclBackend {
                 version_text(version)
             )));
         }
-        Ok(count as usize)
+        Ok(count)
     }
 
     /// Joins the group described by `opts` (the same options and rendezvous as the CPU

@@ -10,15 +10,22 @@ use super::ffi;
 /// and a few versioned names, never `.so.2`).
 const PIP_NCCL_FILE: &str = "libnccl.so.2";
 
-/// Checks that both libraries load. The error is the whole user-facing explanation.
-pub(crate) fn check_libraries() -> Result<(), String> {
-    if !ffi::cuda_driver_loadable() {
-        return Err(missing_driver_message());
+/// Checks that libcuda loads. The error is the whole user-facing explanation.
+pub(crate) fn check_driver_library() -> Result<(), String> {
+    if ffi::cuda_driver_loadable() {
+        Ok(())
+    } else {
+        Err(missing_driver_message())
     }
-    if !ffi::nccl_loadable() {
-        return Err(missing_nccl_message(&find_pip_nccl(&search_roots())));
+}
+
+/// Checks that libnccl loads. The error is the whole user-facing explanation.
+pub(crate) fn check_nccl_library() -> Result<(), String> {
+    if ffi::nccl_loadable() {
+        Ok(())
+    } else {
+        Err(missing_nccl_message(&find_pip_nccl(&search_roots())))
     }
-    Ok(())
 }
 
 fn missing_driver_message() -> String {

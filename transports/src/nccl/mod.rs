@@ -8,4 +8,4 @@ mod backend;
 mod ffi;
 mod libraries;
 
-pub use backend::{DeviceElement, NcclBackend};
+pub use backend::{cuda_device_count, DeviceElement, NcclBackend};
