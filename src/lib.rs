@@ -31,6 +31,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
+mod ddp_comm;
 #[cfg(feature = "nccl")]
 mod device;
 mod process_group;
@@ -45,6 +46,11 @@ pub use ringccl_collectives::{
 };
 pub use ringccl_transports::{InitOptions, StoreListener, TransportKind, DEFAULT_TIMEOUT};
 pub use work::Work;
+
+/// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in
+/// buckets while backward runs; [`ddp::DistributedSampler`] splits a dataset between
+/// ranks. `ProcessGroup` implements [`ddp::Communicator`]. See docs/ddp.md.
+pub use ringccl_ddp as ddp;
 
 #[cfg(feature = "nccl")]
 pub use ringccl_transports::{cuda_device_count, cudarc, DeviceElement, NcclBackend};

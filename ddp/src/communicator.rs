@@ -1,0 +1,95 @@
+//! What DDP needs from a process group, as an object-safe trait.
+//!
+//! `ringccl::ProcessGroup` implements it; the DDP layer itself knows nothing of
+//! backends, so it runs unchanged over `"gloo"` and `"nccl"`.
+
+use std::fmt;
+
+use ringccl_collectives::half::{bf16, f16};
+use ringccl_collectives::{BufferMut, DType, Error};
+
+/// A gradient buffer of one of the float types, moved into an asynchronous all-reduce.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum GradBuf {
+    /// `f32` values.
+    F32(Vec<f32>),
+    /// `f64` values.
+    F64(Vec<f64>),
+    /// `f16` values.
+    F16(Vec<f16>),
+    /// `bf16` values.
+    BF16(Vec<bf16>),
+}
+
+impl GradBuf {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            GradBuf::F32(_) => DType::F32,
+            GradBuf::F64(_) => DType::F64,
+            GradBuf::F16(_) => DType::F16,
+            GradBuf::BF16(_) => DType::BF16,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            GradBuf::F32(v) => v.len(),
+            GradBuf::F64(v) => v.len(),
+            GradBuf::F16(v) => v.len(),
+            GradBuf::BF16(v) => v.len(),
+        }
+    }
+
+    /// Whether it holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An operation running in the background; `wait` returns its result.
+pub trait Wait<V>: Send {
+    /// Blocks until the operation has finished (within the group's deadline).
+    fn wait(self: Box<Self>) -> Result<V, Error>;
+}
+
+/// A boxed [`Wait`].
+pub type Pending<V> = Box<dyn Wait<V>>;
+
+impl<V> fmt::Debug for dyn Wait<V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Pending")
+    }
+}
+
+/// An already finished operation, for hooks that have nothing left to wait for.
+#[derive(Debug)]
+pub struct Ready<V>(pub V);
+
+impl<V: Send> Wait<V> for Ready<V> {
+    fn wait(self: Box<Self>) -> Result<V, Error> {
+        Ok(self.0)
+    }
+}
+
+/// The collectives DDP uses. Every call follows the group's rules: every rank issues
+/// the same calls in the same order.
+pub trait Communicator: Send + Sync {
+    /// This process's rank.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// Starts summing `buf` across ranks in the background, in issue order with every
+    /// other operation of the group.
+    fn all_reduce_sum_async(&self, buf: GradBuf) -> Result<Pending<GradBuf>, Error>;
+
+    /// Copies rank `root`'s `buf` to every rank.
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), Error>;
+
+    /// Gathers every rank's `input` (equal lengths) into `output`, in rank order.
+    fn all_gather_i64(&self, input: &[i64], output: &mut [i64]) -> Result<(), Error>;
+}

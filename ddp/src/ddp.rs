@@ -1,0 +1,690 @@
+//! The reducer: gradients into buckets, buckets onto the wire while backward runs.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+
+use ringccl_collectives::{BufferMut, Error};
+
+use crate::communicator::{Communicator, Pending};
+use crate::config::{DdpConfig, ParamSpec};
+use crate::element::GradElement;
+use crate::hooks::{AllReduceHook, CommHook};
+use crate::plan::plan_buckets;
+use crate::DdpError;
+
+/// Data-parallel gradient averaging, PyTorch DDP's way, for a trainer that owns its own
+/// autograd.
+///
+/// Each step:
+/// 1. as backward produces each gradient, call
+///    [`mark_grad_ready`](Self::mark_grad_ready)`(index, &grad)` (any order; usually
+///    last layer first). The gradient is copied into its bucket already divided by the
+///    world size; when a bucket is complete, its all-reduce starts in the background —
+///    buckets start strictly in bucket order, the same on every rank — while backward
+///    goes on;
+/// 2. call [`finish`](Self::finish), which waits for the buckets, then read the averaged
+///    gradients with [`grad`](Self::grad) and update the parameters.
+///
+/// ```
+/// # use ringccl_collectives::{DType, Error, BufferMut};
+/// # use ringccl_ddp::*;
+/// # struct Solo;
+/// # impl Communicator for Solo {
+/// #     fn rank(&self) -> usize { 0 }
+/// #     fn world_size(&self) -> usize { 1 }
+/// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+/// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+/// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+/// # }
+/// # let pg = Solo; // in a real program: ringccl::init_process_group(...)?
+/// let params = [
+///     ParamSpec::new("fc.weight", 6, DType::F32),
+///     ParamSpec::new("fc.bias", 2, DType::F32),
+/// ];
+/// let mut ddp = DistributedDataParallel::<f32>::new(&pg, &params, DdpConfig::default())?;
+/// // ... forward, then backward produces the bias gradient first:
+/// ddp.mark_grad_ready(1, &[0.5, -0.5])?;
+/// ddp.mark_grad_ready(0, &[1.0; 6])?;
+/// ddp.finish()?;
+/// assert_eq!(ddp.grad(1), &[0.5, -0.5]); // averaged over the (one) rank
+/// # Ok::<(), DdpError>(())
+/// ```
+pub struct DistributedDataParallel<'c, T: GradElement> {
+    comm: &'c dyn Communicator,
+    params: Vec<ParamSpec>,
+    config: DdpConfig,
+    hook: Box<dyn CommHook<T>>,
+    buckets: Vec<Bucket<T>>,
+    /// Where each parameter's gradient lives: (bucket, offset).
+    slots: Vec<(usize, usize)>,
+    /// Marked ready in the current backward pass.
+    ready: Vec<bool>,
+    marked: usize,
+    /// Holds a gradient since the last synchronised step (no_sync accumulation).
+    has_data: Vec<bool>,
+    next_launch: usize,
+    no_sync: bool,
+    step: u64,
+    /// Order of the first step's gradients, for the one-time rebuild.
+    arrival: Vec<usize>,
+    rebuilt: bool,
+    broken: Option<String>,
+}
+
+/// The buckets and slots being replaced by a rebuild.
+type OldLayout<'a, T> = (&'a [Bucket<T>], &'a [(usize, usize)]);
+
+struct Bucket<T> {
+    params: Vec<usize>,
+    len: usize,
+    /// `None` while its all-reduce is in flight.
+    data: Option<Vec<T>>,
+    waiting_for: usize,
+    in_flight: Option<Pending<Vec<T>>>,
+}
+
+impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
+    /// Registers `params` (in model order) and checks, collectively, that every rank
+    /// registered the same ones; a difference is an error naming the first one.
+    pub fn new(
+        comm: &'c dyn Communicator,
+        params: &[ParamSpec],
+        config: DdpConfig,
+    ) -> Result<Self, DdpError> {
+        if let Some((i, p)) = params.iter().enumerate().find(|(_, p)| p.dtype != T::DTYPE) {
+            return Err(DdpError::InvalidArgument(format!(
+                "parameter #{i} {:?} is {} but this DistributedDataParallel averages {} \
+                 gradients; use one instance per gradient type",
+                p.name,
+                p.dtype,
+                T::DTYPE
+            )));
+        }
+        check_same_params(comm, params)?;
+        let order: Vec<usize> = (0..params.len()).rev().collect();
+        let mut ddp = DistributedDataParallel {
+            comm,
+            params: params.to_vec(),
+            config,
+            hook: Box::new(AllReduceHook),
+            buckets: Vec::new(),
+            slots: Vec::new(),
+            ready: vec![false; params.len()],
+            marked: 0,
+            has_data: vec![false; params.len()],
+            next_launch: 0,
+            no_sync: false,
+            step: 0,
+            arrival: Vec::with_capacity(params.len()),
+            rebuilt: false,
+            broken: None,
+        };
+        ddp.layout(&order, None);
+        Ok(ddp)
+    }
+
+    /// Replaces the communication hook (default [`AllReduceHook`]). Every rank must use
+    /// the same hook.
+    pub fn register_comm_hook(&mut self, hook: impl CommHook<T> + 'static) {
+        self.hook = Box::new(hook);
+    }
+
+    /// The registered parameters.
+    pub fn params(&self) -> &[ParamSpec] {
+        &self.params
+    }
+
+    /// The current buckets, as parameter indices, in launch order.
+    pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
+        self.buckets.iter().map(|b| b.params.clone()).collect()
+    }
+
+    /// Steps finished so far (each `finish` counts, `no_sync` ones included).
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Lays the buckets out for `order`, copying the gradients of `old` (if any) so that
+    /// [`grad`](Self::grad) keeps answering.
+    fn layout(&mut self, order: &[usize], old: Option<OldLayout<'_, T>>) {
+        let numels: Vec<usize> = self.params.iter().map(|p| p.numel).collect();
+        let plan = plan_buckets(
+            order,
+            &numels,
+            T::DTYPE.size(),
+            self.config.first_bucket_bytes,
+            self.config.bucket_cap_bytes,
+        );
+        let mut slots = vec![(0, 0); self.params.len()];
+        let mut buckets = Vec::with_capacity(plan.len());
+        for (b, params) in plan.into_iter().enumerate() {
+            let mut len = 0;
+            for &p in &params {
+                slots[p] = (b, len);
+                len += numels[p];
+            }
+            let mut data = vec![T::default(); len];
+            if let Some((old_buckets, old_slots)) = old {
+                for &p in &params {
+                    let (ob, oo) = old_slots[p];
+                    if let Some(src) = &old_buckets[ob].data {
+                        let (_, at) = slots[p];
+                        data[at..at + numels[p]].copy_from_slice(&src[oo..oo + numels[p]]);
+                    }
+                }
+            }
+            buckets.push(Bucket {
+                waiting_for: params.len(),
+                params,
+                len,
+                data: Some(data),
+                in_flight: None,
+            });
+        }
+        self.buckets = buckets;
+        self.slots = slots;
+    }
+
+    /// Turns synchronisation off (`true`) or back on: while off, gradients accumulate in
+    /// the buckets (summed over the steps) and `finish` communicates nothing; the first
+    /// synchronised step after that all-reduces the accumulated sum. See
+    /// [`no_sync`](Self::no_sync) for the scoped form.
+    pub fn set_no_sync(&mut self, off: bool) {
+        self.no_sync = off;
+    }
+
+    /// Gradient accumulation, torch's `with ddp.no_sync():`: synchronisation is off until
+    /// the returned guard is dropped.
+    pub fn no_sync(&mut self) -> NoSync<'_, 'c, T> {
+        self.no_sync = true;
+        NoSync { ddp: self }
+    }
+
+    fn check_usable(&self) -> Result<(), DdpError> {
+        match &self.broken {
+            Some(cause) => Err(DdpError::Broken(cause.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn check_index(&self, index: usize, len: Option<usize>) -> Result<(), DdpError> {
+        let Some(spec) = self.params.get(index) else {
+            return Err(DdpError::InvalidArgument(format!(
+                "parameter index {index} is out of range ({} parameters registered)",
+                self.params.len()
+            )));
+        };
+        if let Some(len) = len.filter(|&len| len != spec.numel) {
+            return Err(DdpError::InvalidArgument(format!(
+                "the gradient of parameter #{index} {:?} has {len} elements, but it was \
+                 registered with {}",
+                spec.name, spec.numel
+            )));
+        }
+        if self.ready[index] {
+            let name = spec.name.clone();
+            let rank = self.comm.rank();
+            return Err(if self.marked == self.params.len() {
+                DdpError::StepNotFinished {
+                    rank,
+                    index,
+                    name,
+                    step: self.step,
+                }
+            } else {
+                DdpError::GradReadyTwice {
+                    rank,
+                    index,
+                    name,
+                    step: self.step,
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Hands DDP the gradient of parameter `index` for this step; see the type's docs.
+    pub fn mark_grad_ready(&mut self, index: usize, grad: &[T]) -> Result<(), DdpError> {
+        self.check_usable()?;
+        self.check_index(index, Some(grad.len()))?;
+        let n = self.comm.world_size();
+        let divide = !self.config.gradient_as_bucket_view;
+        let accumulate = self.has_data[index];
+        let (b, at) = self.slots[index];
+        let Some(data) = self.buckets[b].data.as_mut() else {
+            return Err(self.internal("bucket in flight while a gradient was written"));
+        };
+        let slot = &mut data[at..at + grad.len()];
+        match (accumulate, divide) {
+            (false, true) => slot
+                .iter_mut()
+                .zip(grad)
+                .for_each(|(d, &g)| *d = g.div_count(n)),
+            (false, false) => slot.copy_from_slice(grad),
+            (true, true) => slot
+                .iter_mut()
+                .zip(grad)
+                .for_each(|(d, &g)| *d = d.add(g.div_count(n))),
+            (true, false) => slot.iter_mut().zip(grad).for_each(|(d, &g)| *d = d.add(g)),
+        }
+        self.mark(index)
+    }
+
+    /// With [`DdpConfig::gradient_as_bucket_view`]: the place in its bucket where the
+    /// gradient of parameter `index` lives. Write (or accumulate) the gradient there, then
+    /// call [`mark_grad_ready_in_view`](Self::mark_grad_ready_in_view). It holds the
+    /// averaged gradient after `finish`; zero it yourself before accumulating a new one
+    /// if your trainer accumulates into gradients.
+    pub fn grad_view_mut(&mut self, index: usize) -> Result<&mut [T], DdpError> {
+        self.check_usable()?;
+        if !self.config.gradient_as_bucket_view {
+            return Err(DdpError::InvalidArgument(
+                "grad_view_mut needs DdpConfig::gradient_as_bucket_view(true)".into(),
+            ));
+        }
+        let numel = self
+            .params
+            .get(index)
+            .map(|p| p.numel)
+            .ok_or_else(|| DdpError::InvalidArgument(format!("no parameter #{index}")))?;
+        let (b, at) = self.slots[index];
+        match self.buckets[b].data.as_mut() {
+            Some(data) => Ok(&mut data[at..at + numel]),
+            None => Err(DdpError::InvalidArgument(format!(
+                "parameter #{index}'s bucket is being all-reduced; its view is available again after finish()"
+            ))),
+        }
+    }
+
+    /// With [`DdpConfig::gradient_as_bucket_view`]: the gradient of parameter `index` has
+    /// been written into its view.
+    pub fn mark_grad_ready_in_view(&mut self, index: usize) -> Result<(), DdpError> {
+        self.check_usable()?;
+        if !self.config.gradient_as_bucket_view {
+            return Err(DdpError::InvalidArgument(
+                "mark_grad_ready_in_view needs DdpConfig::gradient_as_bucket_view(true)".into(),
+            ));
+        }
+        self.check_index(index, None)?;
+        self.mark(index)
+    }
+
+    fn mark(&mut self, index: usize) -> Result<(), DdpError> {
+        self.ready[index] = true;
+        self.has_data[index] = true;
+        self.marked += 1;
+        if self.step == 0 && !self.rebuilt {
+            self.arrival.push(index);
+        }
+        let (b, _) = self.slots[index];
+        self.buckets[b].waiting_for -= 1;
+        if !self.no_sync {
+            self.launch_ready()?;
+        }
+        Ok(())
+    }
+
+    /// Starts every complete bucket whose predecessors have all started.
+    fn launch_ready(&mut self) -> Result<(), DdpError> {
+        while let Some(bucket) = self.buckets.get_mut(self.next_launch) {
+            if bucket.waiting_for > 0 {
+                break;
+            }
+            let Some(mut data) = bucket.data.take() else {
+                return Err(self.internal("a bucket was launched twice"));
+            };
+            if self.config.gradient_as_bucket_view {
+                let n = self.comm.world_size();
+                data.iter_mut().for_each(|x| *x = x.div_count(n));
+            }
+            match self.hook.start(self.comm, data) {
+                Ok(pending) => bucket.in_flight = Some(pending),
+                Err(e) => return Err(self.fail(e.into())),
+            }
+            self.next_launch += 1;
+        }
+        Ok(())
+    }
+
+    /// Ends the step: launches what is left, waits for every bucket, and makes the
+    /// averaged gradients readable through [`grad`](Self::grad). Under `no_sync` it only
+    /// closes the step (nothing is communicated; gradients keep accumulating).
+    pub fn finish(&mut self) -> Result<(), DdpError> {
+        self.check_usable()?;
+        let missing: Vec<usize> = (0..self.params.len()).filter(|&i| !self.ready[i]).collect();
+        if !missing.is_empty() && !self.no_sync {
+            if !self.config.find_unused_parameters {
+                let error = DdpError::MissingGrads {
+                    rank: self.comm.rank(),
+                    step: self.step,
+                    missing: missing
+                        .iter()
+                        .map(|&i| (i, self.params[i].name.clone()))
+                        .collect(),
+                };
+                // Buckets already started must still complete on every rank.
+                let _ = self.wait_all();
+                return Err(self.fail(error));
+            }
+            for &i in &missing {
+                if !self.has_data[i] {
+                    let (b, at) = self.slots[i];
+                    let numel = self.params[i].numel;
+                    if let Some(data) = self.buckets[b].data.as_mut() {
+                        data[at..at + numel].fill(T::default());
+                    }
+                }
+                self.ready[i] = true;
+                self.marked += 1;
+                let (b, _) = self.slots[i];
+                self.buckets[b].waiting_for -= 1;
+            }
+            self.launch_ready()?;
+        }
+        if self.no_sync {
+            self.reset_pass();
+            self.step += 1;
+            return Ok(());
+        }
+        self.wait_all()?;
+        self.has_data.fill(false);
+        self.reset_pass();
+        if self.step == 0 && self.config.rebuild_buckets && !self.rebuilt {
+            self.rebuild()?;
+        }
+        self.step += 1;
+        Ok(())
+    }
+
+    fn wait_all(&mut self) -> Result<(), DdpError> {
+        let mut first = None;
+        for bucket in &mut self.buckets {
+            if let Some(pending) = bucket.in_flight.take() {
+                match pending.wait() {
+                    Ok(data) if data.len() == bucket.len => bucket.data = Some(data),
+                    Ok(data) => {
+                        first.get_or_insert(DdpError::Comm(Error::InvalidArgument(format!(
+                            "the communication hook returned {} values for a bucket of {}",
+                            data.len(),
+                            bucket.len
+                        ))));
+                    }
+                    Err(e) => {
+                        first.get_or_insert(DdpError::Comm(e));
+                    }
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(self.fail(e)),
+            None => Ok(()),
+        }
+    }
+
+    fn reset_pass(&mut self) {
+        self.ready.fill(false);
+        self.marked = 0;
+        self.next_launch = 0;
+        for bucket in &mut self.buckets {
+            bucket.waiting_for = bucket.params.len();
+        }
+    }
+
+    /// The one-time rebuild: rank 0's arrival order, broadcast, becomes every rank's
+    /// bucket order.
+    fn rebuild(&mut self) -> Result<(), DdpError> {
+        self.rebuilt = true;
+        let n = self.params.len();
+        let mut order: Vec<i64> = if self.arrival.len() == n {
+            self.arrival.iter().map(|&i| i as i64).collect()
+        } else {
+            // Some parameters were unused: keep the registration-reversed order for them.
+            let mut seen = vec![false; n];
+            let mut order: Vec<i64> = Vec::with_capacity(n);
+            for &i in &self.arrival {
+                seen[i] = true;
+                order.push(i as i64);
+            }
+            order.extend((0..n).rev().filter(|&i| !seen[i]).map(|i| i as i64));
+            order
+        };
+        self.comm
+            .broadcast(BufferMut::from_slice(&mut order), 0)
+            .map_err(|e| self.fail(e.into()))?;
+        let mut seen = vec![false; n];
+        let mut valid = order.len() == n;
+        let order: Vec<usize> = order
+            .iter()
+            .map(|&i| {
+                let i = usize::try_from(i).unwrap_or(usize::MAX);
+                valid &= i < n && !std::mem::replace(&mut seen[i.min(n - 1)], true);
+                i
+            })
+            .collect();
+        if !valid {
+            return Err(self.fail(DdpError::InvalidArgument(
+                "rank 0 broadcast an invalid gradient order".into(),
+            )));
+        }
+        let old_buckets = std::mem::take(&mut self.buckets);
+        let old_slots = std::mem::take(&mut self.slots);
+        self.layout(&order, Some((&old_buckets, &old_slots)));
+        self.arrival = Vec::new();
+        Ok(())
+    }
+
+    /// The averaged gradient of parameter `index` after [`finish`](Self::finish) (a view
+    /// into its bucket; no copy). Empty for an out-of-range index.
+    pub fn grad(&self, index: usize) -> &[T] {
+        let Some(spec) = self.params.get(index) else {
+            return &[];
+        };
+        let (b, at) = self.slots[index];
+        match &self.buckets[b].data {
+            Some(data) => &data[at..at + spec.numel],
+            None => &[],
+        }
+    }
+
+    /// Copies every averaged gradient out, in parameter order.
+    pub fn grads(&self) -> Vec<Vec<T>> {
+        (0..self.params.len())
+            .map(|i| self.grad(i).to_vec())
+            .collect()
+    }
+
+    /// Copies rank 0's parameter values into every rank's `params` (in registration
+    /// order), so that all replicas start identical.
+    pub fn broadcast_parameters(&self, params: &mut [&mut [T]]) -> Result<(), DdpError> {
+        self.check_usable()?;
+        if params.len() != self.params.len() {
+            return Err(DdpError::InvalidArgument(format!(
+                "broadcast_parameters got {} tensors for {} registered parameters",
+                params.len(),
+                self.params.len()
+            )));
+        }
+        for (i, (p, spec)) in params.iter().zip(&self.params).enumerate() {
+            if p.len() != spec.numel {
+                return Err(DdpError::InvalidArgument(format!(
+                    "parameter #{i} {:?} has {} elements, registered with {}",
+                    spec.name,
+                    p.len(),
+                    spec.numel
+                )));
+            }
+        }
+        // One broadcast per ~cap of parameters, not one per tensor.
+        let cap = (self.config.bucket_cap_bytes / T::DTYPE.size()).max(1);
+        let mut start = 0;
+        while start < params.len() {
+            let mut end = start;
+            let mut len = 0;
+            while end < params.len() && (end == start || len + params[end].len() <= cap) {
+                len += params[end].len();
+                end += 1;
+            }
+            let mut fused: Vec<T> = Vec::with_capacity(len);
+            for p in &params[start..end] {
+                fused.extend_from_slice(p);
+            }
+            self.comm.broadcast(BufferMut::from_slice(&mut fused), 0)?;
+            let mut at = 0;
+            for p in &mut params[start..end] {
+                let n = p.len();
+                p.copy_from_slice(&fused[at..at + n]);
+                at += n;
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, error: DdpError) -> DdpError {
+        self.broken.get_or_insert_with(|| error.to_string());
+        error
+    }
+
+    fn internal(&mut self, what: &str) -> DdpError {
+        self.fail(DdpError::InvalidArgument(format!("internal error: {what}")))
+    }
+}
+
+impl<T: GradElement> fmt::Debug for DistributedDataParallel<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DistributedDataParallel")
+            .field("params", &self.params.len())
+            .field("buckets", &self.buckets.len())
+            .field("step", &self.step)
+            .field("hook", &self.hook)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Synchronisation is off while this lives (see
+/// [`DistributedDataParallel::no_sync`]); it derefs to the DDP.
+#[derive(Debug)]
+pub struct NoSync<'d, 'c, T: GradElement> {
+    ddp: &'d mut DistributedDataParallel<'c, T>,
+}
+
+impl<'c, T: GradElement> Deref for NoSync<'_, 'c, T> {
+    type Target = DistributedDataParallel<'c, T>;
+    fn deref(&self) -> &Self::Target {
+        self.ddp
+    }
+}
+
+impl<T: GradElement> DerefMut for NoSync<'_, '_, T> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.ddp
+    }
+}
+
+impl<T: GradElement> Drop for NoSync<'_, '_, T> {
+    fn drop(&mut self) {
+        self.ddp.no_sync = false;
+    }
+}
+
+/// Every rank compares its parameter list with rank 0's; all ranks learn the first
+/// difference any rank found.
+fn check_same_params(comm: &dyn Communicator, params: &[ParamSpec]) -> Result<(), DdpError> {
+    let rank = comm.rank();
+    let mine = describe(params);
+    let mut len = [mine.len() as i64];
+    comm.broadcast(BufferMut::from_slice(&mut len), 0)?;
+    let mut theirs = vec![0u8; usize::try_from(len[0]).unwrap_or(0)];
+    if rank == 0 {
+        theirs.copy_from_slice(&mine);
+    }
+    comm.broadcast(BufferMut::from_slice(&mut theirs), 0)?;
+    let rank0 = parse(&theirs);
+    // This rank's first differing index (-1: none).
+    let first = (0..params.len().max(rank0.len()))
+        .find(|&i| params.get(i) != rank0.get(i))
+        .map_or(-1, |i| i as i64);
+    let mut all = vec![0i64; comm.world_size()];
+    comm.all_gather_i64(&[first], &mut all)?;
+    let Some((bad_rank, &index)) = all.iter().enumerate().find(|(_, &i)| i >= 0) else {
+        return Ok(());
+    };
+    let show = |p: Option<&ParamSpec>| match p {
+        Some(p) => format!("{:?} [{} x {}]", p.name, p.numel, p.dtype),
+        None => "nothing".to_string(),
+    };
+    let index = index as usize;
+    let difference = if bad_rank == rank {
+        format!(
+            "parameter #{index}: rank 0 has {}, rank {rank} has {}",
+            show(rank0.get(index)),
+            show(params.get(index))
+        )
+    } else {
+        format!(
+            "parameter #{index}: rank 0 has {}, rank {bad_rank} has something else (its error names it)",
+            show(rank0.get(index))
+        )
+    };
+    Err(DdpError::ParamMismatch { rank, difference })
+}
+
+/// `name \0 numel \0 dtype-code \n` per parameter.
+fn describe(params: &[ParamSpec]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in params {
+        out.extend_from_slice(p.name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(p.numel.to_string().as_bytes());
+        out.push(0);
+        out.push(p.dtype.code());
+        out.push(b'\n');
+    }
+    out
+}
+
+fn parse(bytes: &[u8]) -> Vec<ParamSpec> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let Some(name_end) = rest.iter().position(|&b| b == 0) else {
+            break;
+        };
+        let name = String::from_utf8_lossy(&rest[..name_end]).into_owned();
+        rest = &rest[name_end + 1..];
+        let Some(numel_end) = rest.iter().position(|&b| b == 0) else {
+            break;
+        };
+        let numel = std::str::from_utf8(&rest[..numel_end])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(usize::MAX);
+        rest = &rest[numel_end + 1..];
+        let (Some(&code), Some(b'\n')) = (rest.first(), rest.get(1)) else {
+            break;
+        };
+        rest = &rest[2..];
+        match ringccl_collectives::DType::from_code(code) {
+            Some(dtype) => out.push(ParamSpec { name, numel, dtype }),
+            None => break,
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringccl_collectives::DType;
+
+    #[test]
+    fn parameter_descriptions_round_trip() {
+        let params = vec![
+            ParamSpec::new("a.weight", 12, DType::F32),
+            ParamSpec::new("b", 0, DType::BF16),
+            ParamSpec::new("ünïcode", 7, DType::F64),
+        ];
+        assert_eq!(parse(&describe(&params)), params);
+        assert!(parse(b"garbage").is_empty());
+    }
+}

@@ -1,0 +1,35 @@
+//! # ringccl-ddp
+//!
+//! Data-parallel training on top of ringccl, after PyTorch's `DistributedDataParallel`:
+//! gradients are grouped into buckets and each bucket is averaged across ranks as soon
+//! as it is complete, while the backward pass goes on. The crate does not own autograd:
+//! the trainer tells it when each gradient is ready.
+//!
+//! - [`DistributedDataParallel`]: the reducer (buckets, ordered async all-reduce,
+//!   `no_sync` accumulation, unused parameters, one-time bucket rebuild, comm hooks).
+//! - [`DistributedSampler`]: each rank's share of a dataset, torch's semantics.
+//! - [`plan_buckets`]: the pure bucket planner.
+//!
+//! Use it through `ringccl::ddp`, which implements [`Communicator`] for
+//! `ringccl::ProcessGroup`.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod communicator;
+mod config;
+mod ddp;
+mod element;
+mod error;
+mod hooks;
+mod plan;
+mod sampler;
+
+pub use communicator::{Communicator, GradBuf, Pending, Ready, Wait};
+pub use config::{DdpConfig, ParamSpec};
+pub use ddp::{DistributedDataParallel, NoSync};
+pub use element::GradElement;
+pub use error::DdpError;
+pub use hooks::{AllReduceHook, Bf16CompressHook, CommHook, Fp16CompressHook};
+pub use plan::plan_buckets;
+pub use sampler::DistributedSampler;
