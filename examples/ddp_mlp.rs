@@ -223,12 +223,8 @@ impl Mlp {
                     .iter()
                     .map(|d| {
                         let mut back = vec![0.0f32; layer.inputs];
-                        for o in 0..layer.outputs {
-                            axpy(
-                                d[o],
-                                &layer.w[o * layer.inputs..(o + 1) * layer.inputs],
-                                &mut back,
-                            );
+                        for (&d, row) in d.iter().zip(layer.w.chunks_exact(layer.inputs)) {
+                            axpy(d, row, &mut back);
                         }
                         back
                     })
