@@ -382,6 +382,8 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
             self.launch_ready()?;
         }
         if self.no_sync {
+            // Buckets started before synchronisation was turned off must still land.
+            self.wait_all()?;
             self.reset_pass();
             self.step += 1;
             return Ok(());
