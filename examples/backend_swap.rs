@@ -24,6 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut host = vec![rank as f32 + 1.0; 1 << 16];
     pg.all_reduce(&mut host, ReduceOp::Avg)?;
     assert!(host.iter().all(|&x| x == mean), "host buffer: {}", host[0]);
+    #[cfg_attr(not(feature = "nccl"), allow(unused_mut))]
     let mut done = format!("host buffer averaged to {mean}");
 
     #[cfg(feature = "nccl")]

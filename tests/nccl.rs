@@ -6,6 +6,8 @@
 //! on host and device buffers; gloo runs device buffers at 2–4 ranks sharing the GPU.
 //! Tests that need a GPU print `skipped: no CUDA driver/NCCL (reason)` elsewhere.
 
+#![cfg(feature = "nccl")]
+
 mod common;
 
 use std::process::Command;
