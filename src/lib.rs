@@ -44,7 +44,9 @@ pub use ringccl_collectives::{
     half, AllReduceAlgo, Backend, BufferMut, BufferRef, CollectiveKind, DType, Element, Error,
     HostConfig, OpDesc, ReduceOp, Result,
 };
-pub use ringccl_transports::{InitOptions, StoreListener, TransportKind, DEFAULT_TIMEOUT};
+pub use ringccl_transports::{
+    AuthToken, InitOptions, StoreListener, TransportKind, DEFAULT_TIMEOUT,
+};
 pub use work::Work;
 
 /// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in

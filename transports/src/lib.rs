@@ -7,6 +7,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod auth;
 mod deadline_io;
 #[cfg(feature = "nccl")]
 mod nccl;
@@ -18,6 +19,7 @@ mod shm;
 pub mod store;
 mod tcp;
 
+pub use auth::AuthToken;
 #[cfg(feature = "nccl")]
 pub use nccl::{cuda_device_count, DeviceElement, NcclBackend};
 pub use options::{first_slurm_host, InitOptions, TransportKind, DEFAULT_TIMEOUT};

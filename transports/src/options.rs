@@ -5,6 +5,7 @@ use std::time::Duration;
 use ringccl_collectives::wire::MAX_FRAME_PAYLOAD;
 use ringccl_collectives::{AllReduceAlgo, Error};
 
+use crate::auth::AuthToken;
 use crate::StoreListener;
 
 /// Which transport the CPU backend moves bytes with.
@@ -64,6 +65,7 @@ pub struct InitOptions {
     small_all_reduce_max_bytes: Option<usize>,
     transport: Option<TransportKind>,
     device: Option<usize>,
+    auth_token: Option<AuthToken>,
 }
 
 const TORCHRUN_HINT: &str = "launch under `ringrun`, `torchrun`, Slurm's `srun` or OpenMPI's `mpirun`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
@@ -115,6 +117,7 @@ impl InitOptions {
             small_all_reduce_max_bytes: None,
             transport: None,
             device: None,
+            auth_token: None,
         }
     }
 
@@ -227,6 +230,18 @@ impl InitOptions {
                     reason: "expected a positive number of seconds".into(),
                 })?;
             opts.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(secret) = lookup("RINGCCL_AUTH_TOKEN") {
+            opts.auth_token =
+                Some(
+                    AuthToken::new(&secret).ok_or(Error::InvalidEnv {
+                        var: "RINGCCL_AUTH_TOKEN",
+                        value: String::new(),
+                        reason:
+                            "an empty token would authenticate nothing; set a secret, or unset it"
+                                .into(),
+                    })?,
+                );
         }
         Ok(opts)
     }
@@ -341,6 +356,20 @@ impl InitOptions {
     pub fn device(mut self, ordinal: usize) -> InitOptions {
         self.device = Some(ordinal);
         self
+    }
+
+    /// Requires every connection of the job (to the rendezvous store and between ranks)
+    /// to prove, by an HMAC-SHA256 challenge–response, that it holds `secret`; others are
+    /// refused and logged. Every rank must use the same secret (the `RINGCCL_AUTH_TOKEN`
+    /// environment variable sets it too). An empty secret leaves authentication off.
+    pub fn auth_token(mut self, secret: impl AsRef<[u8]>) -> InitOptions {
+        self.auth_token = AuthToken::new(secret);
+        self
+    }
+
+    /// The shared secret, if authentication is on.
+    pub fn get_auth_token(&self) -> Option<&AuthToken> {
+        self.auth_token.as_ref()
     }
 
     /// The CUDA device override, if any.

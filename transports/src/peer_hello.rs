@@ -13,6 +13,8 @@ pub(crate) struct PeerHello {
     pub(crate) job_id: u64,
     pub(crate) world_size: u32,
     pub(crate) rank: u32,
+    /// Whether the sender requires the shared-secret challenge–response next.
+    pub(crate) authenticated: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +24,8 @@ pub(crate) enum HelloError {
     Job { theirs: u64, ours: u64 },
     WorldSize { theirs: u32, ours: u32 },
     Rank { theirs: u32, expected: String },
+    Flags(u8),
+    Auth(String),
 }
 
 impl fmt::Display for HelloError {
@@ -43,6 +47,8 @@ impl fmt::Display for HelloError {
             HelloError::Rank { theirs, expected } => {
                 write!(f, "peer says it is rank {theirs}, expected {expected}")
             }
+            HelloError::Flags(flags) => write!(f, "unknown flags {flags:#04x}"),
+            HelloError::Auth(reason) => f.write_str(reason),
         }
     }
 }
@@ -52,6 +58,7 @@ impl PeerHello {
         let mut out = [0u8; PEER_HELLO_LEN];
         out[..8].copy_from_slice(&PEER_MAGIC);
         out[8..10].copy_from_slice(&PEER_VERSION.to_le_bytes());
+        out[10] = u8::from(self.authenticated);
         out[12..16].copy_from_slice(&self.world_size.to_le_bytes());
         out[16..20].copy_from_slice(&self.rank.to_le_bytes());
         out[20..28].copy_from_slice(&self.job_id.to_le_bytes());
@@ -71,6 +78,14 @@ impl PeerHello {
         if version != PEER_VERSION {
             return Err(HelloError::Version(version));
         }
+        let authenticated = match bytes[10] {
+            0 => false,
+            1 => true,
+            other => return Err(HelloError::Flags(other)),
+        };
+        if let Some(reason) = crate::auth::mismatch_reason(ours.authenticated, authenticated) {
+            return Err(HelloError::Auth(reason));
+        }
         let u32_at = |at: usize| {
             u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
         };
@@ -80,6 +95,7 @@ impl PeerHello {
             world_size: u32_at(12),
             rank: u32_at(16),
             job_id: u64::from_le_bytes(job),
+            authenticated,
         };
         if theirs.job_id != ours.job_id {
             return Err(HelloError::Job {
@@ -111,6 +127,7 @@ mod tests {
         job_id: 0xdead_beef,
         world_size: 4,
         rank: 1,
+        authenticated: false,
     };
 
     #[test]
@@ -155,6 +172,21 @@ mod tests {
         assert_eq!(
             PeerHello::decode_checked(&[b'x'; PEER_HELLO_LEN], &OURS),
             Err(HelloError::BadMagic)
+        );
+        let with_token = PeerHello {
+            rank: 2,
+            authenticated: true,
+            ..OURS
+        };
+        assert!(matches!(
+            PeerHello::decode_checked(&with_token.encode(), &OURS),
+            Err(HelloError::Auth(_))
+        ));
+        let mut bytes = with_token.encode();
+        bytes[10] = 9;
+        assert_eq!(
+            PeerHello::decode_checked(&bytes, &OURS),
+            Err(HelloError::Flags(9))
         );
     }
 }

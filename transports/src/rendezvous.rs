@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use ringccl_collectives::Error;
 use socket2::Socket;
 
+use crate::auth::{authenticate, AuthToken, Role};
 use crate::deadline_io::{read_exact_by, write_all_by};
 use crate::peer_hello::{PeerHello, PEER_HELLO_LEN};
 use crate::poll::{wait_any, Interest};
@@ -54,7 +55,10 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
             Some(listener) => listener,
             None => StoreListener::bind(opts.master())?,
         };
-        Some(StoreServer::start(listener)?)
+        Some(StoreServer::start_authenticated(
+            listener,
+            opts.get_auth_token().cloned(),
+        )?)
     } else {
         None
     };
@@ -68,7 +72,8 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
             last_error: format!("cannot resolve: {e}"),
         })?,
     };
-    let mut store = StoreClient::connect(&store_addrs, rank, timeout)?;
+    let token = opts.get_auth_token().cloned();
+    let mut store = StoreClient::connect_authenticated(&store_addrs, rank, timeout, token.clone())?;
     let job_id = if rank == 0 {
         let id = fresh_job_id();
         store.set(JOB_KEY, &id.to_le_bytes())?;
@@ -86,6 +91,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
         job_id,
         world_size: world_size as u32,
         rank: rank as u32,
+        authenticated: token.is_some(),
     };
     let io_error = |context: String, source: io::Error| Error::Io {
         rank,
@@ -126,11 +132,14 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
     let mut peers: Vec<Option<Socket>> = (0..world_size).map(|_| None).collect();
     for (peer, addr) in lower_addrs.into_iter().enumerate() {
         let stream = connect_peer(rank, peer, addr, deadline, timeout)?;
-        let theirs = introduce(&stream, &me, deadline).map_err(|e| Error::Handshake {
-            rank,
-            peer: format!("rank {peer} at {addr}"),
-            reason: e,
-        })?;
+        let theirs =
+            introduce(&stream, &me, token.as_ref(), Role::Initiator, deadline).map_err(|e| {
+                Error::Handshake {
+                    rank,
+                    peer: format!("rank {peer} at {addr}"),
+                    reason: e,
+                }
+            })?;
         if theirs.rank as usize != peer {
             return Err(Error::Handshake {
                 rank,
@@ -177,7 +186,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
         let accepted = stream
             .set_nonblocking(false)
             .map_err(|e| e.to_string())
-            .and_then(|()| introduce(&stream, &me, hello_deadline))
+            .and_then(|()| introduce(&stream, &me, token.as_ref(), Role::Acceptor, hello_deadline))
             .and_then(|theirs| {
                 let peer = theirs.rank as usize;
                 if peer <= rank || peers[peer].is_some() {
@@ -237,11 +246,23 @@ fn connect_peer(
 }
 
 /// Sends our hello and reads and checks theirs.
-fn introduce(stream: &TcpStream, me: &PeerHello, deadline: Instant) -> Result<PeerHello, String> {
+/// Then, with a token, runs the challenge–response as `role`.
+fn introduce(
+    stream: &TcpStream,
+    me: &PeerHello,
+    token: Option<&AuthToken>,
+    role: Role,
+    deadline: Instant,
+) -> Result<PeerHello, String> {
     write_all_by(stream, &me.encode(), deadline).map_err(|e| format!("sending hello: {e}"))?;
     let mut raw = [0u8; PEER_HELLO_LEN];
     read_exact_by(stream, &mut raw, deadline).map_err(|e| format!("reading hello: {e}"))?;
-    PeerHello::decode_checked(&raw, me).map_err(|e| e.to_string())
+    let theirs = PeerHello::decode_checked(&raw, me).map_err(|e| e.to_string())?;
+    if let Some(token) = token {
+        authenticate(stream, token, role, deadline)
+            .map_err(|e| format!("authentication failed: {e}"))?;
+    }
+    Ok(theirs)
 }
 
 /// Puts a handshaken connection into data mode: no Nagle delay, non-blocking.

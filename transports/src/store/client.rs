@@ -12,6 +12,7 @@ use super::protocol::{
     Hello, Op, RequestHeader, ResponseHeader, Status, HELLO_LEN, MAX_KEY_LEN, MAX_VALUE_LEN,
     RESPONSE_HEADER_LEN,
 };
+use crate::auth::{authenticate, mismatch_reason, AuthToken, Role};
 use crate::deadline_io::{read_exact_by, write_all_by};
 
 /// Longest single connection attempt; a rank retries until its deadline.
@@ -24,6 +25,7 @@ pub struct StoreClient {
     addr: SocketAddr,
     rank: usize,
     timeout: Duration,
+    token: Option<AuthToken>,
 }
 
 impl StoreClient {
@@ -33,6 +35,17 @@ impl StoreClient {
         addrs: &[SocketAddr],
         rank: usize,
         timeout: Duration,
+    ) -> Result<StoreClient, Error> {
+        StoreClient::connect_authenticated(addrs, rank, timeout, None)
+    }
+
+    /// [`StoreClient::connect`], proving to the store that this rank holds `token`
+    /// (and checking that the store holds it too).
+    pub fn connect_authenticated(
+        addrs: &[SocketAddr],
+        rank: usize,
+        timeout: Duration,
+        token: Option<AuthToken>,
     ) -> Result<StoreClient, Error> {
         let deadline = Instant::now() + timeout;
         let mut backoff = Duration::from_millis(5);
@@ -51,6 +64,7 @@ impl StoreClient {
                             addr,
                             rank,
                             timeout,
+                            token: token.clone(),
                         };
                         return client.hello(deadline).map(|()| client);
                     }
@@ -77,14 +91,22 @@ impl StoreClient {
 
     fn hello(&mut self, deadline: Instant) -> Result<(), Error> {
         let mut reply = [0u8; HELLO_LEN];
-        write_all_by(&self.stream, &Hello::CURRENT.encode(), deadline)
+        let ours = self.token.is_some();
+        write_all_by(&self.stream, &Hello::current(ours).encode(), deadline)
             .and_then(|()| read_exact_by(&self.stream, &mut reply, deadline))
             .map_err(|e| self.io_error("greeting the store", e))?;
-        Hello::decode(&reply).map_err(|e| Error::Handshake {
+        let handshake = |reason: String| Error::Handshake {
             rank: self.rank,
             peer: format!("rendezvous store at {}", self.addr),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        let theirs = Hello::decode(&reply).map_err(|e| handshake(e.to_string()))?;
+        if let Some(reason) = mismatch_reason(ours, theirs.authenticated) {
+            return Err(handshake(reason));
+        }
+        if let Some(token) = &self.token {
+            authenticate(&self.stream, token, Role::Initiator, deadline).map_err(handshake)?;
+        }
         Ok(())
     }
 

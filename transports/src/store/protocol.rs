@@ -34,6 +34,8 @@ pub const RESPONSE_HEADER_LEN: usize = 5;
 pub struct Hello {
     /// Protocol version of the sender.
     pub version: u16,
+    /// Whether the sender requires the shared-secret challenge–response next.
+    pub authenticated: bool,
 }
 
 /// Why bytes from the other side were rejected.
@@ -76,13 +78,23 @@ impl Hello {
     /// This build's hello.
     pub const CURRENT: Hello = Hello {
         version: STORE_VERSION,
+        authenticated: false,
     };
+
+    /// This build's hello, announcing whether this side authenticates.
+    pub fn current(authenticated: bool) -> Hello {
+        Hello {
+            authenticated,
+            ..Hello::CURRENT
+        }
+    }
 
     /// Encodes the hello.
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut out = [0u8; HELLO_LEN];
         out[..8].copy_from_slice(&STORE_MAGIC);
         out[8..10].copy_from_slice(&self.version.to_le_bytes());
+        out[10] = u8::from(self.authenticated);
         out
     }
 
@@ -95,7 +107,15 @@ impl Hello {
         if version != STORE_VERSION {
             return Err(ProtocolError::Version(version));
         }
-        Ok(Hello { version })
+        let authenticated = match bytes[10] {
+            0 => false,
+            1 => true,
+            other => return Err(ProtocolError::BadCode(other)),
+        };
+        Ok(Hello {
+            version,
+            authenticated,
+        })
     }
 }
 

@@ -15,6 +15,7 @@ use super::protocol::{
     Hello, Op, ProtocolError, RequestHeader, ResponseHeader, Status, HELLO_LEN, REQUEST_HEADER_LEN,
 };
 use super::StoreListener;
+use crate::auth::{authenticate, mismatch_reason, AuthToken, Role};
 use crate::deadline_io::{read_exact_by, write_all_by};
 use crate::poll::{wait_any, Interest};
 
@@ -29,6 +30,7 @@ const MAX_STORED_BYTES: usize = 256 << 20;
 
 #[derive(Default)]
 struct Shared {
+    token: Option<AuthToken>,
     stop: AtomicBool,
     data: Mutex<Data>,
     connections: Mutex<Vec<TcpStream>>,
@@ -48,8 +50,17 @@ pub struct StoreServer {
 }
 
 impl StoreServer {
-    /// Starts serving on `listener`.
+    /// Starts serving on `listener`, admitting any client that speaks the protocol.
     pub fn start(listener: StoreListener) -> Result<StoreServer, Error> {
+        StoreServer::start_authenticated(listener, None)
+    }
+
+    /// Starts serving on `listener`; with a token, only clients that prove they hold it
+    /// are served (the others are refused and logged).
+    pub fn start_authenticated(
+        listener: StoreListener,
+        token: Option<AuthToken>,
+    ) -> Result<StoreServer, Error> {
         let io_err = |context: &str, source| Error::Io {
             rank: 0,
             context: format!("starting the rendezvous store: {context}"),
@@ -63,7 +74,10 @@ impl StoreServer {
             .inner
             .set_nonblocking(true)
             .map_err(|e| io_err("non-blocking listener", e))?;
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            token,
+            ..Shared::default()
+        });
         let thread_shared = Arc::clone(&shared);
         let accept_thread = thread::Builder::new()
             .name("ringccl-store".into())
@@ -150,6 +164,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 enum ClientError {
     Io(io::Error),
     Protocol(ProtocolError),
+    Auth(String),
 }
 
 impl fmt::Display for ClientError {
@@ -157,6 +172,7 @@ impl fmt::Display for ClientError {
         match self {
             ClientError::Io(e) => write!(f, "{e}"),
             ClientError::Protocol(e) => write!(f, "{e}"),
+            ClientError::Auth(reason) => f.write_str(reason),
         }
     }
 }
@@ -180,6 +196,11 @@ fn serve_client(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         Err(e @ ClientError::Protocol(_)) => {
             eprintln!("ringccl store: rejected connection from {peer}: {e}");
         }
+        Err(ClientError::Auth(reason)) => {
+            eprintln!(
+                "ringccl store: refused connection from {peer}: authentication failed: {reason}"
+            );
+        }
         Err(ClientError::Io(e)) if !shared.stop.load(Ordering::SeqCst) => {
             eprintln!("ringccl store: dropped connection from {peer}: {e}");
         }
@@ -191,12 +212,25 @@ fn serve_client(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
 fn serve(stream: &TcpStream, shared: &Shared) -> Result<(), ClientError> {
     let mut hello = [0u8; HELLO_LEN];
     read_exact_by(stream, &mut hello, Instant::now() + CLIENT_STALL_LIMIT)?;
-    Hello::decode(&hello)?;
+    let theirs = Hello::decode(&hello)?;
+    let ours = shared.token.is_some();
     write_all_by(
         stream,
-        &Hello::CURRENT.encode(),
+        &Hello::current(ours).encode(),
         Instant::now() + CLIENT_STALL_LIMIT,
     )?;
+    if let Some(reason) = mismatch_reason(ours, theirs.authenticated) {
+        return Err(ClientError::Auth(reason));
+    }
+    if let Some(token) = &shared.token {
+        authenticate(
+            stream,
+            token,
+            Role::Acceptor,
+            Instant::now() + CLIENT_STALL_LIMIT,
+        )
+        .map_err(ClientError::Auth)?;
+    }
     let mut header = [0u8; REQUEST_HEADER_LEN];
     loop {
         // Wait for the first byte of the next request without a deadline on idleness,
