@@ -189,4 +189,39 @@ mod tests {
             Err(HelloError::Flags(9))
         );
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(20_000))]
+
+        #[test]
+        fn random_hellos_never_panic_and_accepted_ones_are_canonical(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), PEER_HELLO_LEN)
+        ) {
+            let bytes: [u8; PEER_HELLO_LEN] = bytes.try_into().unwrap();
+            if let Ok(hello) = PeerHello::decode_checked(&bytes, &OURS) {
+                let mut again = hello.encode();
+                again[11] = bytes[11]; // the one byte the decoder ignores
+                proptest::prop_assert_eq!(again, bytes);
+            }
+        }
+    }
+
+    #[test]
+    fn the_regression_corpus_is_replayed() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/peer_hello");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let bytes: [u8; PEER_HELLO_LEN] = std::fs::read(&path).unwrap().try_into().unwrap();
+            let result = PeerHello::decode_checked(&bytes, &OURS);
+            match name.split('-').next() {
+                Some("ok") => assert!(result.is_ok(), "{name}: {result:?}"),
+                Some("err") => assert!(result.is_err(), "{name}: accepted"),
+                _ => panic!("{name}"),
+            }
+            seen += 1;
+        }
+        assert!(seen >= 8);
+    }
 }

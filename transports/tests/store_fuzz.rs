@@ -1,0 +1,108 @@
+//! Fuzzing the rendezvous store's decoders: random bytes never panic or allocate by a
+//! stranger's number (lengths above the limits are refused at the header), accepted
+//! headers are canonical, and the regression corpus in `tests/corpus/store_*` is
+//! replayed. A live store is also fed random byte streams and must keep serving.
+
+use std::fs;
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use ringccl_transports::store::protocol::{
+    Hello, RequestHeader, ResponseHeader, HELLO_LEN, MAX_KEY_LEN, MAX_VALUE_LEN,
+    REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN,
+};
+use ringccl_transports::store::{StoreClient, StoreServer};
+use ringccl_transports::StoreListener;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20_000))]
+
+    #[test]
+    fn hellos(bytes in proptest::array::uniform12(any::<u8>())) {
+        if let Ok(hello) = Hello::decode(&bytes) {
+            let again = hello.encode();
+            prop_assert_eq!(&again[..11], &bytes[..11]);
+        }
+    }
+
+    #[test]
+    fn request_headers(bytes in proptest::array::uniform9(any::<u8>())) {
+        if let Ok(header) = RequestHeader::decode(&bytes) {
+            prop_assert!(header.key_len <= MAX_KEY_LEN && header.value_len <= MAX_VALUE_LEN);
+            prop_assert_eq!(header.encode(), bytes);
+        }
+    }
+
+    #[test]
+    fn response_headers(bytes in proptest::array::uniform5(any::<u8>())) {
+        if let Ok(header) = ResponseHeader::decode(&bytes) {
+            prop_assert!(header.value_len <= MAX_VALUE_LEN);
+            prop_assert_eq!(header.encode(), bytes);
+        }
+    }
+}
+
+fn replay(dir: &str, len: usize, decode: impl Fn(&[u8]) -> bool) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/corpus")
+        .join(dir);
+    let mut seen = 0;
+    for entry in fs::read_dir(&dir).expect("corpus directory") {
+        let path = entry.expect("corpus entry").path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = fs::read(&path).expect("corpus file");
+        assert_eq!(bytes.len(), len, "{name}");
+        match name.split('-').next() {
+            Some("ok") => assert!(decode(&bytes), "{name} was refused"),
+            Some("err") => assert!(!decode(&bytes), "{name} was accepted"),
+            _ => panic!("{name}: corpus files are named ok-* or err-*"),
+        }
+        seen += 1;
+    }
+    assert!(seen >= 4, "only {seen} corpus files in {}", dir.display());
+}
+
+#[test]
+fn the_regression_corpus_is_replayed() {
+    replay("store_hello", HELLO_LEN, |b| {
+        Hello::decode(b.try_into().unwrap()).is_ok()
+    });
+    replay("store_request", REQUEST_HEADER_LEN, |b| {
+        RequestHeader::decode(b.try_into().unwrap()).is_ok()
+    });
+    replay("store_response", RESPONSE_HEADER_LEN, |b| {
+        ResponseHeader::decode(b.try_into().unwrap()).is_ok()
+    });
+}
+
+#[test]
+fn a_live_store_survives_random_byte_streams() {
+    let server = StoreServer::start(StoreListener::bind("127.0.0.1:0").unwrap()).unwrap();
+    let addr = server.local_addr();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(64));
+    let valid_hello = Hello::CURRENT.encode();
+    runner
+        .run(
+            &(
+                any::<bool>(),
+                proptest::collection::vec(any::<u8>(), 0..256),
+            ),
+            |(greet, junk)| {
+                let mut stream = TcpStream::connect(addr).unwrap();
+                if greet {
+                    // Past the hello, so the request decoder sees the junk.
+                    let _ = stream.write_all(&valid_hello);
+                }
+                let _ = stream.write_all(&junk);
+                Ok(())
+            },
+        )
+        .unwrap();
+    // Still serving.
+    let mut client = StoreClient::connect(&[addr], 0, Duration::from_secs(10)).unwrap();
+    client.set("after", b"junk").unwrap();
+    assert_eq!(client.get("after").unwrap(), Some(b"junk".to_vec()));
+}
