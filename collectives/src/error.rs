@@ -122,7 +122,8 @@ pub enum Error {
     #[error(
         "rank {rank}: timed out after {timeout:?} in {op} waiting for rank {peer} \
          ({moved} of {expected} bytes exchanged with it); rank {peer} may be stuck, dead, \
-         slower than the timeout allows, or in a different collective"
+         slower than the timeout allows, or in a different collective{}",
+        gone_note(gone)
     )]
     Timeout {
         /// The rank that gave up.
@@ -137,10 +138,13 @@ pub enum Error {
         expected: u64,
         /// The deadline that passed.
         timeout: Duration,
+        /// Other ranks whose connections to this rank had closed or failed when the
+        /// deadline passed: the likely root cause when `peer` was only blocked behind them.
+        gone: Vec<usize>,
     },
 
     /// A peer's connection failed (process killed, connection reset, host unreachable).
-    #[error("rank {observer} lost rank {rank} during {op}: {reason}; the group is now broken, create a new one (e.g. restart under `ringrun --max-restarts`)")]
+    #[error("rank {observer} lost rank {rank} during {op}: {reason}{}; the group is now broken, create a new one (e.g. restart under `ringrun --max-restarts`)", gone_note(gone))]
     PeerLost {
         /// The rank that was lost.
         rank: usize,
@@ -150,6 +154,8 @@ pub enum Error {
         op: OpDesc,
         /// What the connection reported.
         reason: String,
+        /// Other ranks whose connections to this rank had closed or failed too.
+        gone: Vec<usize>,
     },
 
     /// Two ranks are in different collectives.
@@ -246,6 +252,18 @@ impl Error {
                 | Error::Device { .. }
         )
     }
+}
+
+/// `"; connections to rank 3, rank 5 had also closed or failed"`, or nothing.
+fn gone_note(gone: &[usize]) -> String {
+    if gone.is_empty() {
+        return String::new();
+    }
+    let ranks: Vec<String> = gone.iter().map(|r| format!("rank {r}")).collect();
+    format!(
+        "; connections to {} had also closed or failed (the likely root cause)",
+        ranks.join(", ")
+    )
 }
 
 /// ringccl's result type.

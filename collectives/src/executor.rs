@@ -284,6 +284,7 @@ fn peer_lost(call: &Call, peer: usize, reason: &str) -> Error {
         observer: call.rank,
         op: call.op,
         reason: reason.to_string(),
+        gone: Vec::new(),
     }
 }
 
@@ -324,5 +325,6 @@ fn timed_out(call: &Call, schedule: &Schedule, peer: usize, send: &Cursor, recv:
         moved,
         expected,
         timeout: call.timeout,
+        gone: Vec::new(),
     }
 }

@@ -36,6 +36,10 @@ pub struct HostConfig {
 /// Default crossover between recursive doubling and the ring; see docs/benchmarks.md.
 pub const DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES: usize = 32 * 1024;
 
+/// After a peer failure, how long to wait for other failing connections to show, so the
+/// error can name the rank really at fault when this one was only blocked behind another.
+const DIAGNOSIS_GRACE: Duration = Duration::from_secs(2);
+
 impl Default for HostConfig {
     fn default() -> HostConfig {
         HostConfig {
@@ -152,6 +156,34 @@ impl<T: Transport> HostBackend<T> {
             job.send_from,
             scratch,
         );
+        let result = result.map_err(|mut e| {
+            // Name every rank whose connection is gone: when this rank was only blocked
+            // behind a healthy peer, that is where the failure really is.
+            if let Error::Timeout { peer, gone, .. }
+            | Error::PeerLost {
+                rank: peer, gone, ..
+            } = &mut e
+            {
+                let named = *peer;
+                // Other failures may be seconds behind (a cut link is noticed by
+                // keepalive): give them a moment to show.
+                let until = Instant::now() + DIAGNOSIS_GRACE.min(self.config.timeout);
+                loop {
+                    let others: Vec<usize> = state
+                        .transport
+                        .failed_peers()
+                        .into_iter()
+                        .filter(|&p| p != named && p != self.rank)
+                        .collect();
+                    if !others.is_empty() || Instant::now() >= until {
+                        gone.extend(others);
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            e
+        });
         if let Err(e) = &result {
             if e.breaks_group() {
                 state.broken = Some(e.to_string());

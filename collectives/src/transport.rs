@@ -44,4 +44,10 @@ pub trait Transport: Send + fmt::Debug {
         readable: Option<usize>,
         deadline: Instant,
     ) -> io::Result<Readiness>;
+
+    /// Peers whose connection to this rank has been closed or has failed, for the
+    /// diagnosis of an error (never blocks). Transports without such knowledge say none.
+    fn failed_peers(&mut self) -> Vec<usize> {
+        Vec::new()
+    }
 }

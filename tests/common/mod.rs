@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod elements;
+pub mod netns;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -115,14 +116,20 @@ pub fn child_group(test_name: &str) -> Option<ProcessGroup> {
     let rank: usize = std::env::var("RANK").ok()?.parse().ok()?;
     let world: usize = std::env::var("WORLD_SIZE").ok()?.parse().ok()?;
     let opts = if rank == 0 {
-        let listener = StoreListener::bind("127.0.0.1:0").expect("bind store listener");
+        // Rank 0 hosts the store on MASTER_ADDR (its namespace's address in netns tests).
+        let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+        let listener = StoreListener::bind(&format!("{host}:0")).expect("bind store listener");
         let addr = listener.local_addr().expect("store address");
         println!("{PORT_PREFIX}{}", addr.port());
         InitOptions::new(0, world, &addr.to_string()).store_listener(listener)
     } else {
         InitOptions::from_env().expect("child environment")
     };
-    let pg = init_process_group("gloo", opts.timeout(GROUP_TIMEOUT))
+    let timeout = std::env::var("RINGCCL_TEST_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(GROUP_TIMEOUT, Duration::from_secs_f64);
+    let pg = init_process_group("gloo", opts.timeout(timeout))
         .unwrap_or_else(|e| panic!("rank {rank}: init failed: {e}"));
     Some(pg)
 }

@@ -79,3 +79,17 @@ pub(crate) fn hung_up(fd: RawFd) -> bool {
     let rc = unsafe { libc::poll(&mut entry, 1, 0) };
     rc > 0 && entry.revents & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
+
+/// Whether the peer of the connected socket `fd` has closed its side or the connection
+/// has failed (reset, keepalive timeout, unreachable). Never blocks; pending data does
+/// not count.
+pub(crate) fn closed_or_failed(fd: RawFd) -> bool {
+    let mut entry = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid, initialised `pollfd`; a zero timeout never blocks.
+    let rc = unsafe { libc::poll(&mut entry, 1, 0) };
+    rc > 0 && entry.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}

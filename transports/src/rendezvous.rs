@@ -265,12 +265,25 @@ fn introduce(
     Ok(theirs)
 }
 
-/// Puts a handshaken connection into data mode: no Nagle delay, non-blocking.
+/// Puts a handshaken connection into data mode: no Nagle delay, non-blocking, and a
+/// dead peer host noticed within about 5 s (keepalive on idle connections, a user
+/// timeout on unacknowledged data).
 fn configure(stream: TcpStream) -> io::Result<Socket> {
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
     let socket = Socket::from(stream);
     socket.set_tcp_nodelay(true)?;
+    // A peer whose host or link disappears sends nothing, not even a reset: keepalive
+    // probes on idle connections notice within ~8 s, so errors can name it.
+    socket.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time(Duration::from_secs(2))
+            .with_interval(Duration::from_secs(1))
+            .with_retries(3),
+    )?;
+    // Data the peer's kernel has not acknowledged for this long means its host is gone
+    // (a slow but alive peer still acknowledges, zero-window probes included).
+    socket.set_tcp_user_timeout(Some(Duration::from_secs(5)))?;
     socket.set_nonblocking(true)?;
     Ok(socket)
 }

@@ -134,6 +134,16 @@ impl Transport for TcpTransport {
         socket.read_vectored(bufs)
     }
 
+    fn failed_peers(&mut self) -> Vec<usize> {
+        (0..self.world_size)
+            .filter(|&p| p != self.rank)
+            .filter(|&p| match self.peer(p) {
+                Ok(socket) => crate::poll::closed_or_failed(socket.as_raw_fd()),
+                Err(_) => true,
+            })
+            .collect()
+    }
+
     fn wait(
         &mut self,
         writable: Option<usize>,

@@ -597,6 +597,7 @@ impl Cx<'_> {
                                  exited) while NCCL was still waiting for it",
                                 self.backend.rank
                             ),
+                            gone: Vec::new(),
                         });
                     }
                     _ => {}

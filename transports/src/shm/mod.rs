@@ -365,6 +365,10 @@ impl Transport for ShmTransport {
         Ok(read)
     }
 
+    fn failed_peers(&mut self) -> Vec<usize> {
+        self.tcp.failed_peers()
+    }
+
     fn wait(
         &mut self,
         writable: Option<usize>,

@@ -1,0 +1,310 @@
+//! A small lab of network namespaces: N "hosts", each with its own address on a
+//! bridge, so that ranks really talk across (virtual) links that a test can cut or
+//! rate-limit. Needs root and iproute2; [`Lab::new`] says why when it cannot be built.
+//!
+//! Everything lives in the lab's own namespaces (the bridge too): nothing touches the
+//! host's network. Namespaces are deleted when the lab is dropped.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::{after, CHILD_VAR, PORT_PREFIX, RESULT_PREFIX};
+
+static LABS: AtomicUsize = AtomicUsize::new(0);
+
+/// N namespaces `<prefix>0 .. <prefix>N-1` on a bridge in `<prefix>hub`; host `r` has
+/// address `10.77.0.(r+1)/24` on its `eth0`.
+pub struct Lab {
+    prefix: String,
+    n: usize,
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("running ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+impl Lab {
+    /// Builds the lab, or says why it cannot (not root, no iproute2, no netns support).
+    pub fn new(n: usize) -> Result<Lab, String> {
+        // SAFETY-free check of root: the effective uid as `id -u` prints it.
+        let uid = Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        if uid != "0" {
+            return Err(format!("network namespaces need root (uid is {uid:?})"));
+        }
+        let prefix = format!(
+            "rccl{}x{}-",
+            std::process::id(),
+            LABS.fetch_add(1, Ordering::SeqCst)
+        );
+        let lab = Lab { prefix, n };
+        let hub = lab.hub();
+        ip(&["netns", "add", &hub])?;
+        ip(&["-n", &hub, "link", "set", "lo", "up"])?;
+        ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &hub, "link", "set", "br0", "up"])?;
+        for r in 0..=n {
+            let ns = lab.ns(r);
+            let hub_side = format!("h{r}");
+            ip(&["netns", "add", &ns])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            ip(&[
+                "-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &hub_side,
+                "netns", &hub,
+            ])?;
+            ip(&["-n", &hub, "link", "set", &hub_side, "master", "br0"])?;
+            ip(&["-n", &hub, "link", "set", &hub_side, "up"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", lab.addr(r)),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+        }
+        Ok(lab)
+    }
+
+    fn hub(&self) -> String {
+        format!("{}hub", self.prefix)
+    }
+
+    /// Host `r`'s namespace (host `n` is the stranger's).
+    pub fn ns(&self, r: usize) -> String {
+        format!("{}{r}", self.prefix)
+    }
+
+    /// Runs a bash script on the stranger's host (address `10.77.0.(n+1)`), which runs
+    /// no rank; returns whether it succeeded.
+    pub fn as_stranger(&self, script: &str) -> bool {
+        Command::new("ip")
+            .args(["netns", "exec", &self.ns(self.n), "bash", "-c", script])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// Host `r`'s address.
+    pub fn addr(&self, r: usize) -> String {
+        format!("10.77.0.{}", r + 1)
+    }
+
+    /// Cuts host `r`'s link at the bridge: its packets go nowhere, no reset is sent.
+    pub fn cut(&self, r: usize) -> Result<(), String> {
+        ip(&["-n", &self.hub(), "link", "set", &format!("h{r}"), "down"])
+    }
+
+    /// Limits every rank host's outgoing traffic to `rate` (tc tbf), like a real NIC.
+    pub fn rate_limit(&self, rate: &str) -> Result<(), String> {
+        for r in 0..self.n {
+            let out = Command::new("tc")
+                .args([
+                    "-n",
+                    &self.ns(r),
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "eth0",
+                    "root",
+                    "tbf",
+                ])
+                .args(["rate", rate, "burst", "512kb", "latency", "100ms"])
+                .output()
+                .map_err(|e| format!("running tc: {e}"))?;
+            if !out.status.success() {
+                return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts `test_name` (this test binary, re-executed) as ranks `0..n`, each in its
+    /// own namespace, rank 0's store on its own address (port chosen by the OS).
+    pub fn spawn(&self, test_name: &str, env: &[(&str, &str)]) -> Ranks {
+        self.spawn_with(test_name, env, |_| {})
+    }
+
+    /// [`Lab::spawn`], calling `between(store_port)` once rank 0's store is open and
+    /// before the other ranks start.
+    pub fn spawn_with(
+        &self,
+        test_name: &str,
+        env: &[(&str, &str)],
+        between: impl FnOnce(u16),
+    ) -> Ranks {
+        let (tx, rx) = mpsc::channel();
+        let mut ranks = Ranks {
+            children: Vec::new(),
+            rx,
+            tx,
+            store_port: 0,
+        };
+        ranks.start(self, test_name, 0, None, env);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let port = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match ranks.rx.recv_timeout(left) {
+                Ok(Event::Line(0, line)) => {
+                    if let Some(p) = after(&line, PORT_PREFIX) {
+                        break p.trim().parse::<u16>().expect("port line");
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => panic!("{test_name}: rank 0 did not open its store"),
+            }
+        };
+        between(port);
+        ranks.store_port = port;
+        for r in 1..self.n {
+            ranks.start(self, test_name, r, Some(port), env);
+        }
+        ranks
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for r in 0..=self.n {
+            let _ = ip(&["netns", "del", &self.ns(r)]);
+        }
+        let _ = ip(&["netns", "del", &self.hub()]);
+    }
+}
+
+/// What a rank process said.
+pub enum Event {
+    /// A line of its standard output.
+    Line(usize, String),
+    /// Its standard output closed (it exited).
+    Closed(usize),
+}
+
+/// Rank processes running in a lab.
+pub struct Ranks {
+    children: Vec<Child>,
+    rx: mpsc::Receiver<Event>,
+    tx: mpsc::Sender<Event>,
+    /// Rank 0's store port.
+    pub store_port: u16,
+}
+
+impl Ranks {
+    fn start(
+        &mut self,
+        lab: &Lab,
+        test_name: &str,
+        rank: usize,
+        port: Option<u16>,
+        env: &[(&str, &str)],
+    ) {
+        let exe = std::env::current_exe().expect("current test binary");
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &lab.ns(rank)])
+            .arg(exe)
+            .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
+            .envs(env.iter().copied())
+            .env(CHILD_VAR, test_name)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", lab.n.to_string())
+            .env("MASTER_ADDR", lab.addr(0))
+            .env("MASTER_PORT", port.unwrap_or(0).to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn a rank in its namespace");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let tx = self.tx.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(Event::Line(rank, line)).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send(Event::Closed(rank));
+        });
+        self.children.push(child);
+    }
+
+    /// The next `RESULT` line of any rank, or `None` after `timeout`.
+    pub fn next_result(&mut self, timeout: Duration) -> Option<(usize, String)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(Event::Line(rank, line)) => {
+                    if let Some(result) = after(&line, RESULT_PREFIX) {
+                        return Some((rank, result.to_string()));
+                    }
+                }
+                Ok(Event::Closed(_)) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Kills rank `rank`'s process (SIGKILL).
+    pub fn kill(&mut self, rank: usize) {
+        let _ = self.children[rank].kill();
+    }
+
+    /// Collects every `RESULT` line until all ranks exited (killing them all after
+    /// `timeout`); returns them by rank with each rank's success.
+    pub fn finish(mut self, timeout: Duration) -> Vec<(Vec<String>, bool)> {
+        let n = self.children.len();
+        let mut results = vec![Vec::new(); n];
+        let mut open = n;
+        let deadline = Instant::now() + timeout;
+        while open > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(Event::Line(rank, line)) => {
+                    if let Some(result) = after(&line, RESULT_PREFIX) {
+                        results[rank].push(result.to_string());
+                    }
+                }
+                Ok(Event::Closed(_)) => open -= 1,
+                Err(_) => break,
+            }
+        }
+        self.children
+            .iter_mut()
+            .zip(results)
+            .map(|(child, lines)| {
+                let _ = child.kill();
+                let ok = child.wait().map(|s| s.success()).unwrap_or(false);
+                (lines, ok)
+            })
+            .collect()
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Multi-host behaviour across real (virtual) links: 4 network namespaces on a bridge,
+//! one rank in each, at its own address. Needs root and iproute2; elsewhere each test
+//! prints why it skipped.
+//!
+//! (a) all-reduce, broadcast and barrier work across the hosts;
+//! (b) cutting one rank's link mid-operation makes the others fail within the deadline,
+//!     naming the lost rank;
+//! (c) killing one rank does the same;
+//! (d) a stranger sending garbage to the store and data ports leaves the group unharmed.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::netns::Lab;
+use common::{child_group, digest, heavy_lock, RESULT_PREFIX};
+use ringccl::ReduceOp;
+
+const N: usize = 4;
+
+fn lab_or_skip(test: &str) -> Option<Lab> {
+    match Lab::new(N) {
+        Ok(lab) => Some(lab),
+        Err(reason) => {
+            println!("{test}: skipped: cannot build network namespaces ({reason})");
+            None
+        }
+    }
+}
+
+#[test]
+fn collectives_work_across_namespaces() {
+    const NAME: &str = "collectives_work_across_namespaces";
+    if let Some(pg) = child_group(NAME) {
+        let rank = pg.rank();
+        let mut x: Vec<f32> = (0..1_000_003).map(|i| ((i + rank) % 7) as f32).collect();
+        pg.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+        let want: Vec<f32> = (0..1_000_003)
+            .map(|i| (0..N).map(|r| ((i + r) % 7) as f32).sum())
+            .collect();
+        assert_eq!(x, want);
+        let mut b: Vec<i64> = vec![rank as i64; 100_000];
+        pg.broadcast(&mut b, 2).unwrap();
+        assert!(b.iter().all(|&v| v == 2));
+        pg.barrier().unwrap();
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        println!("{RESULT_PREFIX}{:016x}", digest(&bytes));
+        return;
+    }
+    let Some(lab) = lab_or_skip(NAME) else { return };
+    let _heavy = heavy_lock();
+    let results = lab
+        .spawn(NAME, &[("RINGCCL_TRANSPORT", "auto")])
+        .finish(Duration::from_secs(300));
+    for (rank, (lines, ok)) in results.iter().enumerate() {
+        assert!(ok, "rank {rank} failed");
+        assert_eq!(lines.len(), 1, "rank {rank}: {lines:?}");
+        assert_eq!(lines[0], results[0].0[0], "rank {rank} differs");
+    }
+}
+
+/// Child side of (b) and (c): all-reduce until something fails, then report it.
+fn until_failure(name: &str) -> bool {
+    let Some(pg) = child_group(name) else {
+        return false;
+    };
+    let mut x = vec![1.0f32; 4 << 20];
+    let mut announced = false;
+    loop {
+        let started = Instant::now();
+        match pg.all_reduce(&mut x, ReduceOp::Sum) {
+            Ok(()) => {
+                x.fill(1.0);
+                if !announced {
+                    println!("{RESULT_PREFIX}running");
+                    announced = true;
+                }
+            }
+            Err(e) => {
+                let after = pg
+                    .barrier()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                println!(
+                    "{RESULT_PREFIX}failed after {:.1}s: {e} || then: {after}",
+                    started.elapsed().as_secs_f64()
+                );
+                return true;
+            }
+        }
+    }
+}
+
+/// Runs (b) or (c): waits until all ranks run, breaks rank 3 with `break_it`, and
+/// checks that ranks 0..3 fail within the deadline naming rank 3.
+fn lose_rank_three(name: &str, break_it: impl FnOnce(&Lab, &mut common::netns::Ranks)) {
+    let Some(lab) = lab_or_skip(name) else { return };
+    let _heavy = heavy_lock();
+    let deadline = 15.0;
+    let mut ranks = lab.spawn(
+        name,
+        &[
+            ("RINGCCL_TRANSPORT", "tcp"),
+            ("RINGCCL_TEST_TIMEOUT", &deadline.to_string()),
+        ],
+    );
+    let mut running = 0;
+    while running < N {
+        let (_, line) = ranks
+            .next_result(Duration::from_secs(120))
+            .expect("every rank starts all-reducing");
+        assert_eq!(line, "running");
+        running += 1;
+    }
+    let broken_at = Instant::now();
+    break_it(&lab, &mut ranks);
+    let mut failed = 0;
+    while failed < N - 1 {
+        let (rank, line) = ranks
+            .next_result(Duration::from_secs_f64(deadline * 3.0))
+            .expect("the surviving ranks report a failure");
+        if rank == 3 {
+            continue;
+        }
+        println!("rank {rank}: {line}");
+        assert!(line.starts_with("failed"), "rank {rank}: {line}");
+        assert!(
+            line.contains("rank 3"),
+            "rank {rank} does not name rank 3: {line}"
+        );
+        assert!(
+            line.contains("broken"),
+            "rank {rank}: later calls must fail at once: {line}"
+        );
+        failed += 1;
+    }
+    let took = broken_at.elapsed().as_secs_f64();
+    assert!(
+        took < deadline * 1.5 + 5.0,
+        "failures took {took:.1}s (deadline {deadline}s)"
+    );
+}
+
+#[test]
+fn cutting_a_link_fails_the_others_within_the_deadline_naming_the_rank() {
+    const NAME: &str = "cutting_a_link_fails_the_others_within_the_deadline_naming_the_rank";
+    if until_failure(NAME) {
+        return;
+    }
+    lose_rank_three(NAME, |lab, _| lab.cut(3).expect("cut rank 3's link"));
+}
+
+#[test]
+fn killing_a_rank_fails_the_others_naming_it() {
+    const NAME: &str = "killing_a_rank_fails_the_others_naming_it";
+    if until_failure(NAME) {
+        return;
+    }
+    lose_rank_three(NAME, |_, ranks| ranks.kill(3));
+}
+
+#[test]
+fn strangers_with_garbage_do_not_disturb_the_group() {
+    const NAME: &str = "strangers_with_garbage_do_not_disturb_the_group";
+    if let Some(pg) = child_group(NAME) {
+        for round in 0..20 {
+            let mut x = vec![pg.rank() as f64 + round as f64; 10_000];
+            pg.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+            assert!(x.iter().all(|&v| v == 6.0 + 4.0 * round as f64));
+        }
+        println!("{RESULT_PREFIX}ok");
+        return;
+    }
+    let Some(lab) = lab_or_skip(NAME) else { return };
+    let _heavy = heavy_lock();
+    let store = lab.addr(0);
+    // Garbage, an HTTP request, an oversized store request, random bytes and a silent
+    // port-scanner connection, from a fifth host on the same network.
+    let attack = |port: u16| {
+        format!(
+            "t=/dev/tcp/{store}/{port}; \
+             printf 'GET / HTTP/1.0\\r\\n\\r\\n' > $t; \
+             printf 'RCCLSTOR\\x01\\x00\\x00\\x00\\x01\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff' > $t; \
+             head -c 65536 /dev/urandom > $t; \
+             exec 3<>$t; sleep 0.2; exit 0"
+        )
+    };
+    let mut ranks = lab.spawn_with(NAME, &[("RINGCCL_TRANSPORT", "tcp")], |port| {
+        assert!(
+            lab.as_stranger(&attack(port)),
+            "the stranger could not reach the store"
+        );
+    });
+    // Again while the group trains.
+    assert!(lab.as_stranger(&attack(ranks.store_port)));
+    let _ = &mut ranks;
+    let results = ranks.finish(Duration::from_secs(300));
+    for (rank, (lines, ok)) in results.iter().enumerate() {
+        assert!(
+            *ok && lines == &vec!["ok".to_string()],
+            "rank {rank}: {lines:?}"
+        );
+    }
+}
