@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ringccl_collectives::bucket::plan_buckets;
 use ringccl_collectives::{
@@ -250,6 +251,53 @@ impl ProcessGroup {
     /// Returns once every rank has called `barrier`.
     pub fn barrier(&self) -> Result<(), Error> {
         self.in_order(|b| b.barrier())
+    }
+
+    /// Runs one call with `timeout` as its deadline instead of the group's.
+    fn with_call_timeout(
+        &self,
+        timeout: Duration,
+        call: impl FnOnce(&dyn Backend) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        self.in_order(|b| {
+            b.set_call_timeout(Some(timeout));
+            let result = call(b);
+            b.set_call_timeout(None);
+            result
+        })
+    }
+
+    /// [`ProcessGroup::all_reduce`] with its own deadline (the group's, from
+    /// `InitOptions::timeout`, applies to every other call).
+    ///
+    /// ```
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut x = [1.0f32];
+    /// pg.all_reduce_with_timeout(&mut x, ringccl::ReduceOp::Sum, std::time::Duration::from_secs(5))?;
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn all_reduce_with_timeout<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.with_call_timeout(timeout, |b| b.all_reduce(BufferMut::from_slice(buf), op))
+    }
+
+    /// [`ProcessGroup::broadcast`] with its own deadline.
+    pub fn broadcast_with_timeout<T: Element>(
+        &self,
+        buf: &mut [T],
+        root: usize,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.with_call_timeout(timeout, |b| b.broadcast(BufferMut::from_slice(buf), root))
+    }
+
+    /// [`ProcessGroup::barrier`] with its own deadline.
+    pub fn barrier_with_timeout(&self, timeout: Duration) -> Result<(), Error> {
+        self.with_call_timeout(timeout, |b| b.barrier())
     }
 
     /// Reduces `buf` across all ranks into rank `root`'s `buf`. The other ranks' `buf`

@@ -260,6 +260,28 @@ fn silent_peer_times_out_naming_peer_and_op() {
 }
 
 #[test]
+fn a_single_call_can_have_its_own_deadline() {
+    let _guard = heavy_lock();
+    let short = Duration::from_millis(700);
+    // The group's deadline is long; one barrier gets a short one.
+    let results = run_threads(2, Duration::from_secs(120), |pg| {
+        if pg.rank() == 1 {
+            thread::sleep(short * 4);
+            return None;
+        }
+        let started = Instant::now();
+        let err = pg.barrier_with_timeout(short).unwrap_err();
+        Some((err, started.elapsed()))
+    });
+    let (err, elapsed) = results[0].as_ref().unwrap();
+    assert!(*elapsed >= short && *elapsed < PROMPT, "{elapsed:?}");
+    assert!(
+        matches!(err, Error::Timeout { peer: 1, timeout, .. } if *timeout == short),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn bad_arguments_are_rejected_before_any_communication() {
     let pg = init_process_group("gloo", InitOptions::new(0, 1, "127.0.0.1:0")).unwrap();
     let err = pg.broadcast(&mut [1u8], 1).unwrap_err();

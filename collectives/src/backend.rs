@@ -1,6 +1,7 @@
 //! The object-safe interface every backend implements.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::{BufferMut, BufferRef, DType, Error, ReduceOp};
 
@@ -33,6 +34,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
 
     /// Returns once every rank has entered the barrier.
     fn barrier(&self) -> Result<(), Error>;
+
+    /// Overrides the group's deadline for the calls that follow (`None` restores it).
+    /// Used by `ProcessGroup`'s `*_with_timeout` methods around a single call; backends
+    /// without deadlines ignore it.
+    fn set_call_timeout(&self, timeout: Option<Duration>) {
+        let _ = timeout;
+    }
 
     /// Reduces `buf` across all ranks into `root`'s `buf`. Other ranks' `buf` contents are
     /// unspecified afterwards (they hold partial results).

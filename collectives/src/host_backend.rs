@@ -60,6 +60,8 @@ struct HostState<T> {
     received_from: Vec<u64>,
     scratch: Vec<u64>,
     broken: Option<String>,
+    /// Deadline of the calls that follow, when one call overrides the group's.
+    call_timeout: Option<Duration>,
 }
 
 /// What one call asks of [`HostBackend::run`].
@@ -113,6 +115,7 @@ impl<T: Transport> HostBackend<T> {
                 received_from: vec![0; world_size],
                 scratch: Vec::new(),
                 broken: None,
+                call_timeout: None,
             }),
         }
     }
@@ -142,8 +145,8 @@ impl<T: Transport> HostBackend<T> {
             algorithm: job.algorithm,
             elem_size: job.elem_size,
             reduce: job.reduce,
-            deadline: Instant::now() + self.config.timeout,
-            timeout: self.config.timeout,
+            deadline: Instant::now() + state.call_timeout.unwrap_or(self.config.timeout),
+            timeout: state.call_timeout.unwrap_or(self.config.timeout),
         };
         let HostState {
             transport, scratch, ..
@@ -167,7 +170,7 @@ impl<T: Transport> HostBackend<T> {
                 let named = *peer;
                 // Other failures may be seconds behind (a cut link is noticed by
                 // keepalive): give them a moment to show.
-                let until = Instant::now() + DIAGNOSIS_GRACE.min(self.config.timeout);
+                let until = Instant::now() + DIAGNOSIS_GRACE.min(call.timeout);
                 loop {
                     let others: Vec<usize> = state
                         .transport
@@ -302,6 +305,12 @@ impl<T: Transport> Backend for HostBackend<T> {
             buf.bytes_mut(),
             None,
         )
+    }
+
+    fn set_call_timeout(&self, timeout: Option<Duration>) {
+        if let Ok(mut state) = self.state.lock() {
+            state.call_timeout = timeout;
+        }
     }
 
     fn barrier(&self) -> Result<(), Error> {

@@ -86,6 +86,7 @@ struct State {
     seq: u64,
     staging: Staging,
     peers: TcpTransport,
+    call_timeout: Option<Duration>,
 }
 
 /// Device memory that host buffers pass through, kept between calls.
@@ -183,6 +184,7 @@ impl NcclBackend {
                 seq: 0,
                 staging: Staging::default(),
                 peers,
+                call_timeout: None,
             }),
         };
         {
@@ -195,6 +197,7 @@ impl NcclBackend {
                 op: &op,
                 involved: Involved::All,
                 deadline,
+                timeout,
             };
             let ready = cx.poll(|| {
                 Ok(comm
@@ -250,6 +253,7 @@ impl NcclBackend {
             seq,
             staging,
             peers,
+            call_timeout,
         } = &mut *guard;
         let (None, Some(live)) = (broken.as_ref(), comm.as_ref()) else {
             return Err(Error::GroupBroken {
@@ -261,13 +265,15 @@ impl NcclBackend {
         };
         *seq += 1;
         let op = describe(*seq);
+        let timeout = call_timeout.unwrap_or(self.timeout);
         let cx = Cx {
             backend: self,
             comm: live,
             peers,
             op: &op,
             involved,
-            deadline: Instant::now() + self.timeout,
+            deadline: Instant::now() + timeout,
+            timeout,
         };
         let result = self
             .stream
@@ -475,6 +481,7 @@ struct Cx<'a> {
     op: &'a OpDesc,
     involved: Involved,
     deadline: Instant,
+    timeout: Duration,
 }
 
 impl Cx<'_> {
@@ -575,7 +582,7 @@ impl Cx<'_> {
                 return Err(Error::DeviceTimeout {
                     rank: self.backend.rank,
                     op: *self.op,
-                    timeout: self.backend.timeout,
+                    timeout: self.timeout,
                     detail: if detail.is_empty() {
                         String::new()
                     } else {
@@ -738,6 +745,12 @@ impl Backend for NcclBackend {
                 download(cx, &device, host)
             },
         )
+    }
+
+    fn set_call_timeout(&self, timeout: Option<Duration>) {
+        if let Ok(mut state) = self.state.lock() {
+            state.call_timeout = timeout;
+        }
     }
 
     fn barrier(&self) -> Result<(), Error> {
