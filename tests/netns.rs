@@ -6,14 +6,18 @@
 //! (b) cutting one rank's link mid-operation makes the others fail within the deadline,
 //!     naming the lost rank;
 //! (c) killing one rank does the same;
-//! (d) a stranger sending garbage to the store and data ports leaves the group unharmed.
+//! (d) a stranger sending garbage to the store port (during rendezvous and training) and
+//!     to rank 0's data port (while it waits for its peers) leaves the group unharmed.
 
 mod common;
 
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::netns::Lab;
 use common::{child_group, digest, heavy_lock, RESULT_PREFIX};
+use ringccl::core::store::StoreClient;
 use ringccl::ReduceOp;
 
 const N: usize = 4;
@@ -163,6 +167,34 @@ fn killing_a_rank_fails_the_others_naming_it() {
 #[test]
 fn strangers_with_garbage_do_not_disturb_the_group() {
     const NAME: &str = "strangers_with_garbage_do_not_disturb_the_group";
+    if let Ok(store) = std::env::var("RINGCCL_TEST_STRANGER_STORE") {
+        // The stranger: read rank 0's data address from the (unauthenticated) store and
+        // hit that listener while rank 0 waits for its peers.
+        let store = store.parse().unwrap();
+        let mut client =
+            StoreClient::connect(&[store], 99, Duration::from_secs(30)).expect("store");
+        let raw = client
+            .wait(
+                "ringccl/addr/0",
+                Instant::now() + Duration::from_secs(30),
+                &|| "rank 0's address".into(),
+            )
+            .expect("rank 0 publishes its address");
+        let data: SocketAddr = String::from_utf8_lossy(&raw).parse().unwrap();
+        let mut hits = 0;
+        for payload in [
+            &b"\x16\x03\x01 garbage that is no hello at all"[..],
+            &b"RCCLPEER\x09\x00\x00\x00 wrong version"[..],
+            &[0xFF; 28][..],
+        ] {
+            if let Ok(mut s) = TcpStream::connect_timeout(&data, Duration::from_secs(5)) {
+                let _ = s.write_all(payload);
+                hits += 1;
+            }
+        }
+        println!("{RESULT_PREFIX}hit {hits} at {data}");
+        return;
+    }
     if let Some(pg) = child_group(NAME) {
         for round in 0..20 {
             let mut x = vec![pg.rank() as f64 + round as f64; 10_000];
@@ -190,6 +222,13 @@ fn strangers_with_garbage_do_not_disturb_the_group() {
         assert!(
             lab.as_stranger(&attack(port)),
             "the stranger could not reach the store"
+        );
+        // Rank 0's data listener is open now (its peers have not started yet).
+        let store = format!("{store}:{port}");
+        let said = lab.run_as_stranger(NAME, &[("RINGCCL_TEST_STRANGER_STORE", &store)]);
+        assert!(
+            said.iter().any(|l| l.starts_with("hit 3")),
+            "the stranger did not reach rank 0's data port: {said:?}"
         );
     });
     // Again while the group trains.

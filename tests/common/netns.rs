@@ -96,6 +96,24 @@ impl Lab {
         format!("{}{r}", self.prefix)
     }
 
+    /// Runs this test binary's `test_name` on the stranger's host with `env`, and
+    /// returns its `RESULT` lines once it exits.
+    pub fn run_as_stranger(&self, test_name: &str, env: &[(&str, &str)]) -> Vec<String> {
+        let exe = std::env::current_exe().expect("current test binary");
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns(self.n)])
+            .arg(exe)
+            .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
+            .envs(env.iter().copied())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run the stranger");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| after(l, RESULT_PREFIX).map(str::to_string))
+            .collect()
+    }
+
     /// Runs a bash script on the stranger's host (address `10.77.0.(n+1)`), which runs
     /// no rank; returns whether it succeeded.
     pub fn as_stranger(&self, script: &str) -> bool {
