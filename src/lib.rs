@@ -45,7 +45,8 @@ pub use ringccl_collectives::{
     HostConfig, OpDesc, ReduceOp, Result,
 };
 pub use ringccl_transports::{
-    AuthToken, InitOptions, StoreListener, TransportKind, DEFAULT_TIMEOUT,
+    AuthToken, InitOptions, StoreListener, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT,
+    DEFAULT_TIMEOUT,
 };
 pub use work::Work;
 

@@ -1,5 +1,7 @@
-//! `InitOptions::from_env` against the real process environment. The only test in this
-//! binary, so changing the environment races with nothing.
+//! `InitOptions::from_env` against the real process environment (the only test in this
+//! binary that changes it, so it races with nothing), and `from_vars` for the rest.
+
+use std::time::Duration;
 
 use ringccl::{Error, InitOptions};
 
@@ -35,5 +37,48 @@ fn from_env_reads_torchrun_variables_and_names_what_is_missing() {
         );
         assert!(err.to_string().contains(var), "{err}");
         set(var, &old);
+    }
+}
+
+#[test]
+fn security_and_liveness_variables_are_read_and_checked() {
+    let vars = |extra: &'static [(&'static str, &'static str)]| {
+        move |k: &str| {
+            [
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "29500"),
+            ]
+            .iter()
+            .chain(extra)
+            .find(|v| v.0 == k)
+            .map(|v| v.1.to_string())
+        }
+    };
+    let opts = InitOptions::from_vars(vars(&[
+        ("RINGCCL_AUTH_TOKEN", "s3cret"),
+        ("RINGCCL_DEAD_PEER_TIMEOUT", "12.5"),
+    ]))
+    .unwrap();
+    assert!(opts.get_auth_token().is_some());
+    assert!(
+        !format!("{opts:?}").contains("s3cret"),
+        "the token never shows"
+    );
+    assert_eq!(opts.get_dead_peer_timeout(), Duration::from_secs_f64(12.5));
+    let defaults = InitOptions::from_vars(vars(&[])).unwrap();
+    assert!(defaults.get_auth_token().is_none());
+    assert_eq!(
+        defaults.get_dead_peer_timeout(),
+        ringccl::DEFAULT_DEAD_PEER_TIMEOUT
+    );
+    for bad in [
+        &[("RINGCCL_AUTH_TOKEN", "")][..],
+        &[("RINGCCL_DEAD_PEER_TIMEOUT", "0.1")][..],
+        &[("RINGCCL_DEAD_PEER_TIMEOUT", "soon")][..],
+    ] {
+        let err = InitOptions::from_vars(vars(bad)).unwrap_err();
+        assert!(err.to_string().contains(bad[0].0), "{err}");
     }
 }

@@ -22,7 +22,9 @@ mod tcp;
 pub use auth::AuthToken;
 #[cfg(feature = "nccl")]
 pub use nccl::{cuda_device_count, DeviceElement, NcclBackend};
-pub use options::{first_slurm_host, InitOptions, TransportKind, DEFAULT_TIMEOUT};
+pub use options::{
+    first_slurm_host, InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT,
+};
 pub use rendezvous::connect_mesh;
 pub use shm::{ShmTransport, DEFAULT_RING_BYTES};
 pub use store::StoreListener;

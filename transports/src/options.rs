@@ -40,6 +40,9 @@ impl std::str::FromStr for TransportKind {
 /// Default deadline of rendezvous and of every collective: 30 minutes, as PyTorch's gloo.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
+/// Default of [`InitOptions::dead_peer_timeout`].
+pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where and how to create a process group.
 ///
 /// ```
@@ -66,6 +69,7 @@ pub struct InitOptions {
     transport: Option<TransportKind>,
     device: Option<usize>,
     auth_token: Option<AuthToken>,
+    dead_peer_timeout: Duration,
 }
 
 const TORCHRUN_HINT: &str = "launch under `ringrun`, `torchrun`, Slurm's `srun` or OpenMPI's `mpirun`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
@@ -118,6 +122,7 @@ impl InitOptions {
             transport: None,
             device: None,
             auth_token: None,
+            dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
         }
     }
 
@@ -230,6 +235,19 @@ impl InitOptions {
                     reason: "expected a positive number of seconds".into(),
                 })?;
             opts.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Some(value) = lookup("RINGCCL_DEAD_PEER_TIMEOUT") {
+            let secs = value
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 1.0)
+                .ok_or_else(|| Error::InvalidEnv {
+                    var: "RINGCCL_DEAD_PEER_TIMEOUT",
+                    value: value.clone(),
+                    reason: "expected a number of seconds, at least 1".into(),
+                })?;
+            opts.dead_peer_timeout = Duration::from_secs_f64(secs);
         }
         if let Some(secret) = lookup("RINGCCL_AUTH_TOKEN") {
             opts.auth_token =
@@ -365,6 +383,21 @@ impl InitOptions {
     pub fn auth_token(mut self, secret: impl AsRef<[u8]>) -> InitOptions {
         self.auth_token = AuthToken::new(secret);
         self
+    }
+
+    /// How long a peer's host may stay silent at the TCP level (unanswered keepalive
+    /// probes, unacknowledged data) before its connections count as failed (default
+    /// 5 s; `RINGCCL_DEAD_PEER_TIMEOUT` in seconds). Slow but alive peers still answer
+    /// at the TCP level, so this only bounds how fast a vanished host is noticed; raise
+    /// it on networks with long outages that should be ridden out.
+    pub fn dead_peer_timeout(mut self, timeout: Duration) -> InitOptions {
+        self.dead_peer_timeout = timeout.max(Duration::from_secs(1));
+        self
+    }
+
+    /// See [`InitOptions::dead_peer_timeout`].
+    pub fn get_dead_peer_timeout(&self) -> Duration {
+        self.dead_peer_timeout
     }
 
     /// The shared secret, if authentication is on.

@@ -49,6 +49,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
     let rank = opts.rank();
     let world_size = opts.world_size();
     let timeout = opts.get_timeout();
+    let dead_peer = opts.get_dead_peer_timeout();
     let deadline = Instant::now() + timeout;
     let server = if rank == 0 {
         let listener = match opts.take_store_listener() {
@@ -148,7 +149,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
             });
         }
         peers[peer] = Some(
-            configure(stream)
+            configure(stream, dead_peer)
                 .map_err(|e| io_error(format!("configuring the connection to rank {peer}"), e))?,
         );
     }
@@ -199,7 +200,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
             });
         match accepted {
             Ok(peer) => {
-                peers[peer] = Some(configure(stream).map_err(|e| {
+                peers[peer] = Some(configure(stream, dead_peer).map_err(|e| {
                     io_error(format!("configuring the connection from rank {peer}"), e)
                 })?);
             }
@@ -266,24 +267,22 @@ fn introduce(
 }
 
 /// Puts a handshaken connection into data mode: no Nagle delay, non-blocking, and a
-/// dead peer host noticed within about 5 s (keepalive on idle connections, a user
-/// timeout on unacknowledged data).
-fn configure(stream: TcpStream) -> io::Result<Socket> {
+/// dead peer host noticed within about `dead_peer` (keepalive probes on idle
+/// connections, a user timeout on unacknowledged data; a slow but alive peer still
+/// acknowledges, zero-window probes included).
+fn configure(stream: TcpStream, dead_peer: Duration) -> io::Result<Socket> {
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
     let socket = Socket::from(stream);
     socket.set_tcp_nodelay(true)?;
-    // A peer whose host or link disappears sends nothing, not even a reset: keepalive
-    // probes on idle connections notice within ~8 s, so errors can name it.
+    let second = Duration::from_secs(1);
     socket.set_tcp_keepalive(
         &socket2::TcpKeepalive::new()
-            .with_time(Duration::from_secs(2))
-            .with_interval(Duration::from_secs(1))
+            .with_time((dead_peer * 2 / 5).max(second))
+            .with_interval((dead_peer / 5).max(second))
             .with_retries(3),
     )?;
-    // Data the peer's kernel has not acknowledged for this long means its host is gone
-    // (a slow but alive peer still acknowledges, zero-window probes included).
-    socket.set_tcp_user_timeout(Some(Duration::from_secs(5)))?;
+    socket.set_tcp_user_timeout(Some(dead_peer))?;
     socket.set_nonblocking(true)?;
     Ok(socket)
 }
