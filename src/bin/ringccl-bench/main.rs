@@ -31,7 +31,7 @@ use std::time::Duration;
 use clap::Parser;
 use elements::{expected, input, BenchElem, DTYPE_NAMES};
 use launch::{launch, CHILD_VAR, PORT_PREFIX};
-use measure::{overlap_rows, time_op, Iterations};
+use measure::{overlap_rows, time_op, Iterations, Timing};
 use ringccl::half::{bf16, f16};
 use ringccl::{init_process_group, Error, InitOptions, ProcessGroup, ReduceOp, StoreListener};
 
@@ -499,68 +499,22 @@ fn sweep<T: BenchElem>(
         if matches!(coll, Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll) {
             count = (count / n).max(1) * n;
         }
-        if let Some(device) = on_device {
+        let (wrong, timing) = match on_device {
             #[cfg(feature = "nccl")]
-            {
-                let (wrong, timing) = device::measure::<T>(
-                    pg,
-                    device,
-                    coll,
-                    count,
-                    op,
-                    args.check,
-                    args.warmup,
-                    iterations,
-                )?;
-                let root = if matches!(coll, Coll::Broadcast | Coll::Reduce) {
-                    0
-                } else {
-                    -1
-                };
-                let redop = if coll.reduces() { op.name() } else { "none" };
-                report
-                    .row(
-                        coll,
-                        n,
-                        pg.backend(),
-                        count * es,
-                        count,
-                        T::NAME,
-                        redop,
-                        root,
-                        &timing,
-                        wrong,
-                    )
-                    .map_err(Error::InvalidArgument)?;
-                continue;
-            }
+            Some(device) => device::measure::<T>(
+                pg,
+                device,
+                coll,
+                count,
+                op,
+                args.check,
+                args.warmup,
+                iterations,
+            )?,
             #[cfg(not(feature = "nccl"))]
-            match *device {}
-        }
-        let mut wrong = 0;
-        for _ in 0..args.check {
-            wrong += check::<T>(pg, coll, count, op, args.tensors)?;
-        }
-        let per = count / n;
-        let mut buf: Vec<T> = (0..count).map(|i| input(pg.rank(), i, op)).collect();
-        let mut out = vec![T::from_small(0); count];
-        let tensor_len = (count / args.tensors.max(1)).max(1);
-        let timing = time_op(pg, args.warmup, iterations, || match coll {
-            Coll::AllReduce | Coll::Async => pg.all_reduce(&mut buf, op),
-            Coll::Broadcast => pg.broadcast(&mut buf, 0),
-            Coll::Barrier => pg.barrier(),
-            Coll::Reduce => pg.reduce(&mut buf, op, 0),
-            Coll::AllGather => pg.all_gather(&buf[..per], &mut out),
-            Coll::ReduceScatter => pg.reduce_scatter(&buf, &mut out[..per], op),
-            Coll::AllToAll => pg.all_to_all(&buf, &mut out),
-            Coll::Bucketed => {
-                let mut views: Vec<&mut [T]> = buf.chunks_mut(tensor_len).collect();
-                pg.all_reduce_bucketed(&mut views, op, args.bucket)
-            }
-            Coll::Separate => buf
-                .chunks_mut(tensor_len)
-                .try_for_each(|t| pg.all_reduce(t, op)),
-        })?;
+            Some(device) => match *device {},
+            None => measure_host::<T>(pg, args, coll, count, op, iterations)?,
+        };
         let root = if matches!(coll, Coll::Broadcast | Coll::Reduce) {
             0
         } else {
@@ -583,6 +537,43 @@ fn sweep<T: BenchElem>(
             .map_err(Error::InvalidArgument)?;
     }
     Ok(())
+}
+
+/// Checks and times `coll` on host buffers of `count` elements: the wrong elements
+/// summed over ranks, and the timing.
+fn measure_host<T: BenchElem>(
+    pg: &ProcessGroup,
+    args: &Args,
+    coll: Coll,
+    count: usize,
+    op: ReduceOp,
+    iterations: Iterations,
+) -> Result<(i64, Timing), Error> {
+    let mut wrong = 0;
+    for _ in 0..args.check {
+        wrong += check::<T>(pg, coll, count, op, args.tensors)?;
+    }
+    let per = count / pg.world_size();
+    let mut buf: Vec<T> = (0..count).map(|i| input(pg.rank(), i, op)).collect();
+    let mut out = vec![T::from_small(0); count];
+    let tensor_len = (count / args.tensors.max(1)).max(1);
+    let timing = time_op(pg, args.warmup, iterations, || match coll {
+        Coll::AllReduce | Coll::Async => pg.all_reduce(&mut buf, op),
+        Coll::Broadcast => pg.broadcast(&mut buf, 0),
+        Coll::Barrier => pg.barrier(),
+        Coll::Reduce => pg.reduce(&mut buf, op, 0),
+        Coll::AllGather => pg.all_gather(&buf[..per], &mut out),
+        Coll::ReduceScatter => pg.reduce_scatter(&buf, &mut out[..per], op),
+        Coll::AllToAll => pg.all_to_all(&buf, &mut out),
+        Coll::Bucketed => {
+            let mut views: Vec<&mut [T]> = buf.chunks_mut(tensor_len).collect();
+            pg.all_reduce_bucketed(&mut views, op, args.bucket)
+        }
+        Coll::Separate => buf
+            .chunks_mut(tensor_len)
+            .try_for_each(|t| pg.all_reduce(t, op)),
+    })?;
+    Ok((wrong, timing))
 }
 
 fn sweep_dtype(

@@ -674,6 +674,27 @@ fn download(cx: &Cx<'_>, device: &CudaViewMut<'_, u8>, host: &mut [u8]) -> Resul
         .map_err(cx.driver("waiting for the copy from the GPU"))
 }
 
+/// Stages `input` and an output of `output.len()` bytes through device memory: copies
+/// the input in, hands both regions to `launch`, copies the output back.
+fn through_staging(
+    cx: &Cx<'_>,
+    staging: &mut Staging,
+    input: &[u8],
+    output: &mut [u8],
+    launch: impl FnOnce(&DeviceRegion<'_>, &DeviceRegion<'_>) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let stream = &cx.backend.stream;
+    let mut device_in = upload(cx, &mut staging.input, input)?;
+    let mut device_out = staged(&mut staging.output, stream, output.len())
+        .map_err(cx.driver("allocating staging memory"))?;
+    {
+        let input = DeviceRegion::writing(&mut device_in, stream);
+        let output = DeviceRegion::writing(&mut device_out, stream);
+        launch(&input, &output)?;
+    }
+    download(cx, &device_out, output)
+}
+
 impl Backend for NcclBackend {
     fn name(&self) -> &str {
         "nccl"
@@ -824,22 +845,14 @@ impl Backend for NcclBackend {
                 if n == 0 {
                     return Ok(());
                 }
-                let stream = &cx.backend.stream;
-                let mut device_in = upload(cx, &mut staging.input, input.bytes())?;
-                let host_out = output.bytes_mut();
-                let mut device_out = staged(&mut staging.output, stream, host_out.len())
-                    .map_err(cx.driver("allocating staging memory"))?;
-                {
-                    let input = DeviceRegion::writing(&mut device_in, stream);
-                    let output = DeviceRegion::writing(&mut device_out, stream);
+                through_staging(cx, staging, input.bytes(), output.bytes_mut(), |i, o| {
                     cx.launch(&[Call::AllGather {
-                        input: &input,
-                        output: &output,
+                        input: i,
+                        output: o,
                         count: n,
                         dtype,
-                    }])?;
-                }
-                download(cx, &device_out, host_out)
+                    }])
+                })
             },
         )
     }
@@ -867,23 +880,15 @@ impl Backend for NcclBackend {
                 if m == 0 {
                     return Ok(());
                 }
-                let stream = &cx.backend.stream;
-                let mut device_in = upload(cx, &mut staging.input, input.bytes())?;
-                let host_out = output.bytes_mut();
-                let mut device_out = staged(&mut staging.output, stream, host_out.len())
-                    .map_err(cx.driver("allocating staging memory"))?;
-                {
-                    let input = DeviceRegion::writing(&mut device_in, stream);
-                    let output = DeviceRegion::writing(&mut device_out, stream);
+                through_staging(cx, staging, input.bytes(), output.bytes_mut(), |i, o| {
                     cx.launch(&[Call::ReduceScatter {
-                        input: &input,
-                        output: &output,
+                        input: i,
+                        output: o,
                         count: m,
                         dtype,
                         op,
-                    }])?;
-                }
-                download(cx, &device_out, host_out)
+                    }])
+                })
             },
         )
     }
@@ -900,34 +905,28 @@ impl Backend for NcclBackend {
                 if block == 0 {
                     return Ok(());
                 }
-                let stream = &cx.backend.stream;
-                let mut device_in = upload(cx, &mut staging.input, input.bytes())?;
-                let host_out = output.bytes_mut();
-                let mut device_out = staged(&mut staging.output, stream, host_out.len())
-                    .map_err(cx.driver("allocating staging memory"))?;
-                {
-                    let input = DeviceRegion::writing(&mut device_in, stream);
-                    let output = DeviceRegion::writing(&mut device_out, stream);
-                    let mut calls = Vec::with_capacity(2 * self.world_size);
-                    for peer in 0..self.world_size {
+                let world = self.world_size;
+                through_staging(cx, staging, input.bytes(), output.bytes_mut(), |i, o| {
+                    let mut calls = Vec::with_capacity(2 * world);
+                    for peer in 0..world {
+                        let at = peer * block;
                         calls.push(Call::Send {
-                            buf: &input,
-                            at: peer * block,
+                            buf: i,
+                            at,
                             count: block,
                             dtype,
                             peer,
                         });
                         calls.push(Call::Recv {
-                            buf: &output,
-                            at: peer * block,
+                            buf: o,
+                            at,
                             count: block,
                             dtype,
                             peer,
                         });
                     }
-                    cx.launch(&calls)?;
-                }
-                download(cx, &device_out, host_out)
+                    cx.launch(&calls)
+                })
             },
         )
     }
