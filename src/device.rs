@@ -14,6 +14,30 @@ use ringccl_transports::DeviceElement;
 
 use crate::{ProcessGroup, Work};
 
+/// The error of a failed copy while staging a GPU buffer through host memory.
+fn staging_failed(rank: usize, what: &str, call: &'static str) -> impl Fn(DriverError) -> Error {
+    let op = format!("{what} (staging a GPU buffer through host memory)");
+    move |e| Error::Device {
+        rank,
+        op: op.clone(),
+        call: call.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// A host copy of a GPU input buffer.
+fn input_on_host<T: DeviceElement>(
+    rank: usize,
+    what: &str,
+    input: &CudaSlice<T>,
+) -> Result<Vec<T>, Error> {
+    input.stream().clone_dtoh(input).map_err(staging_failed(
+        rank,
+        what,
+        "copying the input to the host",
+    ))
+}
+
 /// Copies `buf` to the host, runs `op` on the copy and copies the result back, all on
 /// the buffer's own stream. Stands in for a device collective on CPU backends.
 fn through_host<T: DeviceElement>(
@@ -23,14 +47,7 @@ fn through_host<T: DeviceElement>(
     copy_back: bool,
     op: impl FnOnce(&mut [T]) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    let failed = |call: &'static str| {
-        move |e: DriverError| Error::Device {
-            rank,
-            op: format!("{what} (staging a GPU buffer through host memory)"),
-            call: call.to_string(),
-            reason: e.to_string(),
-        }
-    };
+    let failed = |call: &'static str| staging_failed(rank, what, call);
     let stream = buf.stream().clone();
     let mut host = stream
         .clone_dtoh(buf)
@@ -128,15 +145,7 @@ impl ProcessGroup {
             Some(nccl) => self.in_order(|_| nccl.all_gather_device(input, output)),
             None => {
                 let rank = self.rank();
-                let host_input = input
-                    .stream()
-                    .clone_dtoh(input)
-                    .map_err(|e| Error::Device {
-                        rank,
-                        op: "all_gather (staging a GPU buffer through host memory)".into(),
-                        call: "copying the input to the host".into(),
-                        reason: e.to_string(),
-                    })?;
+                let host_input = input_on_host(rank, "all_gather", input)?;
                 through_host(rank, "all_gather", output, true, |host| {
                     self.all_gather(&host_input, host)
                 })
@@ -155,15 +164,7 @@ impl ProcessGroup {
             Some(nccl) => self.in_order(|_| nccl.reduce_scatter_device(input, output, op)),
             None => {
                 let rank = self.rank();
-                let host_input = input
-                    .stream()
-                    .clone_dtoh(input)
-                    .map_err(|e| Error::Device {
-                        rank,
-                        op: "reduce_scatter (staging a GPU buffer through host memory)".into(),
-                        call: "copying the input to the host".into(),
-                        reason: e.to_string(),
-                    })?;
+                let host_input = input_on_host(rank, "reduce_scatter", input)?;
                 through_host(rank, "reduce_scatter", output, true, |host| {
                     self.reduce_scatter(&host_input, host, op)
                 })

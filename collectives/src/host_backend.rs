@@ -512,14 +512,7 @@ fn p2p_job<'a>(
     send_from: Option<&'a [u8]>,
 ) -> Job<'a> {
     Job {
-        op: OpDesc::new(
-            seq,
-            CollectiveKind::SendRecv,
-            dtype,
-            count,
-            None,
-            Some(tag as usize),
-        ),
+        op: OpDesc::send_recv(seq, dtype, count, tag),
         algorithm: Algorithm::Direct,
         schedule,
         elem_size: dtype.size(),

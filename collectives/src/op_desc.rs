@@ -137,6 +137,19 @@ impl OpDesc {
         }
     }
 
+    /// A point-to-point message of `count` elements carrying `tag`; `seq` counts the
+    /// messages of one direction of one pair of ranks.
+    pub fn send_recv(seq: u64, dtype: DType, count: usize, tag: u32) -> OpDesc {
+        OpDesc {
+            seq,
+            kind: CollectiveKind::SendRecv,
+            dtype: Some(dtype),
+            count: count as u64,
+            op: None,
+            root: Some(tag),
+        }
+    }
+
     /// A barrier.
     pub fn barrier(seq: u64) -> OpDesc {
         OpDesc {

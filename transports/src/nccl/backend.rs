@@ -936,16 +936,7 @@ impl Backend for NcclBackend {
         let (dtype, count) = (buf.dtype(), buf.len());
         self.run(
             Involved::One(dst),
-            |seq| {
-                OpDesc::new(
-                    seq,
-                    CollectiveKind::SendRecv,
-                    dtype,
-                    count,
-                    None,
-                    Some(tag as usize),
-                )
-            },
+            |seq| OpDesc::send_recv(seq, dtype, count, tag),
             |cx, staging| {
                 if count == 0 {
                     return Ok(());
@@ -968,16 +959,7 @@ impl Backend for NcclBackend {
         let (dtype, count) = (buf.dtype(), buf.len());
         self.run(
             Involved::One(src),
-            |seq| {
-                OpDesc::new(
-                    seq,
-                    CollectiveKind::SendRecv,
-                    dtype,
-                    count,
-                    None,
-                    Some(tag as usize),
-                )
-            },
+            |seq| OpDesc::send_recv(seq, dtype, count, tag),
             |cx, staging| {
                 if count == 0 {
                     return Ok(());
