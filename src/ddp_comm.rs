@@ -48,7 +48,7 @@ impl Communicator for ProcessGroup {
     }
 
     fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), Error> {
-        self.in_order(|backend| backend.broadcast(buf, root))
+        self.in_order(|backend, deadline| backend.broadcast(buf, root, deadline))
     }
 
     fn all_gather_i64(&self, input: &[i64], output: &mut [i64]) -> Result<(), Error> {

@@ -9,8 +9,8 @@
 //! backend name passed to [`init_process_group`](crate::init_process_group) changes.
 
 use ringccl_collectives::{validate_reduce, BufferMut, Error, ReduceOp};
-use ringccl_transports::cudarc::driver::{CudaSlice, DriverError};
-use ringccl_transports::DeviceElement;
+use ringccl_nccl::cudarc::driver::{CudaSlice, DriverError};
+use ringccl_nccl::DeviceElement;
 
 use crate::{ProcessGroup, Work};
 
@@ -95,7 +95,7 @@ impl ProcessGroup {
         op: ReduceOp,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_| nccl.all_reduce_device(buf, op)),
+            Some(nccl) => self.in_order(|_, d| nccl.all_reduce_device(buf, op, d)),
             None => {
                 validate_reduce(T::DTYPE, op)?;
                 through_host(self.rank(), "all_reduce", buf, true, |host| {
@@ -113,7 +113,7 @@ impl ProcessGroup {
         root: usize,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_| nccl.broadcast_device(buf, root)),
+            Some(nccl) => self.in_order(|_, d| nccl.broadcast_device(buf, root, d)),
             None => through_host(self.rank(), "broadcast", buf, self.rank() != root, |host| {
                 self.broadcast(host, root)
             }),
@@ -128,7 +128,7 @@ impl ProcessGroup {
         root: usize,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_| nccl.reduce_device(buf, op, root)),
+            Some(nccl) => self.in_order(|_, d| nccl.reduce_device(buf, op, root, d)),
             None => through_host(self.rank(), "reduce", buf, self.rank() == root, |host| {
                 self.reduce(host, op, root)
             }),
@@ -142,7 +142,7 @@ impl ProcessGroup {
         output: &mut CudaSlice<T>,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_| nccl.all_gather_device(input, output)),
+            Some(nccl) => self.in_order(|_, d| nccl.all_gather_device(input, output, d)),
             None => {
                 let rank = self.rank();
                 let host_input = input_on_host(rank, "all_gather", input)?;
@@ -161,7 +161,7 @@ impl ProcessGroup {
         op: ReduceOp,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_| nccl.reduce_scatter_device(input, output, op)),
+            Some(nccl) => self.in_order(|_, d| nccl.reduce_scatter_device(input, output, op, d)),
             None => {
                 let rank = self.rank();
                 let host_input = input_on_host(rank, "reduce_scatter", input)?;
@@ -187,11 +187,11 @@ impl ProcessGroup {
         match &self.nccl {
             Some(nccl) => {
                 let nccl = nccl.clone();
-                self.queue(move |_| nccl.all_reduce_device(&mut buf, op).map(|()| buf))
+                self.queue(move |_, d| nccl.all_reduce_device(&mut buf, op, d).map(|()| buf))
             }
-            None => self.queue(move |backend| {
+            None => self.queue(move |backend, d| {
                 through_host(rank, "all_reduce", &mut buf, true, |host| {
-                    backend.all_reduce(BufferMut::from_slice(host), op)
+                    backend.all_reduce(BufferMut::from_slice(host), op, d)
                 })
                 .map(|()| buf)
             }),

@@ -44,7 +44,7 @@ pub use ringccl_collectives::{
     half, AllReduceAlgo, Backend, BufferMut, BufferRef, CollectiveKind, DType, Element, Error,
     HostConfig, OpDesc, ReduceOp, Result,
 };
-pub use ringccl_transports::{
+pub use ringccl_rendezvous::{
     AuthToken, InitOptions, StoreListener, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT,
     DEFAULT_TIMEOUT,
 };
@@ -56,10 +56,14 @@ pub use work::Work;
 pub use ringccl_ddp as ddp;
 
 #[cfg(feature = "nccl")]
-pub use ringccl_transports::{cuda_device_count, cudarc, DeviceElement, NcclBackend};
+pub use ringccl_nccl::{cuda_device_count, cudarc, DeviceElement, NcclBackend};
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {
-    pub use ringccl_collectives::{bucket, schedule, wire, HostBackend, Readiness, Transport};
-    pub use ringccl_transports::{connect_mesh, store, ShmTransport, TcpTransport};
+    pub use ringccl_collectives::{
+        bucket, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine, Readiness,
+        Request, Transport,
+    };
+    pub use ringccl_rendezvous::{connect_mesh, store, Mesh};
+    pub use ringccl_transports::{ShmTransport, TcpTransport};
 }

@@ -9,12 +9,11 @@ use std::time::Duration;
 
 use ringccl_collectives::bucket::plan_buckets;
 use ringccl_collectives::{
-    validate_reduce, Backend, BufferMut, BufferRef, Element, Error, HostBackend, HostConfig,
-    ReduceOp,
+    validate_reduce, Backend, BufferMut, BufferRef, Deadline, Element, Error, HostBackend,
+    HostConfig, ReduceOp,
 };
-use ringccl_transports::{
-    connect_mesh, InitOptions, ShmTransport, TransportKind, DEFAULT_RING_BYTES,
-};
+use ringccl_rendezvous::{connect_mesh, InitOptions, KeptStore, TransportKind};
+use ringccl_transports::{shm, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
 
 use crate::sequencer::Sequencer;
 use crate::work::Work;
@@ -62,25 +61,44 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
                 config.small_all_reduce_max_bytes = bytes;
             }
             let kind = opts.get_transport()?;
-            let timeout = opts.get_timeout();
-            let tcp = connect_mesh(opts)?;
-            let backend: Box<dyn Backend> = match kind {
-                TransportKind::SharedMemory => Box::new(HostBackend::new(
+            let deadline = Deadline::after(opts.get_timeout()).at();
+            let mut mesh = connect_mesh(opts)?;
+            let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
+            let rings = match kind {
+                TransportKind::Tcp => None,
+                required => shm::set_up(
+                    mesh.store(),
+                    rank,
+                    world_size,
+                    job,
+                    DEFAULT_RING_BYTES,
+                    deadline,
+                    required == TransportKind::SharedMemory,
+                )?,
+            };
+            let dead_peer = mesh.dead_peer_timeout();
+            let (connections, store) = mesh.finish(deadline)?;
+            let tcp =
+                TcpTransport::new(rank, connections, dead_peer).map_err(|source| Error::Io {
+                    rank,
+                    context: "configuring the connections to the other ranks".into(),
+                    source,
+                })?;
+            let backend: Box<dyn Backend> = match rings {
+                Some(rings) => Box::new(HostBackend::new(
                     "gloo",
-                    ShmTransport::attach(tcp, DEFAULT_RING_BYTES, timeout)?,
+                    ShmTransport::new(rings, tcp),
                     config,
                 )),
-                TransportKind::Tcp => Box::new(HostBackend::new("gloo", tcp, config)),
-                _ => match ShmTransport::attach_if_possible(tcp, DEFAULT_RING_BYTES, timeout)? {
-                    Ok(shm) => Box::new(HostBackend::new("gloo", shm, config)),
-                    Err(tcp) => Box::new(HostBackend::new("gloo", tcp, config)),
-                },
+                None => Box::new(HostBackend::new("gloo", tcp, config)),
             };
-            Ok(ProcessGroup::from_backend(backend))
+            let mut pg = ProcessGroup::from_backend(backend);
+            pg._store = Some(store);
+            Ok(pg)
         }
         #[cfg(feature = "nccl")]
         "nccl" => Ok(ProcessGroup::from_nccl(Arc::new(
-            ringccl_transports::NcclBackend::connect(opts)?,
+            ringccl_nccl::NcclBackend::connect(opts)?,
         ))),
         #[cfg(not(feature = "nccl"))]
         "nccl" => Err(Error::BackendUnavailable {
@@ -106,10 +124,12 @@ pub struct ProcessGroup {
     backend: Arc<dyn Backend>,
     /// The same backend as `backend` when it is NCCL, for the device-buffer methods.
     #[cfg(feature = "nccl")]
-    pub(crate) nccl: Option<Arc<ringccl_transports::NcclBackend>>,
+    pub(crate) nccl: Option<Arc<ringccl_nccl::NcclBackend>>,
     sequencer: Arc<Sequencer>,
     worker: Mutex<Option<Worker>>,
     fusion_buffers: FusionPool,
+    /// The rendezvous store, kept for the life of the group (dropped after the backend).
+    _store: Option<KeptStore>,
 }
 
 /// Fusion buffers kept between calls of `all_reduce_bucketed`, so that a training loop
@@ -150,18 +170,19 @@ impl ProcessGroup {
             sequencer: Arc::default(),
             worker: Mutex::new(None),
             fusion_buffers: FusionPool::default(),
+            _store: None,
         }
     }
 
     #[cfg(feature = "nccl")]
-    fn from_nccl(nccl: Arc<ringccl_transports::NcclBackend>) -> ProcessGroup {
-        let backend: Arc<dyn Backend> = nccl.clone();
+    fn from_nccl(nccl: Arc<ringccl_nccl::NcclBackend>) -> ProcessGroup {
         ProcessGroup {
-            backend,
+            backend: nccl.group(),
             nccl: Some(nccl),
             sequencer: Arc::default(),
             worker: Mutex::new(None),
             fusion_buffers: FusionPool::default(),
+            _store: None,
         }
     }
 
@@ -186,19 +207,32 @@ impl ProcessGroup {
         &*self.backend
     }
 
-    /// Runs `op` on the calling thread once every earlier operation has finished.
-    pub(crate) fn in_order<R>(&self, op: impl FnOnce(&dyn Backend) -> R) -> R {
-        let ticket = self.sequencer.issue(|ticket| ticket);
-        let _turn = self.sequencer.turn(ticket);
-        op(&*self.backend)
+    /// Runs `op` on the calling thread once every earlier operation has finished, with
+    /// the group's deadline counted from now.
+    pub(crate) fn in_order<R>(&self, op: impl FnOnce(&dyn Backend, Deadline) -> R) -> R {
+        self.in_order_within(self.backend.timeout(), op)
     }
 
-    /// Queues `op` on the background worker, behind every earlier operation.
+    /// [`ProcessGroup::in_order`] with a deadline `timeout` from now.
+    fn in_order_within<R>(
+        &self,
+        timeout: Duration,
+        op: impl FnOnce(&dyn Backend, Deadline) -> R,
+    ) -> R {
+        let deadline = Deadline::after(timeout);
+        let ticket = self.sequencer.issue(|ticket| ticket);
+        let _turn = self.sequencer.turn(ticket);
+        op(&*self.backend, deadline)
+    }
+
+    /// Queues `op` on the background worker, behind every earlier operation, with the
+    /// group's deadline counted from now (time spent queued counts).
     pub(crate) fn queue<T: Send + 'static>(
         &self,
-        op: impl FnOnce(&dyn Backend) -> Result<T, Error> + Send + 'static,
+        op: impl FnOnce(&dyn Backend, Deadline) -> Result<T, Error> + Send + 'static,
     ) -> Result<Work<T>, Error> {
         let rank = self.rank();
+        let deadline = Deadline::after(self.backend.timeout());
         let mut slot = self.worker.lock().map_err(|_| Error::GroupBroken {
             rank,
             cause: "a thread panicked while queueing an operation".into(),
@@ -215,7 +249,7 @@ impl ProcessGroup {
             worker.submit(Job {
                 ticket,
                 run: Box::new(move |backend| {
-                    let result = panic::catch_unwind(AssertUnwindSafe(|| op(backend)))
+                    let result = panic::catch_unwind(AssertUnwindSafe(|| op(backend, deadline)))
                         .unwrap_or_else(|_| {
                             Err(Error::GroupBroken {
                                 rank,
@@ -240,31 +274,17 @@ impl ProcessGroup {
     /// Reduces `buf` element-wise across all ranks with `op`; every rank ends with the
     /// bit-identical result. `Avg` works on float types only.
     pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.in_order(|b| b.all_reduce(BufferMut::from_slice(buf), op))
+        self.in_order(|b, d| b.all_reduce(BufferMut::from_slice(buf), op, d))
     }
 
     /// Copies rank `root`'s `buf` into every rank's `buf`.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), Error> {
-        self.in_order(|b| b.broadcast(BufferMut::from_slice(buf), root))
+        self.in_order(|b, d| b.broadcast(BufferMut::from_slice(buf), root, d))
     }
 
     /// Returns once every rank has called `barrier`.
     pub fn barrier(&self) -> Result<(), Error> {
-        self.in_order(|b| b.barrier())
-    }
-
-    /// Runs one call with `timeout` as its deadline instead of the group's.
-    fn with_call_timeout(
-        &self,
-        timeout: Duration,
-        call: impl FnOnce(&dyn Backend) -> Result<(), Error>,
-    ) -> Result<(), Error> {
-        self.in_order(|b| {
-            b.set_call_timeout(Some(timeout));
-            let result = call(b);
-            b.set_call_timeout(None);
-            result
-        })
+        self.in_order(|b, d| b.barrier(d))
     }
 
     /// [`ProcessGroup::all_reduce`] with its own deadline (the group's, from
@@ -282,7 +302,9 @@ impl ProcessGroup {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.with_call_timeout(timeout, |b| b.all_reduce(BufferMut::from_slice(buf), op))
+        self.in_order_within(timeout, |b, d| {
+            b.all_reduce(BufferMut::from_slice(buf), op, d)
+        })
     }
 
     /// [`ProcessGroup::broadcast`] with its own deadline.
@@ -292,12 +314,14 @@ impl ProcessGroup {
         root: usize,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.with_call_timeout(timeout, |b| b.broadcast(BufferMut::from_slice(buf), root))
+        self.in_order_within(timeout, |b, d| {
+            b.broadcast(BufferMut::from_slice(buf), root, d)
+        })
     }
 
     /// [`ProcessGroup::barrier`] with its own deadline.
     pub fn barrier_with_timeout(&self, timeout: Duration) -> Result<(), Error> {
-        self.with_call_timeout(timeout, |b| b.barrier())
+        self.in_order_within(timeout, |b, d| b.barrier(d))
     }
 
     /// Reduces `buf` across all ranks into rank `root`'s `buf`. The other ranks' `buf`
@@ -308,13 +332,19 @@ impl ProcessGroup {
         op: ReduceOp,
         root: usize,
     ) -> Result<(), Error> {
-        self.in_order(|b| b.reduce(BufferMut::from_slice(buf), op, root))
+        self.in_order(|b, d| b.reduce(BufferMut::from_slice(buf), op, root, d))
     }
 
     /// Concatenates every rank's `input`, in rank order, into every rank's `output`
     /// (`output.len() == world_size * input.len()`).
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
-        self.in_order(|b| b.all_gather(BufferRef::from_slice(input), BufferMut::from_slice(output)))
+        self.in_order(|b, d| {
+            b.all_gather(
+                BufferRef::from_slice(input),
+                BufferMut::from_slice(output),
+                d,
+            )
+        })
     }
 
     /// Reduces `input` (`world_size` equal blocks) across ranks: rank `r`'s `output`
@@ -326,11 +356,12 @@ impl ProcessGroup {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.in_order(|b| {
+        self.in_order(|b, d| {
             b.reduce_scatter(
                 BufferRef::from_slice(input),
                 BufferMut::from_slice(output),
                 op,
+                d,
             )
         })
     }
@@ -338,19 +369,25 @@ impl ProcessGroup {
     /// Exchanges blocks: block `q` of this rank's `input` becomes block `rank` of rank
     /// `q`'s `output`. Both buffers hold `world_size` equal blocks.
     pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
-        self.in_order(|b| b.all_to_all(BufferRef::from_slice(input), BufferMut::from_slice(output)))
+        self.in_order(|b, d| {
+            b.all_to_all(
+                BufferRef::from_slice(input),
+                BufferMut::from_slice(output),
+                d,
+            )
+        })
     }
 
     /// Sends `buf` to rank `dst`. Rank `dst` must call [`ProcessGroup::recv`] with this
     /// rank, the same tag, length and type; messages between two ranks are received in
     /// the order they were sent (a different tag or size is reported as an error).
     pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<(), Error> {
-        self.in_order(|b| b.send(BufferRef::from_slice(buf), dst, tag))
+        self.in_order(|b, d| b.send(BufferRef::from_slice(buf), dst, tag, d))
     }
 
     /// Receives into `buf` the next message from rank `src`, which must carry `tag`.
     pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<(), Error> {
-        self.in_order(|b| b.recv(BufferMut::from_slice(buf), src, tag))
+        self.in_order(|b, d| b.recv(BufferMut::from_slice(buf), src, tag, d))
     }
 
     /// Starts an all-reduce in the background and returns at once. The buffer moves into
@@ -370,8 +407,8 @@ impl ProcessGroup {
         op: ReduceOp,
     ) -> Result<Work<Vec<T>>, Error> {
         validate_reduce(T::DTYPE, op)?;
-        self.queue(move |b| {
-            b.all_reduce(BufferMut::from_slice(&mut buf), op)
+        self.queue(move |b, d| {
+            b.all_reduce(BufferMut::from_slice(&mut buf), op, d)
                 .map(|()| buf)
         })
     }
@@ -382,15 +419,15 @@ impl ProcessGroup {
         mut buf: Vec<T>,
         root: usize,
     ) -> Result<Work<Vec<T>>, Error> {
-        self.queue(move |b| {
-            b.broadcast(BufferMut::from_slice(&mut buf), root)
+        self.queue(move |b, d| {
+            b.broadcast(BufferMut::from_slice(&mut buf), root, d)
                 .map(|()| buf)
         })
     }
 
     /// Starts a barrier in the background.
     pub fn barrier_async(&self) -> Result<Work<()>, Error> {
-        self.queue(|b| b.barrier())
+        self.queue(|b, d| b.barrier(d))
     }
 
     /// All-reduces many tensors through fusion buffers of at most `bucket_bytes`: the

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{BufferMut, BufferRef, DType, Error, ReduceOp};
+use crate::{BufferMut, BufferRef, DType, Deadline, Error, ReduceOp};
 
 /// A communication backend: one rank's view of a process group.
 ///
@@ -13,8 +13,11 @@ use crate::{BufferMut, BufferRef, DType, Error, ReduceOp};
 ///
 /// Every collective method must be called by every rank of the group, in the same order,
 /// with matching arguments; point-to-point `send`/`recv` involve two ranks, which must
-/// issue their messages to each other in matching order. Every method returns within the
-/// group's deadline.
+/// issue their messages to each other in matching order. Every method returns by the
+/// `deadline` it is given, which the caller fixed when the call was issued.
+///
+/// Backends are usually a [`GroupRunner`](crate::GroupRunner) around an
+/// [`Engine`](crate::Engine), which supplies these methods.
 pub trait Backend: Send + Sync + fmt::Debug {
     /// The backend's name, e.g. `"gloo"`.
     fn name(&self) -> &str;
@@ -25,30 +28,38 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Number of ranks in the group.
     fn world_size(&self) -> usize;
 
+    /// The group's default deadline for one call (`InitOptions::timeout`).
+    fn timeout(&self) -> Duration;
+
     /// Reduces `buf` element-wise across all ranks with `op`, leaving the result in every
     /// rank's `buf`. Every rank ends with bit-identical contents.
-    fn all_reduce(&self, buf: BufferMut<'_>, op: ReduceOp) -> Result<(), Error>;
+    fn all_reduce(&self, buf: BufferMut<'_>, op: ReduceOp, deadline: Deadline)
+        -> Result<(), Error>;
 
     /// Copies `root`'s `buf` into every other rank's `buf`.
-    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), Error>;
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize, deadline: Deadline) -> Result<(), Error>;
 
     /// Returns once every rank has entered the barrier.
-    fn barrier(&self) -> Result<(), Error>;
-
-    /// Overrides the group's deadline for the calls that follow (`None` restores it).
-    /// Used by `ProcessGroup`'s `*_with_timeout` methods around a single call; backends
-    /// without deadlines ignore it.
-    fn set_call_timeout(&self, timeout: Option<Duration>) {
-        let _ = timeout;
-    }
+    fn barrier(&self, deadline: Deadline) -> Result<(), Error>;
 
     /// Reduces `buf` across all ranks into `root`'s `buf`. Other ranks' `buf` contents are
     /// unspecified afterwards (they hold partial results).
-    fn reduce(&self, buf: BufferMut<'_>, op: ReduceOp, root: usize) -> Result<(), Error>;
+    fn reduce(
+        &self,
+        buf: BufferMut<'_>,
+        op: ReduceOp,
+        root: usize,
+        deadline: Deadline,
+    ) -> Result<(), Error>;
 
     /// Concatenates every rank's `input`, in rank order, into every rank's `output`
     /// (`output.len() == world_size * input.len()`).
-    fn all_gather(&self, input: BufferRef<'_>, output: BufferMut<'_>) -> Result<(), Error>;
+    fn all_gather(
+        &self,
+        input: BufferRef<'_>,
+        output: BufferMut<'_>,
+        deadline: Deadline,
+    ) -> Result<(), Error>;
 
     /// Reduces `input` (`world_size` equal blocks) across ranks; rank `r`'s `output`
     /// receives the reduction of block `r` (`input.len() == world_size * output.len()`).
@@ -57,18 +68,36 @@ pub trait Backend: Send + Sync + fmt::Debug {
         input: BufferRef<'_>,
         output: BufferMut<'_>,
         op: ReduceOp,
+        deadline: Deadline,
     ) -> Result<(), Error>;
 
     /// Block `q` of rank `r`'s `input` becomes block `r` of rank `q`'s `output` (both have
     /// `world_size` equal blocks).
-    fn all_to_all(&self, input: BufferRef<'_>, output: BufferMut<'_>) -> Result<(), Error>;
+    fn all_to_all(
+        &self,
+        input: BufferRef<'_>,
+        output: BufferMut<'_>,
+        deadline: Deadline,
+    ) -> Result<(), Error>;
 
     /// Sends `buf` to rank `dst`, which must call `recv` with this rank, the same tag and
     /// the same length and type.
-    fn send(&self, buf: BufferRef<'_>, dst: usize, tag: u32) -> Result<(), Error>;
+    fn send(
+        &self,
+        buf: BufferRef<'_>,
+        dst: usize,
+        tag: u32,
+        deadline: Deadline,
+    ) -> Result<(), Error>;
 
     /// Receives into `buf` the next message from rank `src`, which must carry `tag`.
-    fn recv(&self, buf: BufferMut<'_>, src: usize, tag: u32) -> Result<(), Error>;
+    fn recv(
+        &self,
+        buf: BufferMut<'_>,
+        src: usize,
+        tag: u32,
+        deadline: Deadline,
+    ) -> Result<(), Error>;
 }
 
 /// Checks the arguments of a reduction that every backend rejects the same way.

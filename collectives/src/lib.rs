@@ -1,7 +1,7 @@
 //! The backend-neutral core of [ringccl](https://docs.rs/ringccl): element types and
 //! reduction operators, reduction kernels, collective schedules as pure data, the frame
-//! header, the [`Backend`] trait and [`HostBackend`], which runs the schedules over any
-//! [`Transport`].
+//! header, the [`Backend`] trait, the [`GroupRunner`] every backend shares, and the
+//! [`HostEngine`], which runs the schedules over any [`Transport`].
 //!
 //! Most users want the `ringccl` crate, which re-exports what matters from here.
 
@@ -16,7 +16,8 @@ mod buffer;
 mod dtype;
 mod error;
 mod executor;
-mod host_backend;
+mod group;
+mod host_engine;
 mod kernels;
 mod op;
 mod op_desc;
@@ -29,7 +30,10 @@ pub use backend::{validate_blocks, validate_reduce, validate_root, Backend};
 pub use buffer::{BufferMut, BufferRef};
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
-pub use host_backend::{HostBackend, HostConfig, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES};
+pub use group::{
+    validate_peer, Deadline, Engine, GroupRunner, Request, Sequence, PEER_FAILURE_GRACE,
+};
+pub use host_engine::{HostBackend, HostConfig, HostEngine, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};
 pub use transport::{Readiness, Transport};

@@ -1,36 +1,27 @@
-//! ringccl's byte movers: the rendezvous store and the TCP mesh transport that the
-//! `"gloo"` backend runs its schedules over.
+//! ringccl's byte movers: the TCP mesh transport, the same-host shared-memory
+//! transport, `poll(2)`, and the liveness probe of a peer's connection.
 //!
-//! Transports know nothing about collectives; they connect ranks and move bytes. Most
-//! users want the `ringccl` crate, which re-exports what matters from here.
+//! Transports know nothing about collectives or about how ranks find each other; they
+//! move bytes between connected ranks. Connecting is the rendezvous crate's job
+//! (`ringccl-rendezvous`), which hands over handshaken connections; shared-memory
+//! set-up reads the rendezvous store only through [`SetupStore`]. Most users want the
+//! `ringccl` crate, which re-exports what matters from here.
+//!
+//! - [`TcpTransport`]: one non-blocking connection per peer.
+//! - [`ShmTransport`]: futex-signalled rings under `/dev/shm` ([`shm::set_up`] builds
+//!   them collectively), with the TCP connections kept as a liveness channel.
+//! - [`poll`]: sleeping until a socket is ready.
+//! - [`liveness`]: is a peer's process still there?
 
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod auth;
-mod deadline_io;
-#[cfg(feature = "nccl")]
-mod nccl;
-mod options;
-mod peer_hello;
-mod poll;
-mod rendezvous;
-mod shm;
-pub mod store;
+pub mod liveness;
+pub mod poll;
+mod setup_store;
+pub mod shm;
 mod tcp;
 
-pub use auth::AuthToken;
-#[cfg(feature = "nccl")]
-pub use nccl::{cuda_device_count, DeviceElement, NcclBackend};
-pub use options::{
-    first_slurm_host, InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT,
-};
-pub use rendezvous::connect_mesh;
+pub use setup_store::SetupStore;
 pub use shm::{ShmTransport, DEFAULT_RING_BYTES};
-pub use store::StoreListener;
 pub use tcp::TcpTransport;
-
-/// Re-export of `cudarc` (the CUDA driver and NCCL binding), whose `CudaSlice<T>` the
-/// device-buffer methods take.
-#[cfg(feature = "nccl")]
-pub use cudarc;

@@ -1,4 +1,5 @@
-//! The one place this crate calls into the OS directly: `poll(2)`.
+//! Sleeping until a socket is ready: `poll(2)`, for the TCP transport and the
+//! rendezvous (accepting connections, the store server).
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -6,14 +7,18 @@ use std::time::{Duration, Instant};
 
 /// What to wait for on one descriptor.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Interest {
-    pub(crate) fd: RawFd,
-    pub(crate) read: bool,
-    pub(crate) write: bool,
+pub struct Interest {
+    /// The descriptor.
+    pub fd: RawFd,
+    /// Wake when it is readable (or closed).
+    pub read: bool,
+    /// Wake when it is writable.
+    pub write: bool,
 }
 
 impl Interest {
-    pub(crate) fn readable(fd: &impl AsRawFd) -> Interest {
+    /// Readability of `fd`.
+    pub fn readable(fd: &impl AsRawFd) -> Interest {
         Interest {
             fd: fd.as_raw_fd(),
             read: true,
@@ -22,9 +27,9 @@ impl Interest {
     }
 }
 
-/// Sleeps until one of `interests` is ready (or in error), or until `deadline`.
-/// Returns `false` when the deadline passed with nothing ready.
-pub(crate) fn wait_any(interests: &[Interest], deadline: Instant) -> io::Result<bool> {
+/// Sleeps until one of `interests` (at most two) is ready (or in error), or until
+/// `deadline`. Returns `false` when the deadline passed with nothing ready.
+pub fn wait_any(interests: &[Interest], deadline: Instant) -> io::Result<bool> {
     let mut fds: [libc::pollfd; 2] = [libc::pollfd {
         fd: -1,
         events: 0,
@@ -65,31 +70,4 @@ pub(crate) fn wait_any(interests: &[Interest], deadline: Instant) -> io::Result<
 fn millis_rounded_up(d: Duration) -> libc::c_int {
     let ms = d.as_micros().div_ceil(1000);
     ms.min(libc::c_int::MAX as u128) as libc::c_int
-}
-
-/// Whether the peer of the connected socket `fd` has closed or reset it. Never blocks.
-/// Bytes waiting to be read also count (a liveness-only connection carries none).
-pub(crate) fn hung_up(fd: RawFd) -> bool {
-    let mut entry = libc::pollfd {
-        fd,
-        events: libc::POLLIN | libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid, initialised `pollfd`; a zero timeout never blocks.
-    let rc = unsafe { libc::poll(&mut entry, 1, 0) };
-    rc > 0 && entry.revents & (libc::POLLIN | libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
-}
-
-/// Whether the peer of the connected socket `fd` has closed its side or the connection
-/// has failed (reset, keepalive timeout, unreachable). Never blocks; pending data does
-/// not count.
-pub(crate) fn closed_or_failed(fd: RawFd) -> bool {
-    let mut entry = libc::pollfd {
-        fd,
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid, initialised `pollfd`; a zero timeout never blocks.
-    let rc = unsafe { libc::poll(&mut entry, 1, 0) };
-    rc > 0 && entry.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }

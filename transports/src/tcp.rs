@@ -2,102 +2,51 @@
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut, Read};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ringccl_collectives::{Readiness, Transport};
 use socket2::Socket;
 
+use crate::liveness::connection_lost;
 use crate::poll::{wait_any, Interest};
-use crate::store::{StoreClient, StoreServer};
 
-/// A connected full mesh of TCP connections between the ranks of one group.
-///
-/// Made by [`connect_mesh`](crate::connect_mesh). It keeps the rendezvous store client (and,
-/// on rank 0, the store server) alive for the life of the group.
+/// A connected full mesh of TCP connections between the ranks of one group, made from
+/// the rendezvous' handshaken connections.
 pub struct TcpTransport {
     rank: usize,
     world_size: usize,
     peers: Vec<Option<Socket>>,
-    pub(crate) job_id: u64,
-    // Field order matters for drop: close the client before stopping the server.
-    pub(crate) store: Option<StoreClient>,
-    _server: Option<StoreServer>,
 }
 
 impl TcpTransport {
-    pub(crate) fn new(
+    /// Puts handshaken connections (`peers[p]` to rank `p`, `None` at `rank`) into data
+    /// mode: no Nagle delay, non-blocking, and a dead peer host noticed within about
+    /// `dead_peer` (keepalive probes on idle connections, a user timeout on
+    /// unacknowledged data; a slow but alive peer still acknowledges, zero-window probes
+    /// included).
+    pub fn new(
         rank: usize,
-        world_size: usize,
-        peers: Vec<Option<Socket>>,
-        job_id: u64,
-        store: Option<StoreClient>,
-        server: Option<StoreServer>,
-    ) -> TcpTransport {
-        TcpTransport {
+        peers: Vec<Option<TcpStream>>,
+        dead_peer: Duration,
+    ) -> io::Result<TcpTransport> {
+        let world_size = peers.len();
+        let peers = peers
+            .into_iter()
+            .map(|stream| stream.map(|s| configure(s, dead_peer)).transpose())
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(TcpTransport {
             rank,
             world_size,
             peers,
-            job_id,
-            store,
-            _server: server,
-        }
+        })
     }
 
-    /// Start-up steps that read the store must end with this on every rank: ranks above 0
-    /// tell rank 0 they are done with the store (one byte on their connection), and rank
-    /// 0 returns only once all have, so the store it hosts outlives every reader.
-    pub(crate) fn release_store(&mut self, deadline: Instant) -> io::Result<()> {
-        let rank = self.rank;
-        if rank != 0 {
-            loop {
-                match self.write_some(0, &[IoSlice::new(&[1u8])]) {
-                    Ok(1) => return Ok(()),
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
-                if self.wait(Some(0), None, deadline)? == Readiness::TimedOut {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "rank 0 did not take the done byte",
-                    ));
-                }
-            }
-        }
-        for peer in 1..self.world_size {
-            let mut byte = [0u8; 1];
-            loop {
-                match self.read_some(peer, &mut [IoSliceMut::new(&mut byte)]) {
-                    Ok(1) => break,
-                    Ok(_) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            format!("rank {peer} left during start-up"),
-                        ))
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
-                if self.wait(None, Some(peer), deadline)? == Readiness::TimedOut {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("rank {peer} did not finish start-up"),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether `peer`'s connection has been closed or reset (its process is gone).
-    /// Never blocks. Meant for connections that carry no data (the shared-memory
-    /// transport keeps them as a liveness channel).
-    pub(crate) fn peer_gone(&self, peer: usize) -> bool {
-        match self.peer(peer) {
-            Ok(socket) => crate::poll::hung_up(socket.as_raw_fd()),
-            Err(_) => true,
-        }
+    /// Whether `peer`'s connection has been closed or has failed (its process or host is
+    /// gone). Never blocks.
+    pub fn peer_gone(&self, peer: usize) -> bool {
+        self.peer(peer).map_or(true, connection_lost)
     }
 
     fn peer(&self, peer: usize) -> io::Result<&Socket> {
@@ -111,6 +60,23 @@ impl TcpTransport {
                 )
             })
     }
+}
+
+fn configure(stream: TcpStream, dead_peer: Duration) -> io::Result<Socket> {
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    let socket = Socket::from(stream);
+    socket.set_tcp_nodelay(true)?;
+    let second = Duration::from_secs(1);
+    socket.set_tcp_keepalive(
+        &socket2::TcpKeepalive::new()
+            .with_time((dead_peer * 2 / 5).max(second))
+            .with_interval((dead_peer / 5).max(second))
+            .with_retries(3),
+    )?;
+    socket.set_tcp_user_timeout(Some(dead_peer))?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
 }
 
 impl Transport for TcpTransport {
@@ -136,11 +102,7 @@ impl Transport for TcpTransport {
 
     fn failed_peers(&mut self) -> Vec<usize> {
         (0..self.world_size)
-            .filter(|&p| p != self.rank)
-            .filter(|&p| match self.peer(p) {
-                Ok(socket) => crate::poll::closed_or_failed(socket.as_raw_fd()),
-                Err(_) => true,
-            })
+            .filter(|&p| p != self.rank && self.peer_gone(p))
             .collect()
     }
 

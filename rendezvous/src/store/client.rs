@@ -227,3 +227,18 @@ impl fmt::Debug for StoreClient {
             .finish_non_exhaustive()
     }
 }
+
+impl ringccl_transports::SetupStore for StoreClient {
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Error> {
+        StoreClient::set(self, key, value)
+    }
+
+    fn wait(
+        &mut self,
+        key: &str,
+        deadline: Instant,
+        waiting_for: &dyn Fn() -> String,
+    ) -> Result<Vec<u8>, Error> {
+        StoreClient::wait(self, key, deadline, waiting_for)
+    }
+}

@@ -26,7 +26,7 @@ pub fn resolve(master: &str) -> io::Result<Vec<SocketAddr>> {
 /// ranks), as tests and launchers do.
 ///
 /// ```
-/// use ringccl_transports::StoreListener;
+/// use ringccl_rendezvous::StoreListener;
 /// let listener = StoreListener::bind("127.0.0.1:0")?;
 /// assert_ne!(listener.local_addr()?.port(), 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())

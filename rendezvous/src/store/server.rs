@@ -17,7 +17,7 @@ use super::protocol::{
 use super::StoreListener;
 use crate::auth::{authenticate, mismatch_reason, AuthToken, Role};
 use crate::deadline_io::{read_exact_by, write_all_by};
-use crate::poll::{wait_any, Interest};
+use ringccl_transports::poll::{wait_any, Interest};
 
 /// How long a client may take to send its hello, or the rest of a request it started.
 const CLIENT_STALL_LIMIT: Duration = Duration::from_secs(10);

@@ -1,22 +1,23 @@
 //! Start-up: rank 0 hosts the store, every rank publishes its listening address, and the
-//! ranks connect into a full mesh, each connection opened with a checked handshake.
+//! ranks connect into a full mesh, each connection opened with a checked handshake. The
+//! result is a [`Mesh`], whose [`Mesh::finish`] ends start-up.
 
 use std::collections::hash_map::RandomState;
+use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::InitOptions;
 use ringccl_collectives::Error;
-use socket2::Socket;
+use ringccl_transports::poll::{wait_any, Interest};
 
 use crate::auth::{authenticate, AuthToken, Role};
 use crate::deadline_io::{read_exact_by, write_all_by};
-use crate::peer_hello::{PeerHello, PEER_HELLO_LEN};
-use crate::poll::{wait_any, Interest};
+use crate::hello::{PeerHello, PEER_HELLO_LEN};
 use crate::store::{resolve, StoreClient, StoreListener, StoreServer};
-use crate::{InitOptions, TcpTransport};
 
 const JOB_KEY: &str = "ringccl/job";
 /// How long an accepted stranger may take to introduce itself before it is dropped.
@@ -37,6 +38,118 @@ fn fresh_job_id() -> u64 {
     hasher.finish()
 }
 
+/// This rank's handshaken connections to every other rank, and the rendezvous store that
+/// start-up steps after the mesh (shared-memory set-up, the NCCL unique id) still read.
+///
+/// Start-up ends with [`Mesh::finish`], on every rank: it hands the connections over and
+/// lets rank 0 stop hosting the store once nobody reads it any more.
+pub struct Mesh {
+    rank: usize,
+    world_size: usize,
+    job_id: u64,
+    dead_peer_timeout: Duration,
+    /// `peers[p]`: the blocking connection to rank `p` (`None` for this rank).
+    peers: Vec<Option<TcpStream>>,
+    // Field order matters for drop: close the client before stopping the server.
+    store: StoreClient,
+    _server: Option<StoreServer>,
+}
+
+impl Mesh {
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// This job's random id (every rank of one job sees the same).
+    pub fn job_id(&self) -> u64 {
+        self.job_id
+    }
+
+    /// How long a silent peer host may take before its connection is declared dead
+    /// (`InitOptions::dead_peer_timeout`), for whoever configures the connections.
+    pub fn dead_peer_timeout(&self) -> Duration {
+        self.dead_peer_timeout
+    }
+
+    /// The rendezvous store, for start-up steps that follow the mesh.
+    pub fn store(&mut self) -> &mut StoreClient {
+        &mut self.store
+    }
+
+    /// Ends start-up on every rank: ranks above 0 tell rank 0 they are done with the
+    /// store (one byte on their connection), and rank 0 returns only once all have, so
+    /// the store it hosts outlives every start-up reader. Returns the connections, still
+    /// blocking, `None` at this rank's own index, and the store, which the group keeps
+    /// for its lifetime.
+    pub fn finish(self, deadline: Instant) -> Result<(Vec<Option<TcpStream>>, KeptStore), Error> {
+        let rank = self.rank;
+        let failed = |peer: usize, e: io::Error| Error::Io {
+            rank,
+            context: format!(
+                "finishing start-up with rank {peer} (telling rank 0 the store is no longer needed)"
+            ),
+            source: e,
+        };
+        let connection = |peer: usize| {
+            self.peers
+                .get(peer)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| {
+                    failed(
+                        peer,
+                        io::Error::new(io::ErrorKind::NotConnected, "no connection"),
+                    )
+                })
+        };
+        if rank != 0 {
+            write_all_by(connection(0)?, &[1], deadline).map_err(|e| failed(0, e))?;
+        } else {
+            for peer in 1..self.world_size {
+                let mut byte = [0u8; 1];
+                read_exact_by(connection(peer)?, &mut byte, deadline)
+                    .map_err(|e| failed(peer, e))?;
+            }
+        }
+        let store = KeptStore {
+            _client: self.store,
+            _server: self._server,
+        };
+        Ok((self.peers, store))
+    }
+}
+
+/// The rendezvous store after start-up: the client and, on rank 0, the server, kept
+/// alive for the life of the group (tools may still read what the ranks published).
+pub struct KeptStore {
+    // Field order matters for drop: close the client before stopping the server.
+    _client: StoreClient,
+    _server: Option<StoreServer>,
+}
+
+impl fmt::Debug for KeptStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeptStore")
+            .field("hosted_here", &self._server.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for Mesh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mesh")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("job_id", &format_args!("{:016x}", self.job_id))
+            .finish_non_exhaustive()
+    }
+}
+
 /// Creates this rank's connections to every other rank of the group described by `opts`.
 ///
 /// Rank 0 starts the rendezvous store (on `opts`' store listener, or by binding the master
@@ -44,7 +157,7 @@ fn fresh_job_id() -> u64 {
 /// rank 0 may start last), listens on an ephemeral port on the interface it reaches the
 /// store through, publishes that address, connects to every lower rank and accepts every
 /// higher one.
-pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
+pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
     opts.validate()?;
     let rank = opts.rank();
     let world_size = opts.world_size();
@@ -130,7 +243,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
                 })?;
         lower_addrs.push(addr);
     }
-    let mut peers: Vec<Option<Socket>> = (0..world_size).map(|_| None).collect();
+    let mut peers: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
     for (peer, addr) in lower_addrs.into_iter().enumerate() {
         let stream = connect_peer(rank, peer, addr, deadline, timeout)?;
         let theirs =
@@ -148,10 +261,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
                 reason: format!("it says it is rank {}", theirs.rank),
             });
         }
-        peers[peer] = Some(
-            configure(stream, dead_peer)
-                .map_err(|e| io_error(format!("configuring the connection to rank {peer}"), e))?,
-        );
+        peers[peer] = Some(stream);
     }
 
     listener
@@ -199,24 +309,21 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
                 }
             });
         match accepted {
-            Ok(peer) => {
-                peers[peer] = Some(configure(stream, dead_peer).map_err(|e| {
-                    io_error(format!("configuring the connection from rank {peer}"), e)
-                })?);
-            }
+            Ok(peer) => peers[peer] = Some(stream),
             Err(reason) => {
                 eprintln!("ringccl: rank {rank}: rejected connection from {from}: {reason}")
             }
         }
     }
-    Ok(TcpTransport::new(
+    Ok(Mesh {
         rank,
         world_size,
-        peers,
         job_id,
-        Some(store),
-        server,
-    ))
+        dead_peer_timeout: dead_peer,
+        peers,
+        store,
+        _server: server,
+    })
 }
 
 fn connect_peer(
@@ -264,25 +371,4 @@ fn introduce(
             .map_err(|e| format!("authentication failed: {e}"))?;
     }
     Ok(theirs)
-}
-
-/// Puts a handshaken connection into data mode: no Nagle delay, non-blocking, and a
-/// dead peer host noticed within about `dead_peer` (keepalive probes on idle
-/// connections, a user timeout on unacknowledged data; a slow but alive peer still
-/// acknowledges, zero-window probes included).
-fn configure(stream: TcpStream, dead_peer: Duration) -> io::Result<Socket> {
-    stream.set_read_timeout(None)?;
-    stream.set_write_timeout(None)?;
-    let socket = Socket::from(stream);
-    socket.set_tcp_nodelay(true)?;
-    let second = Duration::from_secs(1);
-    socket.set_tcp_keepalive(
-        &socket2::TcpKeepalive::new()
-            .with_time((dead_peer * 2 / 5).max(second))
-            .with_interval((dead_peer / 5).max(second))
-            .with_retries(3),
-    )?;
-    socket.set_tcp_user_timeout(Some(dead_peer))?;
-    socket.set_nonblocking(true)?;
-    Ok(socket)
 }

@@ -47,7 +47,7 @@ pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// ```
 /// use std::time::Duration;
-/// use ringccl_transports::InitOptions;
+/// use ringccl_rendezvous::InitOptions;
 ///
 /// let opts = InitOptions::new(0, 4, "10.0.0.1:29500").timeout(Duration::from_secs(60));
 /// assert_eq!(opts.rank(), 0);
@@ -137,7 +137,7 @@ impl InitOptions {
     /// process environment.
     ///
     /// ```
-    /// use ringccl_transports::InitOptions;
+    /// use ringccl_rendezvous::InitOptions;
     /// let vars = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "::1"), ("MASTER_PORT", "29500")];
     /// let opts = InitOptions::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()))?;
     /// assert_eq!(opts.master(), "[::1]:29500");

@@ -10,12 +10,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use ringccl_transports::store::protocol::{
+use ringccl_rendezvous::store::protocol::{
     Hello, RequestHeader, ResponseHeader, HELLO_LEN, MAX_KEY_LEN, MAX_VALUE_LEN,
     REQUEST_HEADER_LEN, RESPONSE_HEADER_LEN,
 };
-use ringccl_transports::store::{StoreClient, StoreServer};
-use ringccl_transports::StoreListener;
+use ringccl_rendezvous::store::{StoreClient, StoreServer};
+use ringccl_rendezvous::StoreListener;
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(20_000))]

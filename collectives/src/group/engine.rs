@@ -1,0 +1,32 @@
+//! What a backend implements: running one validated, numbered call.
+
+use std::fmt;
+
+use super::{Deadline, Request};
+use crate::{Error, OpDesc};
+
+/// The part of a backend that moves data: it runs one call that
+/// [`GroupRunner`](super::GroupRunner) has already validated, numbered and given a
+/// deadline. Sequence numbers, the broken state, argument checks and the diagnosis of
+/// failures live once, in the runner, for every engine.
+///
+/// The runner serialises calls: an engine never runs two at once.
+pub trait Engine: Send + fmt::Debug {
+    /// Runs `request`, described to peers and in errors as `op`, by `deadline`.
+    fn execute(
+        &mut self,
+        op: &OpDesc,
+        request: Request<'_>,
+        deadline: Deadline,
+    ) -> Result<(), Error>;
+
+    /// Peers whose connection to this rank has closed or failed, for the diagnosis of an
+    /// error (never blocks). Engines without such knowledge say none.
+    fn failed_peers(&mut self) -> Vec<usize> {
+        Vec::new()
+    }
+
+    /// The group has broken: release whatever could still be waiting on peers (NCCL
+    /// aborts its communicator). Called once, under the runner's lock.
+    fn abort(&mut self) {}
+}

@@ -1,0 +1,286 @@
+//! The CPU engine: ringccl's own schedules, run by the executor over any [`Transport`].
+//! Over the TCP or shared-memory transport, this is the `"gloo"` backend.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::executor::{execute, Call};
+use crate::group::{Deadline, Engine, GroupRunner, Request};
+use crate::schedule::{
+    binomial_tree_broadcast, chain_broadcast, dissemination_barrier, pairwise_all_to_all,
+    recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
+    ring_reduce_scatter, segment, send_to, Schedule,
+};
+use crate::transport::Transport;
+use crate::wire::{Algorithm, MAX_FRAME_PAYLOAD};
+use crate::{AllReduceAlgo, DType, Error, OpDesc, ReduceOp};
+
+/// Tuning knobs of the host engine. Every rank must use the same values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostConfig {
+    /// Default deadline of each call.
+    pub timeout: Duration,
+    /// Largest chunk a pipelined step sends as one frame.
+    pub chunk_bytes: usize,
+    /// Broadcasts up to this size use the binomial tree; larger ones the pipelined chain.
+    pub tree_broadcast_max_bytes: usize,
+    /// Which all-reduce algorithm to run.
+    pub all_reduce_algo: AllReduceAlgo,
+    /// With [`AllReduceAlgo::Auto`], all-reduces up to this size use recursive doubling.
+    pub small_all_reduce_max_bytes: usize,
+}
+
+/// Default crossover between recursive doubling and the ring; see docs/benchmarks.md.
+pub const DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES: usize = 32 * 1024;
+
+impl Default for HostConfig {
+    fn default() -> HostConfig {
+        HostConfig {
+            timeout: Duration::from_secs(30 * 60),
+            chunk_bytes: 256 * 1024,
+            tree_broadcast_max_bytes: 64 * 1024,
+            all_reduce_algo: AllReduceAlgo::Auto,
+            small_all_reduce_max_bytes: DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
+        }
+    }
+}
+
+/// The `"gloo"` backend: a [`GroupRunner`] around a [`HostEngine`].
+pub type HostBackend<T> = GroupRunner<HostEngine<T>>;
+
+impl<T: Transport> HostBackend<T> {
+    /// Wraps a connected transport. `config.chunk_bytes` is clamped to
+    /// `1..=`[`MAX_FRAME_PAYLOAD`].
+    pub fn new(name: &'static str, transport: T, config: HostConfig) -> HostBackend<T> {
+        let (rank, world_size, timeout) =
+            (transport.rank(), transport.world_size(), config.timeout);
+        GroupRunner::with_engine(
+            name,
+            rank,
+            world_size,
+            timeout,
+            HostEngine::new(transport, config),
+        )
+    }
+}
+
+/// Runs ring and recursive-doubling all-reduce, tree/chain broadcast, dissemination
+/// barrier, ring reduce / reduce-scatter / all-gather, pairwise all-to-all and
+/// point-to-point messages over a transport.
+pub struct HostEngine<T> {
+    transport: T,
+    config: HostConfig,
+    /// Receive space for reductions, kept between calls (u64 words: kernels need
+    /// typed alignment).
+    scratch: Vec<u64>,
+}
+
+/// What one call asks of the executor.
+struct Job<'a> {
+    algorithm: Algorithm,
+    schedule: Schedule,
+    elem_size: usize,
+    reduce: Option<(DType, ReduceOp)>,
+    buf: &'a mut [u8],
+    send_from: Option<&'a [u8]>,
+}
+
+/// Element-aligned scratch copy of `bytes` (kernels need typed alignment).
+fn aligned_copy(bytes: &[u8]) -> Vec<u64> {
+    let mut words = vec![0u64; bytes.len().div_ceil(8)];
+    bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
+    words
+}
+
+impl<T: Transport> HostEngine<T> {
+    /// An engine over a connected transport. `config.chunk_bytes` is clamped to
+    /// `1..=`[`MAX_FRAME_PAYLOAD`].
+    pub fn new(transport: T, mut config: HostConfig) -> HostEngine<T> {
+        config.chunk_bytes = config.chunk_bytes.clamp(1, MAX_FRAME_PAYLOAD);
+        HostEngine {
+            transport,
+            config,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &HostConfig {
+        &self.config
+    }
+
+    fn run(&mut self, op: &OpDesc, job: Job<'_>, deadline: Deadline) -> Result<(), Error> {
+        let call = Call {
+            rank: self.transport.rank(),
+            world_size: self.transport.world_size(),
+            op: *op,
+            algorithm: job.algorithm,
+            elem_size: job.elem_size,
+            reduce: job.reduce,
+            deadline: deadline.at(),
+            timeout: deadline.timeout(),
+        };
+        execute(
+            &mut self.transport,
+            &job.schedule,
+            &call,
+            job.buf,
+            job.send_from,
+            &mut self.scratch,
+        )
+    }
+}
+
+impl<T: Transport> Engine for HostEngine<T> {
+    fn execute(
+        &mut self,
+        op: &OpDesc,
+        request: Request<'_>,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        let (rank, n) = (self.transport.rank(), self.transport.world_size());
+        let cfg = &self.config;
+        let chunk = cfg.chunk_bytes;
+        let plain = |algorithm, schedule, dtype: DType, buf| Job {
+            algorithm,
+            schedule,
+            elem_size: dtype.size(),
+            reduce: None,
+            buf,
+            send_from: None,
+        };
+        match request {
+            Request::AllReduce {
+                mut buf,
+                op: reduce,
+            } => {
+                let (dtype, count) = (buf.dtype(), buf.len());
+                let es = dtype.size();
+                let algorithm = cfg
+                    .all_reduce_algo
+                    .pick(count * es, cfg.small_all_reduce_max_bytes);
+                let schedule = match algorithm {
+                    Algorithm::RecursiveDoubling => {
+                        recursive_doubling_all_reduce(rank, n, count, es, chunk)
+                    }
+                    _ => ring_all_reduce(rank, n, count, es, chunk),
+                };
+                let job = Job {
+                    reduce: Some((dtype, reduce)),
+                    ..plain(algorithm, schedule, dtype, buf.bytes_mut())
+                };
+                self.run(op, job, deadline)
+            }
+            Request::Broadcast { mut buf, root } => {
+                let (dtype, count) = (buf.dtype(), buf.len());
+                let es = dtype.size();
+                let job = if count * es <= cfg.tree_broadcast_max_bytes {
+                    let schedule = binomial_tree_broadcast(rank, n, root, count, es, chunk);
+                    plain(Algorithm::BinomialTree, schedule, dtype, buf.bytes_mut())
+                } else {
+                    let schedule = chain_broadcast(rank, n, root, count, es, chunk);
+                    plain(Algorithm::Chain, schedule, dtype, buf.bytes_mut())
+                };
+                self.run(op, job, deadline)
+            }
+            Request::Barrier => {
+                let job = Job {
+                    elem_size: 1,
+                    ..plain(
+                        Algorithm::Dissemination,
+                        dissemination_barrier(rank, n),
+                        DType::U8,
+                        &mut [],
+                    )
+                };
+                self.run(op, job, deadline)
+            }
+            Request::Reduce {
+                mut buf,
+                op: reduce,
+                root,
+            } => {
+                let (dtype, count) = (buf.dtype(), buf.len());
+                let schedule = ring_reduce(rank, n, root, count, dtype.size(), chunk);
+                let job = Job {
+                    reduce: Some((dtype, reduce)),
+                    ..plain(Algorithm::Ring, schedule, dtype, buf.bytes_mut())
+                };
+                self.run(op, job, deadline)
+            }
+            Request::AllGather { input, mut output } => {
+                let (dtype, count) = (output.dtype(), output.len());
+                let es = dtype.size();
+                let own = segment(count, n, rank);
+                output.bytes_mut()[own.start * es..own.end * es].copy_from_slice(input.bytes());
+                let schedule = ring_all_gather(rank, n, count, es, chunk);
+                let job = plain(Algorithm::Ring, schedule, dtype, output.bytes_mut());
+                self.run(op, job, deadline)
+            }
+            Request::ReduceScatter {
+                input,
+                mut output,
+                op: reduce,
+            } => {
+                let (dtype, count) = (input.dtype(), input.len());
+                let es = dtype.size();
+                // The ring reduces in place: work on a copy so the caller's input stays
+                // intact.
+                let mut work = aligned_copy(input.bytes());
+                let work_bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut work)[..count * es];
+                let schedule = ring_reduce_scatter(rank, n, count, es, chunk);
+                let job = Job {
+                    reduce: Some((dtype, reduce)),
+                    ..plain(Algorithm::Ring, schedule, dtype, &mut *work_bytes)
+                };
+                self.run(op, job, deadline)?;
+                let own = segment(count, n, rank);
+                output
+                    .bytes_mut()
+                    .copy_from_slice(&work_bytes[own.start * es..own.end * es]);
+                Ok(())
+            }
+            Request::AllToAll { input, mut output } => {
+                let (dtype, count) = (input.dtype(), input.len());
+                let es = dtype.size();
+                let own = segment(count, n, rank);
+                let own_bytes = own.start * es..own.end * es;
+                output.bytes_mut()[own_bytes.clone()].copy_from_slice(&input.bytes()[own_bytes]);
+                let schedule = pairwise_all_to_all(rank, n, count, es, chunk);
+                let job = Job {
+                    send_from: Some(input.bytes()),
+                    ..plain(Algorithm::Pairwise, schedule, dtype, output.bytes_mut())
+                };
+                self.run(op, job, deadline)
+            }
+            Request::Send { buf, peer, .. } => {
+                let dtype = buf.dtype();
+                let schedule = send_to(peer, buf.len(), dtype.size(), chunk);
+                let job = Job {
+                    send_from: Some(buf.bytes()),
+                    ..plain(Algorithm::Direct, schedule, dtype, &mut [])
+                };
+                self.run(op, job, deadline)
+            }
+            Request::Recv { mut buf, peer, .. } => {
+                let dtype = buf.dtype();
+                let schedule = recv_from(peer, buf.len(), dtype.size(), chunk);
+                let job = plain(Algorithm::Direct, schedule, dtype, buf.bytes_mut());
+                self.run(op, job, deadline)
+            }
+        }
+    }
+
+    fn failed_peers(&mut self) -> Vec<usize> {
+        self.transport.failed_peers()
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for HostEngine<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostEngine")
+            .field("config", &self.config)
+            .field("transport", &self.transport)
+            .finish_non_exhaustive()
+    }
+}

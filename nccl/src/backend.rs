@@ -1,0 +1,287 @@
+//! The `"nccl"` backend's public face: start-up, the device it runs on, and collectives
+//! on device buffers (`CudaSlice`), which go to NCCL without staging.
+
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use ringccl_collectives::{
+    validate_blocks, validate_reduce, validate_root, Backend, CollectiveKind, Deadline, Element,
+    Error, GroupRunner, OpDesc, ReduceOp, Sequence,
+};
+
+use super::engine::NcclEngine;
+use super::ffi::{Call, DeviceRegion};
+use super::poller::Involved;
+use ringccl_rendezvous::{InitOptions, KeptStore};
+
+/// Element types NCCL and CUDA memory both handle: all eight [`Element`] types.
+pub trait DeviceElement: Element + DeviceRepr + ValidAsZeroBits {}
+
+impl<T: Element + DeviceRepr + ValidAsZeroBits> DeviceElement for T {}
+
+/// One rank's NCCL communicator.
+///
+/// * Host buffers go through [`NcclBackend::group`], the same [`Backend`] interface as
+///   the CPU backend: staged through device memory, reduced there by NCCL, copied back.
+/// * Device buffers (`CudaSlice<T>`, the `*_device` methods) go to NCCL directly.
+///
+/// Both run through one [`GroupRunner`]: one sequence of numbered calls, one broken
+/// state. NCCL has no deadline of its own. The communicator is non-blocking; every call
+/// is polled (`ncclCommGetAsyncError` and a CUDA event) until it finishes, its deadline
+/// passes, or a peer's process is seen gone (a TCP connection to every peer is kept as a
+/// liveness channel). In the last two cases the communicator is aborted and the call
+/// returns [`Error::DeviceTimeout`] or [`Error::PeerLost`]; later calls return
+/// [`Error::GroupBroken`]. Dropping the last handle shuts NCCL down in an orderly way
+/// (or aborts it) and never panics.
+///
+/// NCCL does not check that ranks issue the same collectives; a mismatch ends in the
+/// deadline. Point-to-point tags are not carried by NCCL: messages between two ranks
+/// match in order, and the tag is not checked.
+pub struct NcclBackend {
+    pub(super) group: Arc<GroupRunner<NcclEngine>>,
+    pub(super) device: usize,
+    pub(super) stream: Arc<CudaStream>,
+    /// The rendezvous store, kept for the life of the group.
+    pub(super) _store: KeptStore,
+}
+
+impl NcclBackend {
+    /// Checks that libcuda and libnccl load and that a CUDA device is visible, without
+    /// touching the network. Returns the number of devices, or the error
+    /// `init_process_group("nccl", ..)` would return, which says what to install or set.
+    pub fn probe() -> Result<usize, Error> {
+        super::probe::probe()
+    }
+
+    /// Joins the group described by `opts` (the same options and rendezvous as the CPU
+    /// backend). Rank 0 makes the NCCL unique id and shares it through the rendezvous
+    /// store; every rank then opens its communicator on device `opts.get_device()`, or
+    /// `(local rank or rank) % device_count`.
+    pub fn connect(opts: InitOptions) -> Result<NcclBackend, Error> {
+        super::startup::connect(opts)
+    }
+
+    /// The host-buffer collectives, as a [`Backend`] sharing this communicator.
+    pub fn group(&self) -> Arc<dyn Backend> {
+        self.group.clone()
+    }
+
+    /// The CUDA device this rank's communicator runs on.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The stream NCCL work runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    fn check_device<T>(&self, what: &str, slice: &CudaSlice<T>) -> Result<(), Error> {
+        if slice.ordinal() != self.device {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: {what}: the buffer is on cuda:{} but this rank's NCCL communicator \
+                 is on cuda:{}; allocate it on the communicator's device (see \
+                 InitOptions::device)",
+                self.group.rank(),
+                slice.ordinal(),
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs one device collective, numbered among the group's collectives.
+    fn run(
+        &self,
+        describe: impl FnOnce(u64) -> OpDesc,
+        deadline: Deadline,
+        launch: impl FnOnce(&super::poller::Cx<'_>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        self.group
+            .run(Sequence::Collective, deadline, |engine, seq| {
+                let op = describe(seq);
+                engine.with_cx(&op, Involved::All, deadline, |cx, _| launch(cx))
+            })
+    }
+
+    /// All-reduces a device buffer in place; see [`Backend::all_reduce`].
+    pub fn all_reduce_device<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        validate_reduce(T::DTYPE, op)?;
+        self.check_device("all_reduce", buf)?;
+        let count = buf.len();
+        self.run(
+            |seq| OpDesc::all_reduce(seq, T::DTYPE, count, op),
+            deadline,
+            |cx| {
+                let region = DeviceRegion::writing(buf, cx.stream);
+                cx.launch(&[Call::AllReduce {
+                    buf: &region,
+                    count,
+                    dtype: T::DTYPE,
+                    op,
+                }])
+            },
+        )
+    }
+
+    /// Broadcasts a device buffer from `root`; see [`Backend::broadcast`].
+    pub fn broadcast_device<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        root: usize,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        validate_root(root, self.group.world_size())?;
+        self.check_device("broadcast", buf)?;
+        let count = buf.len();
+        self.run(
+            |seq| OpDesc::broadcast(seq, T::DTYPE, count, root),
+            deadline,
+            |cx| {
+                let region = DeviceRegion::writing(buf, cx.stream);
+                cx.launch(&[Call::Broadcast {
+                    buf: &region,
+                    count,
+                    dtype: T::DTYPE,
+                    root,
+                }])
+            },
+        )
+    }
+
+    /// Reduces a device buffer into `root`'s; see [`Backend::reduce`].
+    pub fn reduce_device<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+        root: usize,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        validate_root(root, self.group.world_size())?;
+        validate_reduce(T::DTYPE, op)?;
+        self.check_device("reduce", buf)?;
+        let count = buf.len();
+        self.run(
+            |seq| {
+                OpDesc::new(
+                    seq,
+                    CollectiveKind::Reduce,
+                    T::DTYPE,
+                    count,
+                    Some(op),
+                    Some(root),
+                )
+            },
+            deadline,
+            |cx| {
+                let region = DeviceRegion::writing(buf, cx.stream);
+                cx.launch(&[Call::Reduce {
+                    buf: &region,
+                    count,
+                    dtype: T::DTYPE,
+                    op,
+                    root,
+                }])
+            },
+        )
+    }
+
+    /// All-gathers device buffers; see [`Backend::all_gather`].
+    pub fn all_gather_device<T: DeviceElement>(
+        &self,
+        input: &CudaSlice<T>,
+        output: &mut CudaSlice<T>,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        let (n, m) = (input.len(), output.len());
+        validate_blocks(
+            "all_gather",
+            T::DTYPE,
+            T::DTYPE,
+            n,
+            m,
+            self.group.world_size(),
+        )?;
+        self.check_device("all_gather", input)?;
+        self.check_device("all_gather", output)?;
+        self.run(
+            |seq| OpDesc::new(seq, CollectiveKind::AllGather, T::DTYPE, m, None, None),
+            deadline,
+            |cx| {
+                let (input, output) = (
+                    DeviceRegion::reading(input, cx.stream),
+                    DeviceRegion::writing(output, cx.stream),
+                );
+                cx.launch(&[Call::AllGather {
+                    input: &input,
+                    output: &output,
+                    count: n,
+                    dtype: T::DTYPE,
+                }])
+            },
+        )
+    }
+
+    /// Reduce-scatters device buffers; see [`Backend::reduce_scatter`].
+    pub fn reduce_scatter_device<T: DeviceElement>(
+        &self,
+        input: &CudaSlice<T>,
+        output: &mut CudaSlice<T>,
+        op: ReduceOp,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        let (n, m) = (input.len(), output.len());
+        validate_blocks(
+            "reduce_scatter",
+            T::DTYPE,
+            T::DTYPE,
+            m,
+            n,
+            self.group.world_size(),
+        )?;
+        validate_reduce(T::DTYPE, op)?;
+        self.check_device("reduce_scatter", input)?;
+        self.check_device("reduce_scatter", output)?;
+        self.run(
+            |seq| {
+                OpDesc::new(
+                    seq,
+                    CollectiveKind::ReduceScatter,
+                    T::DTYPE,
+                    n,
+                    Some(op),
+                    None,
+                )
+            },
+            deadline,
+            |cx| {
+                let (input, output) = (
+                    DeviceRegion::reading(input, cx.stream),
+                    DeviceRegion::writing(output, cx.stream),
+                );
+                cx.launch(&[Call::ReduceScatter {
+                    input: &input,
+                    output: &output,
+                    count: m,
+                    dtype: T::DTYPE,
+                    op,
+                }])
+            },
+        )
+    }
+}
+
+impl fmt::Debug for NcclBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NcclBackend")
+            .field("group", &self.group)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}

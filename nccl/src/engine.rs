@@ -1,0 +1,328 @@
+//! The NCCL engine: a live communicator, its stream and staging memory, running the
+//! calls the group runner hands it; and its orderly (or aborted) teardown.
+
+use std::fmt;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::CudaStream;
+use ringccl_collectives::{DType, Deadline, Engine, Error, OpDesc, ReduceOp, Request};
+
+use super::ffi::{Call, DeviceRegion, Progress, RawComm};
+use super::poller::{Cx, Involved};
+use super::staging::{download, scratch, through_staging, upload, Staging};
+use ringccl_transports::TcpTransport;
+
+/// The longest an orderly shutdown (`ncclCommFinalize`) may take before it is aborted.
+const FINALIZE_LIMIT: Duration = Duration::from_secs(10);
+
+/// One rank's NCCL communicator. Host buffers are staged through device memory: copied
+/// to the GPU, reduced there by NCCL, copied back.
+pub struct NcclEngine {
+    rank: usize,
+    world_size: usize,
+    /// `None` once aborted.
+    comm: Option<RawComm>,
+    stream: Arc<CudaStream>,
+    staging: Staging,
+    /// Connections to every peer, idle, as a liveness channel.
+    peers: TcpTransport,
+    timeout: Duration,
+}
+
+impl NcclEngine {
+    pub(super) fn new(
+        rank: usize,
+        world_size: usize,
+        comm: RawComm,
+        stream: Arc<CudaStream>,
+        peers: TcpTransport,
+        timeout: Duration,
+    ) -> NcclEngine {
+        NcclEngine {
+            rank,
+            world_size,
+            comm: Some(comm),
+            stream,
+            staging: Staging::default(),
+            peers,
+            timeout,
+        }
+    }
+
+    /// Runs `body` with the call's context, on this thread bound to the device.
+    pub(super) fn with_cx<R>(
+        &mut self,
+        op: &OpDesc,
+        involved: Involved,
+        deadline: Deadline,
+        body: impl FnOnce(&Cx<'_>, &mut Staging) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let Some(comm) = self.comm.as_ref() else {
+            return Err(Error::GroupBroken {
+                rank: self.rank,
+                cause: "NCCL was shut down".into(),
+            });
+        };
+        let cx = Cx {
+            rank: self.rank,
+            world_size: self.world_size,
+            comm,
+            stream: &self.stream,
+            peers: &self.peers,
+            op,
+            involved,
+            deadline,
+        };
+        self.stream
+            .context()
+            .bind_to_thread()
+            .map_err(cx.driver("binding the CUDA context"))?;
+        body(&cx, &mut self.staging)
+    }
+}
+
+impl Engine for NcclEngine {
+    fn execute(
+        &mut self,
+        op: &OpDesc,
+        request: Request<'_>,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        let rank = self.rank;
+        let world = self.world_size;
+        let involved = request.peer().map_or(Involved::All, Involved::One);
+        self.with_cx(op, involved, deadline, |cx, staging| match request {
+            Request::AllReduce { mut buf, op } => {
+                let (dtype, count) = (buf.dtype(), buf.len());
+                if count == 0 {
+                    return Ok(());
+                }
+                let host = buf.bytes_mut();
+                let mut device = upload(cx, &mut staging.input, host)?;
+                {
+                    let region = DeviceRegion::writing(&mut device, cx.stream);
+                    cx.launch(&[Call::AllReduce {
+                        buf: &region,
+                        count,
+                        dtype,
+                        op,
+                    }])?;
+                }
+                download(cx, &device, host)
+            }
+            Request::Broadcast { mut buf, root } => {
+                let (dtype, count) = (buf.dtype(), buf.len());
+                if count == 0 {
+                    return Ok(());
+                }
+                let host = buf.bytes_mut();
+                let mut device = if rank == root {
+                    upload(cx, &mut staging.input, host)?
+                } else {
+                    scratch(cx, &mut staging.input, host.len())?
+                };
+                {
+                    let region = DeviceRegion::writing(&mut device, cx.stream);
+                    cx.launch(&[Call::Broadcast {
+                        buf: &region,
+                        count,
+                        dtype,
+                        root,
+                    }])?;
+                }
+                if rank == root {
+                    return Ok(());
+                }
+                download(cx, &device, host)
+            }
+            Request::Barrier => {
+                let mut device = scratch(cx, &mut staging.output, 4)?;
+                let region = DeviceRegion::writing(&mut device, cx.stream);
+                cx.launch(&[Call::AllReduce {
+                    buf: &region,
+                    count: 1,
+                    dtype: DType::F32,
+                    op: ReduceOp::Sum,
+                }])
+            }
+            Request::Reduce { mut buf, op, root } => {
+                let (dtype, count) = (buf.dtype(), buf.len());
+                if count == 0 {
+                    return Ok(());
+                }
+                let host = buf.bytes_mut();
+                let mut device = upload(cx, &mut staging.input, host)?;
+                {
+                    let region = DeviceRegion::writing(&mut device, cx.stream);
+                    cx.launch(&[Call::Reduce {
+                        buf: &region,
+                        count,
+                        dtype,
+                        op,
+                        root,
+                    }])?;
+                }
+                if rank != root {
+                    return Ok(());
+                }
+                download(cx, &device, host)
+            }
+            Request::AllGather { input, mut output } => {
+                let (dtype, count) = (input.dtype(), input.len());
+                if count == 0 {
+                    return Ok(());
+                }
+                through_staging(cx, staging, input.bytes(), output.bytes_mut(), |i, o| {
+                    cx.launch(&[Call::AllGather {
+                        input: i,
+                        output: o,
+                        count,
+                        dtype,
+                    }])
+                })
+            }
+            Request::ReduceScatter {
+                input,
+                mut output,
+                op,
+            } => {
+                let (dtype, count) = (input.dtype(), output.len());
+                if count == 0 {
+                    return Ok(());
+                }
+                through_staging(cx, staging, input.bytes(), output.bytes_mut(), |i, o| {
+                    cx.launch(&[Call::ReduceScatter {
+                        input: i,
+                        output: o,
+                        count,
+                        dtype,
+                        op,
+                    }])
+                })
+            }
+            Request::AllToAll { input, mut output } => {
+                let dtype = input.dtype();
+                let block = input.len() / world;
+                if block == 0 {
+                    return Ok(());
+                }
+                through_staging(cx, staging, input.bytes(), output.bytes_mut(), |i, o| {
+                    let mut calls = Vec::with_capacity(2 * world);
+                    for peer in 0..world {
+                        let at = peer * block;
+                        calls.push(Call::Send {
+                            buf: i,
+                            at,
+                            count: block,
+                            dtype,
+                            peer,
+                        });
+                        calls.push(Call::Recv {
+                            buf: o,
+                            at,
+                            count: block,
+                            dtype,
+                            peer,
+                        });
+                    }
+                    cx.launch(&calls)
+                })
+            }
+            Request::Send { buf, peer, .. } => {
+                let (dtype, count) = (buf.dtype(), buf.len());
+                if count == 0 {
+                    return Ok(());
+                }
+                let mut device = upload(cx, &mut staging.input, buf.bytes())?;
+                let region = DeviceRegion::writing(&mut device, cx.stream);
+                cx.launch(&[Call::Send {
+                    buf: &region,
+                    at: 0,
+                    count,
+                    dtype,
+                    peer,
+                }])
+            }
+            Request::Recv { mut buf, peer, .. } => {
+                let (dtype, count) = (buf.dtype(), buf.len());
+                if count == 0 {
+                    return Ok(());
+                }
+                let host = buf.bytes_mut();
+                let mut device = scratch(cx, &mut staging.output, host.len())?;
+                {
+                    let region = DeviceRegion::writing(&mut device, cx.stream);
+                    cx.launch(&[Call::Recv {
+                        buf: &region,
+                        at: 0,
+                        count,
+                        dtype,
+                        peer,
+                    }])?;
+                }
+                download(cx, &device, host)
+            }
+            // `Request` is non-exhaustive: a call this engine does not know is refused.
+            #[allow(unreachable_patterns)] // reachable only once `Request` grows
+            other => Err(Error::InvalidArgument(format!(
+                "rank {rank}: the nccl backend cannot run {:?}",
+                other.kind()
+            ))),
+        })
+    }
+
+    fn failed_peers(&mut self) -> Vec<usize> {
+        (0..self.world_size)
+            .filter(|&p| p != self.rank && self.peers.peer_gone(p))
+            .collect()
+    }
+
+    fn abort(&mut self) {
+        if let Some(comm) = self.comm.take() {
+            comm.abort();
+        }
+    }
+}
+
+impl Drop for NcclEngine {
+    fn drop(&mut self) {
+        let Some(comm) = self.comm.take() else {
+            return; // aborted when the group broke
+        };
+        if self.stream.context().bind_to_thread().is_err() {
+            comm.abort();
+            return;
+        }
+        // Orderly: flush outstanding work, then free; abort if that does not finish.
+        let limit = Instant::now() + FINALIZE_LIMIT.min(self.timeout);
+        let mut finalized = comm.start_finalize().map(|p| p == Progress::Done);
+        while finalized == Ok(false) && Instant::now() < limit {
+            thread::sleep(Duration::from_micros(200));
+            finalized = comm.async_status().map(|p| p == Progress::Done);
+        }
+        match finalized {
+            Ok(true) => {
+                if let Err(code) = comm.destroy() {
+                    eprintln!(
+                        "ringccl: rank {}: ncclCommDestroy failed: {}",
+                        self.rank,
+                        code.describe()
+                    );
+                }
+            }
+            _ => comm.abort(),
+        }
+    }
+}
+
+impl fmt::Debug for NcclEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NcclEngine")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("aborted", &self.comm.is_none())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,37 @@
+//! ringccl's `"nccl"` backend: NVIDIA NCCL through cudarc, loaded at run time. It sits
+//! beside the CPU engine, not inside a transport: NCCL moves its own bytes, and this
+//! crate only shares the group runner (`ringccl-collectives`), the rendezvous
+//! (`ringccl-rendezvous`) and the liveness probe of the TCP connections
+//! (`ringccl-transports`).
+//!
+//! Builds everywhere; on a machine without libcuda, libnccl or a GPU,
+//! [`NcclBackend::probe`] and [`NcclBackend::connect`] return an error that says what is
+//! missing and how to provide it.
+//!
+//! - `probe`: can NCCL run here (libraries, devices, version)?
+//! - `startup`: rendezvous, the unique id, joining the communicator.
+//! - `engine`: the communicator running host-buffer calls for the group runner; teardown.
+//! - `poller`: one call's enqueue and its deadline- and liveness-bounded wait.
+//! - `staging`: device memory host buffers pass through.
+//! - `backend`: `NcclBackend`, and collectives on device buffers.
+//! - `ffi`: every raw NCCL call (the only unsafe code here).
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod backend;
+mod engine;
+mod ffi;
+mod libraries;
+mod poller;
+mod probe;
+mod staging;
+mod startup;
+
+pub use backend::{DeviceElement, NcclBackend};
+pub use engine::NcclEngine;
+pub use probe::cuda_device_count;
+
+/// Re-export of `cudarc` (the CUDA driver and NCCL binding), whose `CudaSlice<T>` the
+/// device-buffer methods take.
+pub use cudarc;

@@ -1,0 +1,140 @@
+//! Joining the NCCL communicator: rendezvous, the unique id through the store, and a
+//! bounded wait for every rank to join.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{CudaContext, DriverError};
+use ringccl_collectives::{Deadline, Error, GroupRunner, OpDesc};
+
+use super::engine::NcclEngine;
+use super::ffi::{self, Progress, RawComm, UNIQUE_ID_LEN};
+use super::poller::{Cx, Involved};
+use super::probe::probe;
+use super::NcclBackend;
+use ringccl_rendezvous::{connect_mesh, InitOptions, Mesh};
+use ringccl_transports::TcpTransport;
+
+const ID_KEY: &str = "ringccl/nccl/id";
+
+/// See [`NcclBackend::connect`].
+pub(super) fn connect(opts: InitOptions) -> Result<NcclBackend, Error> {
+    opts.validate()?;
+    let device_count = probe()?;
+    let rank = opts.rank();
+    let world_size = opts.world_size();
+    let timeout = opts.get_timeout();
+    let device = match opts.get_device() {
+        Some(d) if d >= device_count => {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: CUDA device {d} was requested but only {device_count} \
+                 device(s) are visible (after CUDA_VISIBLE_DEVICES)"
+            )))
+        }
+        Some(d) => d,
+        None => opts.get_local_rank().unwrap_or(rank) % device_count,
+    };
+    let startup_error = |call: &str, reason: String| Error::Device {
+        rank,
+        op: format!("NCCL start-up on cuda:{device}"),
+        call: call.to_string(),
+        reason,
+    };
+    let driver = |call: &'static str| move |e: DriverError| startup_error(call, e.to_string());
+    let ctx = CudaContext::new(device).map_err(driver("creating the CUDA context"))?;
+    let stream = ctx
+        .new_stream()
+        .map_err(driver("creating the NCCL stream"))?;
+
+    let deadline = Deadline::after(timeout);
+    let mut mesh = connect_mesh(opts)?;
+    let id = share_unique_id(&mut mesh, rank, deadline.at())?;
+    let dead_peer = mesh.dead_peer_timeout();
+    let (connections, store) = mesh.finish(deadline.at())?;
+    let peers = TcpTransport::new(rank, connections, dead_peer).map_err(|source| Error::Io {
+        rank,
+        context: "configuring the liveness connections".into(),
+        source,
+    })?;
+
+    ctx.bind_to_thread()
+        .map_err(driver("binding the CUDA context"))?;
+    let comm = RawComm::start_init(world_size, rank, &id)
+        .map_err(|code| startup_error("ncclCommInitRankConfig", code.describe()))?;
+    let op = OpDesc::barrier(0);
+    let cx = Cx {
+        rank,
+        world_size,
+        comm: &comm,
+        stream: &stream,
+        peers: &peers,
+        op: &op,
+        involved: Involved::All,
+        deadline,
+    };
+    let joined = cx.poll(|| {
+        Ok(comm
+            .async_status()
+            .map_err(|c| cx.nccl("ncclCommInitRankConfig", c))?
+            == Progress::Done)
+    });
+    if let Err(e) = joined {
+        comm.abort();
+        return Err(match e {
+            Error::DeviceTimeout { .. } => Error::RendezvousTimeout {
+                rank,
+                waiting_for: "every rank to join the NCCL communicator".into(),
+                timeout,
+            },
+            other => other,
+        });
+    }
+    let engine = NcclEngine::new(rank, world_size, comm, Arc::clone(&stream), peers, timeout);
+    Ok(NcclBackend {
+        group: Arc::new(GroupRunner::with_engine(
+            "nccl", rank, world_size, timeout, engine,
+        )),
+        device,
+        stream,
+        _store: store,
+    })
+}
+
+/// Rank 0 makes the unique id (or records why it could not); the others read it.
+fn share_unique_id(
+    mesh: &mut Mesh,
+    rank: usize,
+    deadline: Instant,
+) -> Result<[u8; UNIQUE_ID_LEN], Error> {
+    let store = mesh.store();
+    let raw = if rank == 0 {
+        match ffi::new_unique_id() {
+            Ok(id) => {
+                store.set(ID_KEY, &id)?;
+                id.to_vec()
+            }
+            Err(code) => {
+                let reason = format!("ncclGetUniqueId failed: {}", code.describe());
+                store.set(ID_KEY, format!("error: {reason}").as_bytes())?;
+                return Err(Error::Device {
+                    rank,
+                    op: "NCCL start-up".into(),
+                    call: "ncclGetUniqueId".into(),
+                    reason: code.describe(),
+                });
+            }
+        }
+    } else {
+        store.wait(ID_KEY, deadline, &|| {
+            "rank 0 to publish the NCCL unique id".into()
+        })?
+    };
+    raw.as_slice().try_into().map_err(|_| Error::Handshake {
+        rank,
+        peer: "rank 0".into(),
+        reason: format!(
+            "rank 0 could not start NCCL ({})",
+            String::from_utf8_lossy(&raw).trim_start_matches("error: ")
+        ),
+    })
+}

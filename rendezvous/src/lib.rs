@@ -1,0 +1,31 @@
+//! How the ranks of a group find each other: rank 0 hosts a key/value store, every
+//! rank publishes where it listens, and the ranks connect into a full mesh, each
+//! connection opened with a checked hello and, with a shared secret, a mutual
+//! challenge–response.
+//!
+//! - [`store`]: the rendezvous store (server on rank 0, client everywhere; the wire
+//!   protocol is pure encode/decode).
+//! - `hello`: the rank-to-rank handshake (pure).
+//! - `auth`: HMAC-SHA256 challenge–response ([`AuthToken`]).
+//! - [`connect_mesh`] → [`Mesh`]: the connected ranks and the store; [`Mesh::finish`]
+//!   ends start-up on every rank, so "release the store" is a type, not a convention.
+//! - [`InitOptions`]: the group's settings, from code or the environment.
+//!
+//! Most users want the `ringccl` crate, which re-exports what matters from here.
+
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod auth;
+mod deadline_io;
+mod hello;
+mod mesh;
+mod options;
+pub mod store;
+
+pub use auth::AuthToken;
+pub use mesh::{connect_mesh, KeptStore, Mesh};
+pub use options::{
+    first_slurm_host, InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT,
+};
+pub use store::StoreListener;

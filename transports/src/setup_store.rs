@@ -1,0 +1,21 @@
+//! What a transport's set-up needs from the rendezvous store: publish a value, wait for
+//! another rank's. The rendezvous crate's store client implements it.
+
+use std::time::Instant;
+
+use ringccl_collectives::Error;
+
+/// A key/value store every rank of the group reaches during start-up.
+pub trait SetupStore {
+    /// Publishes `value` under `key`.
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Error>;
+
+    /// Waits until `key` is published and returns its value; fails at `deadline` with an
+    /// error that says it was waiting for `waiting_for()`.
+    fn wait(
+        &mut self,
+        key: &str,
+        deadline: Instant,
+        waiting_for: &dyn Fn() -> String,
+    ) -> Result<Vec<u8>, Error>;
+}
