@@ -21,6 +21,7 @@ mod kernels;
 mod memory_transport;
 mod op;
 mod op_desc;
+mod progress;
 pub mod schedule;
 mod transport;
 pub mod wire;
