@@ -253,3 +253,6 @@ fn timed_out(call: &Call, progress: &Progress<'_>, peer: usize) -> Error {
         gone: Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests;
