@@ -19,8 +19,10 @@ mod executor;
 mod group;
 mod host_engine;
 mod kernels;
+mod memory_transport;
 mod op;
 mod op_desc;
+mod progress;
 pub mod schedule;
 mod transport;
 pub mod wire;
@@ -34,6 +36,7 @@ pub use group::{
     validate_peer, Deadline, Engine, GroupRunner, Request, Sequence, PEER_FAILURE_GRACE,
 };
 pub use host_engine::{HostBackend, HostConfig, HostEngine, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES};
+pub use memory_transport::{MemoryConfig, MemoryTransport};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};
 pub use transport::{Readiness, Transport};

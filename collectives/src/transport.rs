@@ -20,6 +20,9 @@ pub enum Readiness {
 /// Connections are reliable, ordered byte streams, one per peer. All methods are
 /// non-blocking except [`Transport::wait`], which sleeps (never spins) until a peer is
 /// ready or the deadline passes.
+///
+/// [`MemoryTransport`](crate::MemoryTransport) is an in-process implementation (ranks on
+/// threads), with the same semantics as the socket-based ones.
 pub trait Transport: Send + fmt::Debug {
     /// This rank.
     fn rank(&self) -> usize;

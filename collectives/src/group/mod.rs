@@ -10,3 +10,6 @@ pub use deadline::Deadline;
 pub use engine::Engine;
 pub use request::{validate_peer, Request, Sequence};
 pub use runner::{GroupRunner, PEER_FAILURE_GRACE};
+
+#[cfg(test)]
+mod tests;

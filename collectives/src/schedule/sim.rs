@@ -1,16 +1,26 @@
 //! A lock-step simulator that runs every rank's schedule against in-memory queues.
 //!
+//! It drives the same [`Progress`] rules as the executor, one whole frame at a time, so
+//! what it proves holds for the executor's reading of the schedule: a send moves only
+//! when [`Progress::next_send`] allows it, a received frame goes where
+//! [`Progress::next_recv`] says (a store straight into the buffer, a reduction into
+//! scratch) and is applied only when [`Progress::may_apply`] allows it.
+//!
 //! Values are symbolic: each element carries its exact sum *and* the expression that
 //! produced it (`((a+b)+c)`), so the tests check not only correctness and freedom from
 //! deadlock but that every rank ends with the same expression — the same operands
 //! combined in the same order — which is what makes floating-point results
 //! bit-identical. Each element also counts how often it was finalised (a mean divides
-//! once, never twice or zero times).
+//! once, never twice or zero times). Whenever received data lands in a rank's buffer, the
+//! simulator also checks that the send the executor may be partway through does not
+//! read the same elements (it would put a mix of old and new values on the wire).
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::rc::Rc;
 
 use super::{segment, RecvAction, Schedule};
+use crate::progress::{Destination, Progress};
 
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Collective {
@@ -47,6 +57,23 @@ struct Outcome {
     finished: Vec<bool>,
 }
 
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// Panics when received data is about to land on elements that the send the executor may
+/// be partway through (the one [`Progress::next_send`] allows) reads from the buffer.
+fn check_no_torn_send(p: &Progress<'_>, rank: usize, target: &Range<usize>, reads_buffer: bool) {
+    if let Some(send) = p.next_send().filter(|_| reads_buffer) {
+        assert!(
+            !overlap(&send.payload, target),
+            "rank {rank}: received data lands on {target:?} while send {} of {:?} may be in flight",
+            send.index,
+            send.payload
+        );
+    }
+}
+
 /// Runs the schedules with at most `capacity` messages queued per ordered pair of ranks,
 /// leaving out the rank `absent` (it never starts). Stops when nothing can move.
 fn run(
@@ -61,58 +88,78 @@ fn run(
         .map(|r| (0..count).map(|i| leaf(r, i)).collect())
         .collect();
     let mut buffers = inputs.clone();
+    // Sends of all-to-all read the input, not the buffer being written.
+    let reads_buffer = !matches!(collective, Collective::AllToAll);
     let mut queues: Vec<VecDeque<Vec<Val>>> = vec![VecDeque::new(); n * n];
-    let mut send_at = vec![0usize; n];
-    let mut recv_at = vec![0usize; n];
+    // Elements are one "byte" each: payload ranges are element ranges.
+    let mut progress: Vec<Progress<'_>> = schedules.iter().map(|s| Progress::new(s, 1)).collect();
+    // Each rank's scratch: a received reduction operand waiting to be applied.
+    let mut scratch: Vec<Vec<Val>> = vec![Vec::new(); n];
     loop {
         let mut progressed = false;
         for r in (0..n).filter(|&r| Some(r) != absent) {
-            let s = &schedules[r];
-            if let Some(step) = s.sends.get(send_at[r]) {
-                let ready = step.after_recv.is_none_or(|dep| dep < recv_at[r]);
-                let queue = &mut queues[r * n + step.peer];
-                if ready && queue.len() < capacity {
-                    assert_ne!(step.peer, r, "rank {r} sends to itself");
-                    let source = match collective {
-                        Collective::AllToAll => &inputs[r],
-                        _ => &buffers[r],
+            let p = &mut progress[r];
+            if let Some(send) = p.next_send() {
+                let queue = &mut queues[r * n + send.peer];
+                if queue.len() < capacity {
+                    assert_ne!(send.peer, r, "rank {r} sends to itself");
+                    let source = if reads_buffer {
+                        &buffers[r]
+                    } else {
+                        &inputs[r]
                     };
-                    queue.push_back(source[step.range.clone()].to_vec());
-                    send_at[r] += 1;
+                    queue.push_back(source[send.payload.clone()].to_vec());
+                    p.sent(send.frame_len() - send.done);
                     progressed = true;
                 }
             }
-            if let Some(step) = s.recvs.get(recv_at[r]) {
-                let allowed = step.after_send.is_none_or(|dep| dep < send_at[r]);
-                if let Some(data) = allowed
-                    .then(|| queues[step.peer * n + r].pop_front())
-                    .flatten()
-                {
-                    assert_eq!(data.len(), step.range.len(), "rank {r} step {}", recv_at[r]);
-                    let dst = &mut buffers[r][step.range.clone()];
-                    match step.action {
-                        RecvAction::Store => dst.clone_from_slice(&data),
-                        RecvAction::Reduce {
-                            last,
-                            incoming_first,
-                        } => {
-                            for (d, x) in dst.iter_mut().zip(&data) {
-                                let (a, b) = if incoming_first { (x, &*d) } else { (&*d, x) };
-                                let mut v = Val {
-                                    sum: a.sum + b.sum,
-                                    expr: Rc::from(format!("({}+{})", a.expr, b.expr)),
-                                    finalized: a.finalized + b.finalized,
-                                };
-                                if last {
-                                    v.finalized += 1;
-                                }
-                                *d = v;
-                            }
+            if let Some(recv) = p.next_recv() {
+                if let Some(data) = queues[recv.peer * n + r].pop_front() {
+                    // The frame header's length check.
+                    assert_eq!(
+                        data.len(),
+                        recv.payload.len(),
+                        "rank {r} receive {}",
+                        recv.index
+                    );
+                    p.received(recv.frame_len() - recv.done);
+                    assert!(p.header_unchecked());
+                    p.header_checked();
+                    match recv.into {
+                        Destination::Buffer => {
+                            check_no_torn_send(p, r, &recv.payload, reads_buffer);
+                            buffers[r][recv.payload.clone()].clone_from_slice(&data);
                         }
+                        Destination::Scratch => scratch[r] = data,
                     }
-                    recv_at[r] += 1;
                     progressed = true;
                 }
+            }
+            if let Some(apply) = p.may_apply() {
+                if let RecvAction::Reduce {
+                    last,
+                    incoming_first,
+                } = apply.action
+                {
+                    check_no_torn_send(p, r, &apply.payload, reads_buffer);
+                    let incoming = std::mem::take(&mut scratch[r]);
+                    assert_eq!(incoming.len(), apply.payload.len(), "rank {r} scratch");
+                    let dst = &mut buffers[r][apply.payload.clone()];
+                    for (d, x) in dst.iter_mut().zip(&incoming) {
+                        let (a, b) = if incoming_first { (x, &*d) } else { (&*d, x) };
+                        let mut v = Val {
+                            sum: a.sum + b.sum,
+                            expr: Rc::from(format!("({}+{})", a.expr, b.expr)),
+                            finalized: a.finalized + b.finalized,
+                        };
+                        if last {
+                            v.finalized += 1;
+                        }
+                        *d = v;
+                    }
+                }
+                p.applied();
+                progressed = true;
             }
         }
         if !progressed {
@@ -123,9 +170,7 @@ fn run(
         queues.iter().all(VecDeque::is_empty) || absent.is_some(),
         "unreceived messages"
     );
-    let finished = (0..n)
-        .map(|r| send_at[r] == schedules[r].sends.len() && recv_at[r] == schedules[r].recvs.len())
-        .collect();
+    let finished = progress.iter().map(Progress::is_done).collect();
     Outcome { buffers, finished }
 }
 
