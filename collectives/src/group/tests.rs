@@ -97,10 +97,7 @@ fn a_mismatch_breaks_the_group_on_the_rank_that_sees_it() {
             .into_iter()
             .filter_map(|h| {
                 let (first, second) = h.join().unwrap();
-                first.err().map(|e| {
-                    assert!(second.is_err());
-                    e
-                })
+                first.err().inspect(|_| assert!(second.is_err()))
             })
             .collect()
     });
