@@ -196,6 +196,7 @@ impl<T: Transport> HostBackend<T> {
     }
 
     /// A collective numbered by the group's sequence counter.
+    // Internal: the fields of one OpDesc plus its buffers, called from a few places only.
     #[allow(clippy::too_many_arguments)]
     fn collective(
         &self,

@@ -1,5 +1,8 @@
 //! The one place this crate calls into the OS directly: `poll(2)`.
 
+// libc::poll is an FFI call.
+#![allow(unsafe_code)]
+
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};

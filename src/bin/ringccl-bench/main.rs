@@ -16,6 +16,8 @@
 //! over all ranks, the elements that differ from the exact expected result after `-c`
 //! check iterations with rank-dependent, exactly representable inputs.
 
+#![deny(unsafe_code)]
+
 #[cfg(feature = "nccl")]
 mod device;
 mod elements;
@@ -325,6 +327,7 @@ struct Report {
 }
 
 impl Report {
+    // One table row's columns, each named at the call site.
     #[allow(clippy::too_many_arguments)]
     fn row(
         &mut self,
