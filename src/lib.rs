@@ -32,6 +32,7 @@
 mod ddp_comm;
 #[cfg(feature = "nccl")]
 mod device;
+pub mod logging;
 mod process_group;
 mod sequencer;
 mod work;

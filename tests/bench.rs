@@ -1,6 +1,6 @@
 //! The `ringccl-bench` binary: a correct sweep reports no wrong elements, an injected
-//! fault is counted, JSON rows match, it runs under `ringrun`, and an unavailable
-//! backend is a clear error.
+//! fault is counted, JSON rows match, it runs under `ringrun`, an unavailable backend is
+//! a clear error, and `RINGCCL_DEBUG` sets what the library logs to stderr.
 
 mod common;
 
@@ -182,4 +182,36 @@ fn runs_as_ranks_under_ringrun() {
         "{stdout}"
     );
     assert!(stdout.contains("backend gloo, 2 ranks"), "{stdout}");
+}
+
+#[test]
+fn ringccl_debug_sets_what_the_library_logs() {
+    let _guard = heavy_lock();
+    let stderr_with = |level: Option<&str>| {
+        let mut cmd = Command::new(BENCH);
+        cmd.args(["--np", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"]);
+        cmd.env_remove("RINGCCL_DEBUG");
+        if let Some(level) = level {
+            cmd.env("RINGCCL_DEBUG", level);
+        }
+        let out = cmd.output().expect("run ringccl-bench");
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{level:?}: {stderr}");
+        stderr
+    };
+    let debug = stderr_with(Some("Debug"));
+    assert!(debug.contains("DEBUG"), "{debug}");
+    assert!(debug.contains("connected to a lower rank"), "{debug}");
+    assert!(debug.contains("TCP mesh connected"), "{debug}");
+
+    let default = stderr_with(None);
+    assert!(!default.contains("TCP mesh connected"), "{default}");
+    assert!(!default.contains("DEBUG"), "{default}");
+
+    let unknown = stderr_with(Some("loud"));
+    assert!(
+        unknown.contains("RINGCCL_DEBUG=\"loud\" is not one of"),
+        "{unknown}"
+    );
+    assert!(!unknown.contains("TCP mesh connected"), "{unknown}");
 }

@@ -309,6 +309,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
 }
 
 fn main() -> ExitCode {
+    ringccl::logging::init_from_env();
     let args = Args::parse();
     match run(&args) {
         Ok(code) => code,

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use ringccl_collectives::Error;
 use socket2::Socket;
+use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, AuthToken, Role};
 use crate::deadline_io::{read_exact_by, write_all_by};
@@ -112,6 +113,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
         .local_addr()
         .map_err(|e| io_error("local address of the data listener".into(), e))?;
     store.set(&addr_key(rank), listen_addr.to_string().as_bytes())?;
+    debug!(rank, %listen_addr, "listening for the higher ranks' connections");
 
     // Fetch every lower rank's address before connecting to any: once rank 0 has all
     // its connections, nobody needs its store any more.
@@ -152,6 +154,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
             configure(stream, dead_peer)
                 .map_err(|e| io_error(format!("configuring the connection to rank {peer}"), e))?,
         );
+        debug!(rank, peer, %addr, "connected to a lower rank");
     }
 
     listener
@@ -178,7 +181,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                eprintln!("ringccl: rank {rank}: accept failed: {e}");
+                warn!(rank, error = %e, "accepting a peer connection failed; retrying");
                 thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -203,12 +206,14 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<TcpTransport, Error> {
                 peers[peer] = Some(configure(stream, dead_peer).map_err(|e| {
                     io_error(format!("configuring the connection from rank {peer}"), e)
                 })?);
+                debug!(rank, peer, %from, "accepted a higher rank");
             }
             Err(reason) => {
-                eprintln!("ringccl: rank {rank}: rejected connection from {from}: {reason}")
+                warn!(rank, %from, %reason, "rejected a connection to the data listener")
             }
         }
     }
+    info!(rank, world_size, job_id, "TCP mesh connected");
     Ok(TcpTransport::new(
         rank,
         world_size,

@@ -217,6 +217,7 @@ fn sizes(args: &Args) -> Vec<usize> {
 }
 
 pub(crate) fn main() -> ExitCode {
+    ringccl::logging::init_from_env();
     let args = Args::parse();
     let result = if std::env::var_os(CHILD_VAR).is_some() {
         run_rank(&args, true)

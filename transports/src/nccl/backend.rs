@@ -12,6 +12,7 @@ use ringccl_collectives::{
     validate_blocks, validate_reduce, validate_root, Backend, BufferMut, BufferRef, CollectiveKind,
     Element, Error, OpDesc, ReduceOp,
 };
+use tracing::warn;
 
 use super::ffi::{self, Call, DeviceRegion, NcclCode, Progress, RawComm, UNIQUE_ID_LEN};
 use super::libraries::{check_driver_library, check_nccl_library};
@@ -1006,10 +1007,10 @@ impl Drop for NcclBackend {
         match finalized {
             Ok(true) => {
                 if let Err(code) = comm.destroy() {
-                    eprintln!(
-                        "ringccl: rank {}: ncclCommDestroy failed: {}",
-                        self.rank,
-                        code.describe()
+                    warn!(
+                        rank = self.rank,
+                        error = %code.describe(),
+                        "ncclCommDestroy failed"
                     );
                 }
             }
