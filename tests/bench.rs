@@ -85,6 +85,36 @@ fn every_type_and_op_checks_out_with_zero_wrong() {
     assert!(lines
         .lines()
         .all(|l| l.starts_with("{\"coll\":\"all_reduce\"") && l.contains("\"wrong\":0")));
+    // Every line is one JSON object with exactly the documented fields.
+    let mut fields = [
+        "coll",
+        "backend",
+        "nranks",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time_us",
+        "algbw_gbps",
+        "busbw_gbps",
+        "wrong",
+        "loop_us",
+        "iters",
+    ];
+    fields.sort_unstable();
+    for line in lines.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).expect("a JSON row");
+        let mut keys: Vec<&str> = row
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, fields, "{line}");
+        assert!(row["time_us"].as_f64().is_some_and(|t| t > 0.0), "{line}");
+    }
 }
 
 #[test]
