@@ -7,6 +7,8 @@
 //! (from the real schedules). Compare the products with the all-reduce times in
 //! docs/benchmarks.md; the wire overhead is the header bytes over the payload bytes.
 
+#![deny(unsafe_code)]
+
 use std::hint::black_box;
 use std::time::Instant;
 

@@ -27,13 +27,12 @@
 //!   (staged through host memory). Without CUDA, init returns an error saying what is
 //!   missing.
 
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
-#![deny(unsafe_op_in_unsafe_fn)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod ddp_comm;
 #[cfg(feature = "nccl")]
 mod device;
+pub mod logging;
 mod process_group;
 mod sequencer;
 mod work;

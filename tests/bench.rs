@@ -1,6 +1,6 @@
 //! The `ringccl-bench` binary: a correct sweep reports no wrong elements, an injected
-//! fault is counted, JSON rows match, it runs under `ringrun`, and an unavailable
-//! backend is a clear error.
+//! fault is counted, JSON rows match, it runs under `ringrun`, an unavailable backend is
+//! a clear error, and `RINGCCL_DEBUG` sets what the library logs to stderr.
 
 mod common;
 
@@ -85,6 +85,36 @@ fn every_type_and_op_checks_out_with_zero_wrong() {
     assert!(lines
         .lines()
         .all(|l| l.starts_with("{\"coll\":\"all_reduce\"") && l.contains("\"wrong\":0")));
+    // Every line is one JSON object with exactly the documented fields.
+    let mut fields = [
+        "coll",
+        "backend",
+        "nranks",
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time_us",
+        "algbw_gbps",
+        "busbw_gbps",
+        "wrong",
+        "loop_us",
+        "iters",
+    ];
+    fields.sort_unstable();
+    for line in lines.lines() {
+        let row: serde_json::Value = serde_json::from_str(line).expect("a JSON row");
+        let mut keys: Vec<&str> = row
+            .as_object()
+            .expect("an object")
+            .keys()
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(keys, fields, "{line}");
+        assert!(row["time_us"].as_f64().is_some_and(|t| t > 0.0), "{line}");
+    }
 }
 
 #[test]
@@ -182,4 +212,36 @@ fn runs_as_ranks_under_ringrun() {
         "{stdout}"
     );
     assert!(stdout.contains("backend gloo, 2 ranks"), "{stdout}");
+}
+
+#[test]
+fn ringccl_debug_sets_what_the_library_logs() {
+    let _guard = heavy_lock();
+    let stderr_with = |level: Option<&str>| {
+        let mut cmd = Command::new(BENCH);
+        cmd.args(["--np", "2", "-b", "8", "-e", "8", "-n", "1", "-w", "0"]);
+        cmd.env_remove("RINGCCL_DEBUG");
+        if let Some(level) = level {
+            cmd.env("RINGCCL_DEBUG", level);
+        }
+        let out = cmd.output().expect("run ringccl-bench");
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{level:?}: {stderr}");
+        stderr
+    };
+    let debug = stderr_with(Some("Debug"));
+    assert!(debug.contains("DEBUG"), "{debug}");
+    assert!(debug.contains("connected to a lower rank"), "{debug}");
+    assert!(debug.contains("TCP mesh connected"), "{debug}");
+
+    let default = stderr_with(None);
+    assert!(!default.contains("TCP mesh connected"), "{default}");
+    assert!(!default.contains("DEBUG"), "{default}");
+
+    let unknown = stderr_with(Some("loud"));
+    assert!(
+        unknown.contains("RINGCCL_DEBUG=\"loud\" is not one of"),
+        "{unknown}"
+    );
+    assert!(!unknown.contains("TCP mesh connected"), "{unknown}");
 }

@@ -13,8 +13,7 @@
 //! Use it through `ringccl::ddp`, which implements [`Communicator`] for
 //! `ringccl::ProcessGroup`.
 
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod communicator;
 mod config;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
 use ringccl_collectives::{DType, Deadline, Engine, Error, OpDesc, ReduceOp, Request};
+use tracing::warn;
 
 use super::ffi::{Call, DeviceRegion, Progress, RawComm};
 use super::poller::{Cx, Involved};
@@ -305,10 +306,10 @@ impl Drop for NcclEngine {
         match finalized {
             Ok(true) => {
                 if let Err(code) = comm.destroy() {
-                    eprintln!(
-                        "ringccl: rank {}: ncclCommDestroy failed: {}",
-                        self.rank,
-                        code.describe()
+                    warn!(
+                        rank = self.rank,
+                        error = %code.describe(),
+                        "ncclCommDestroy failed"
                     );
                 }
             }

@@ -2,6 +2,9 @@
 //! a safe function. Nothing else in the crate holds a raw NCCL handle or device pointer;
 //! CUDA memory and streams are managed through cudarc's safe driver API.
 
+// Raw NCCL calls and library probes through cudarc's FFI bindings.
+#![allow(unsafe_code)]
+
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
 

@@ -16,8 +16,7 @@
 //! - `backend`: `NcclBackend`, and collectives on device buffers.
 //! - `ffi`: every raw NCCL call (the only unsafe code here).
 
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
-#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(unsafe_code)]
 
 mod backend;
 mod engine;

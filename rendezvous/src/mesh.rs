@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::InitOptions;
 use ringccl_collectives::Error;
 use ringccl_transports::poll::{wait_any, Interest};
+use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, AuthToken, Role};
 use crate::deadline_io::{read_exact_by, write_all_by};
@@ -225,6 +226,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
         .local_addr()
         .map_err(|e| io_error("local address of the data listener".into(), e))?;
     store.set(&addr_key(rank), listen_addr.to_string().as_bytes())?;
+    debug!(rank, %listen_addr, "listening for the higher ranks' connections");
 
     // Fetch every lower rank's address before connecting to any: once rank 0 has all
     // its connections, nobody needs its store any more.
@@ -262,6 +264,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
             });
         }
         peers[peer] = Some(stream);
+        debug!(rank, peer, %addr, "connected to a lower rank");
     }
 
     listener
@@ -288,7 +291,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                eprintln!("ringccl: rank {rank}: accept failed: {e}");
+                warn!(rank, error = %e, "accepting a peer connection failed; retrying");
                 thread::sleep(Duration::from_millis(10));
                 continue;
             }
@@ -309,12 +312,16 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
                 }
             });
         match accepted {
-            Ok(peer) => peers[peer] = Some(stream),
+            Ok(peer) => {
+                peers[peer] = Some(stream);
+                debug!(rank, peer, %from, "accepted a higher rank");
+            }
             Err(reason) => {
-                eprintln!("ringccl: rank {rank}: rejected connection from {from}: {reason}")
+                warn!(rank, %from, %reason, "rejected a connection to the data listener")
             }
         }
     }
+    info!(rank, world_size, job_id, "TCP mesh connected");
     Ok(Mesh {
         rank,
         world_size,

@@ -12,6 +12,8 @@
 //! rank fails, the others are stopped and ringrun names the rank and its exit status;
 //! with `--max-restarts R` the whole group is restarted up to R times instead.
 
+#![deny(unsafe_code)]
+
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
@@ -64,6 +66,9 @@ struct Args {
 mod signals {
     //! Ctrl-C / SIGTERM: remembered by an async-signal-safe handler, forwarded by the
     //! supervision loop.
+
+    // signal(2) and kill(2) are FFI calls.
+    #![allow(unsafe_code)]
 
     use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -304,6 +309,7 @@ fn run(args: &Args) -> Result<ExitCode, String> {
 }
 
 fn main() -> ExitCode {
+    ringccl::logging::init_from_env();
     let args = Args::parse();
     match run(&args) {
         Ok(code) => code,

@@ -13,8 +13,7 @@
 //! - [`poll`]: sleeping until a socket is ready.
 //! - [`liveness`]: is a peer's process still there?
 
-#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
-#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(unsafe_code)]
 
 pub mod liveness;
 pub mod poll;

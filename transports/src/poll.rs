@@ -1,6 +1,9 @@
 //! Sleeping until a socket is ready: `poll(2)`, for the TCP transport and the
 //! rendezvous (accepting connections, the store server).
 
+// libc::poll is an FFI call.
+#![allow(unsafe_code)]
+
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};

@@ -10,6 +10,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use ringccl_collectives::Error;
+use tracing::warn;
 
 use super::protocol::{
     Hello, Op, ProtocolError, RequestHeader, ResponseHeader, Status, HELLO_LEN, REQUEST_HEADER_LEN,
@@ -132,8 +133,10 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     Some(())
                 });
                 if admitted.is_none() {
-                    eprintln!(
-                        "ringccl store: refused connection from {peer}: too many connections"
+                    warn!(
+                        %peer,
+                        limit = MAX_CONNECTIONS,
+                        "store refused a connection: too many connections"
                     );
                     continue;
                 }
@@ -142,7 +145,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                     .name("ringccl-store-conn".into())
                     .spawn(move || serve_client(stream, peer, conn_shared));
                 if let Err(e) = spawned {
-                    eprintln!("ringccl store: cannot serve {peer}: {e}");
+                    warn!(%peer, error = %e, "store cannot serve a connection: no thread");
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -154,7 +157,7 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
                 // Transient (EMFILE, ECONNABORTED, ...): back off instead of spinning.
-                eprintln!("ringccl store: accept failed: {e}");
+                warn!(error = %e, "store accept failed; backing off");
                 thread::sleep(STOP_CHECK);
             }
         }
@@ -194,15 +197,13 @@ fn serve_client(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         Ok(()) => {}
         Err(ClientError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {}
         Err(e @ ClientError::Protocol(_)) => {
-            eprintln!("ringccl store: rejected connection from {peer}: {e}");
+            warn!(%peer, error = %e, "store rejected a connection: bad request");
         }
         Err(ClientError::Auth(reason)) => {
-            eprintln!(
-                "ringccl store: refused connection from {peer}: authentication failed: {reason}"
-            );
+            warn!(%peer, %reason, "store refused a connection: authentication failed");
         }
         Err(ClientError::Io(e)) if !shared.stop.load(Ordering::SeqCst) => {
-            eprintln!("ringccl store: dropped connection from {peer}: {e}");
+            warn!(%peer, error = %e, "store dropped a connection");
         }
         Err(_) => {}
     }

@@ -70,6 +70,7 @@ fn call<T: BenchElem>(
 
 /// Checks `checks` device-buffer calls, then times the call; returns the wrong elements
 /// summed over ranks and the timing.
+// The benchmark's knobs passed through, as for the host path; a struct would only rename them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn measure<T: BenchElem>(
     pg: &ProcessGroup,

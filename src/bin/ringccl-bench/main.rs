@@ -16,6 +16,8 @@
 //! over all ranks, the elements that differ from the exact expected result after `-c`
 //! check iterations with rank-dependent, exactly representable inputs.
 
+#![deny(unsafe_code)]
+
 #[cfg(feature = "nccl")]
 mod device;
 mod elements;
@@ -34,6 +36,7 @@ use launch::{launch, CHILD_VAR, PORT_PREFIX};
 use measure::{overlap_rows, time_op, Iterations, Timing};
 use ringccl::half::{bf16, f16};
 use ringccl::{init_process_group, Error, InitOptions, ProcessGroup, ReduceOp, StoreListener};
+use serde::{Serialize, Serializer};
 
 fn parse_size(text: &str) -> Result<usize, String> {
     let t = text.trim();
@@ -215,6 +218,7 @@ fn sizes(args: &Args) -> Vec<usize> {
 }
 
 pub(crate) fn main() -> ExitCode {
+    ringccl::logging::init_from_env();
     let args = Args::parse();
     let result = if std::env::var_os(CHILD_VAR).is_some() {
         run_rank(&args, true)
@@ -315,6 +319,44 @@ fn device_capable(coll: Coll) -> bool {
     }
 }
 
+/// One row of the table; also one line (a JSON object) of the `--json` file.
+#[derive(Serialize)]
+struct Row<'a> {
+    coll: &'static str,
+    backend: &'a str,
+    nranks: usize,
+    size: usize,
+    count: usize,
+    #[serde(rename = "type")]
+    dtype: &'static str,
+    redop: &'static str,
+    root: i64,
+    #[serde(serialize_with = "three_decimals")]
+    time_us: f64,
+    #[serde(serialize_with = "six_decimals")]
+    algbw_gbps: f64,
+    #[serde(serialize_with = "six_decimals")]
+    busbw_gbps: f64,
+    wrong: i64,
+    #[serde(serialize_with = "three_decimals")]
+    loop_us: f64,
+    iters: usize,
+}
+
+/// Rounds for the JSON file to the precision it has always had (µs to ns, GB/s to KB/s).
+fn rounded<S: Serializer>(value: f64, decimals: i32, out: S) -> Result<S::Ok, S::Error> {
+    let scale = 10f64.powi(decimals);
+    out.serialize_f64((value * scale).round() / scale)
+}
+
+fn three_decimals<S: Serializer>(value: &f64, out: S) -> Result<S::Ok, S::Error> {
+    rounded(*value, 3, out)
+}
+
+fn six_decimals<S: Serializer>(value: &f64, out: S) -> Result<S::Ok, S::Error> {
+    rounded(*value, 6, out)
+}
+
 /// What one rank prints and records.
 struct Report {
     rank0: bool,
@@ -325,53 +367,32 @@ struct Report {
 }
 
 impl Report {
-    #[allow(clippy::too_many_arguments)]
-    fn row(
-        &mut self,
-        coll: Coll,
-        n: usize,
-        backend: &str,
-        size: usize,
-        count: usize,
-        dtype: &str,
-        redop: &str,
-        root: i64,
-        timing: &measure::Timing,
-        wrong: i64,
-    ) -> Result<(), String> {
-        let algbw = size as f64 / timing.median_us / 1e3;
-        let busbw = algbw * coll.bus_factor(n);
-        self.busbw_sum += busbw;
+    fn row(&mut self, row: &Row<'_>) -> Result<(), String> {
+        self.busbw_sum += row.busbw_gbps;
         self.rows += 1;
-        self.wrong += wrong;
+        self.wrong += row.wrong;
         if !self.rank0 {
             return Ok(());
         }
         println!(
             "{:>12} {:>12} {:>8} {:>6} {:>5} {:>10.1} {:>10.3} {:>10.3} {:>7} {:>10.1} {:>7}",
-            size,
-            count,
-            dtype,
-            redop,
-            root,
-            timing.median_us,
-            algbw,
-            busbw,
-            wrong,
-            timing.loop_us,
-            timing.iters
+            row.size,
+            row.count,
+            row.dtype,
+            row.redop,
+            row.root,
+            row.time_us,
+            row.algbw_gbps,
+            row.busbw_gbps,
+            row.wrong,
+            row.loop_us,
+            row.iters
         );
         let _ = std::io::stdout().flush();
         if let Some(file) = &mut self.json {
-            writeln!(
-                file,
-                "{{\"coll\":\"{}\",\"backend\":\"{backend}\",\"nranks\":{n},\"size\":{size},\"count\":{count},\"type\":\"{dtype}\",\"redop\":\"{redop}\",\"root\":{root},\"time_us\":{:.3},\"algbw_gbps\":{algbw:.6},\"busbw_gbps\":{busbw:.6},\"wrong\":{wrong},\"loop_us\":{:.3},\"iters\":{}}}",
-                coll.name(),
-                timing.median_us,
-                timing.loop_us,
-                timing.iters
-            )
-            .map_err(|e| format!("writing the JSON file: {e}"))?;
+            let line =
+                serde_json::to_string(row).map_err(|e| format!("encoding a JSON row: {e}"))?;
+            writeln!(file, "{line}").map_err(|e| format!("writing the JSON file: {e}"))?;
         }
         Ok(())
     }
@@ -520,20 +541,25 @@ fn sweep<T: BenchElem>(
         } else {
             -1
         };
-        let redop = if coll.reduces() { op.name() } else { "none" };
+        let size = count * es;
+        let algbw_gbps = size as f64 / timing.median_us / 1e3;
         report
-            .row(
-                coll,
-                n,
-                pg.backend(),
-                count * es,
+            .row(&Row {
+                coll: coll.name(),
+                backend: pg.backend(),
+                nranks: n,
+                size,
                 count,
-                T::NAME,
-                redop,
+                dtype: T::NAME,
+                redop: if coll.reduces() { op.name() } else { "none" },
                 root,
-                &timing,
+                time_us: timing.median_us,
+                algbw_gbps,
+                busbw_gbps: algbw_gbps * coll.bus_factor(n),
                 wrong,
-            )
+                loop_us: timing.loop_us,
+                iters: timing.iters,
+            })
             .map_err(Error::InvalidArgument)?;
     }
     Ok(())

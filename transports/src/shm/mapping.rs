@@ -2,6 +2,9 @@
 //! placed in it, byte copies in and out of it, and the futex calls that sleep on a word
 //! of it.
 
+// mmap, atomics and byte copies in shared memory, and futex syscalls.
+#![allow(unsafe_code)]
+
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
