@@ -184,15 +184,8 @@ impl<T: Transport> Engine for HostEngine<T> {
                 self.run(op, job, deadline)
             }
             Request::Barrier => {
-                let job = Job {
-                    elem_size: 1,
-                    ..plain(
-                        Algorithm::Dissemination,
-                        dissemination_barrier(rank, n),
-                        DType::U8,
-                        &mut [],
-                    )
-                };
+                let schedule = dissemination_barrier(rank, n);
+                let job = plain(Algorithm::Dissemination, schedule, DType::U8, &mut []);
                 self.run(op, job, deadline)
             }
             Request::Reduce {

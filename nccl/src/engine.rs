@@ -12,7 +12,7 @@ use tracing::warn;
 
 use super::ffi::{Call, DeviceRegion, Progress, RawComm};
 use super::poller::{Cx, Involved};
-use super::staging::{download, scratch, through_staging, upload, Staging};
+use super::staging::{in_place, scratch, through_staging, upload, Staging};
 use ringccl_transports::TcpTransport;
 
 /// The longest an orderly shutdown (`ncclCommFinalize`) may take before it is aborted.
@@ -91,52 +91,43 @@ impl Engine for NcclEngine {
         request: Request<'_>,
         deadline: Deadline,
     ) -> Result<(), Error> {
+        if request.is_empty() {
+            return Ok(()); // NCCL needs no call to move nothing
+        }
         let rank = self.rank;
         let world = self.world_size;
         let involved = request.peer().map_or(Involved::All, Involved::One);
         self.with_cx(op, involved, deadline, |cx, staging| match request {
             Request::AllReduce { mut buf, op } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
-                if count == 0 {
-                    return Ok(());
-                }
-                let host = buf.bytes_mut();
-                let mut device = upload(cx, &mut staging.input, host)?;
-                {
-                    let region = DeviceRegion::writing(&mut device, cx.stream);
-                    cx.launch(&[Call::AllReduce {
-                        buf: &region,
-                        count,
-                        dtype,
-                        op,
-                    }])?;
-                }
-                download(cx, &device, host)
+                in_place(
+                    cx,
+                    &mut staging.input,
+                    buf.bytes_mut(),
+                    true,
+                    true,
+                    |region| {
+                        cx.launch(&[Call::AllReduce {
+                            buf: region,
+                            count,
+                            dtype,
+                            op,
+                        }])
+                    },
+                )
             }
             Request::Broadcast { mut buf, root } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
-                if count == 0 {
-                    return Ok(());
-                }
+                let is_root = rank == root;
                 let host = buf.bytes_mut();
-                let mut device = if rank == root {
-                    upload(cx, &mut staging.input, host)?
-                } else {
-                    scratch(cx, &mut staging.input, host.len())?
-                };
-                {
-                    let region = DeviceRegion::writing(&mut device, cx.stream);
+                in_place(cx, &mut staging.input, host, is_root, !is_root, |region| {
                     cx.launch(&[Call::Broadcast {
-                        buf: &region,
+                        buf: region,
                         count,
                         dtype,
                         root,
-                    }])?;
-                }
-                if rank == root {
-                    return Ok(());
-                }
-                download(cx, &device, host)
+                    }])
+                })
             }
             Request::Barrier => {
                 let mut device = scratch(cx, &mut staging.output, 4)?;
@@ -150,31 +141,19 @@ impl Engine for NcclEngine {
             }
             Request::Reduce { mut buf, op, root } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
-                if count == 0 {
-                    return Ok(());
-                }
                 let host = buf.bytes_mut();
-                let mut device = upload(cx, &mut staging.input, host)?;
-                {
-                    let region = DeviceRegion::writing(&mut device, cx.stream);
+                in_place(cx, &mut staging.input, host, true, rank == root, |region| {
                     cx.launch(&[Call::Reduce {
-                        buf: &region,
+                        buf: region,
                         count,
                         dtype,
                         op,
                         root,
-                    }])?;
-                }
-                if rank != root {
-                    return Ok(());
-                }
-                download(cx, &device, host)
+                    }])
+                })
             }
             Request::AllGather { input, mut output } => {
                 let (dtype, count) = (input.dtype(), input.len());
-                if count == 0 {
-                    return Ok(());
-                }
                 through_staging(cx, staging, input.bytes(), output.bytes_mut(), |i, o| {
                     cx.launch(&[Call::AllGather {
                         input: i,
@@ -190,9 +169,6 @@ impl Engine for NcclEngine {
                 op,
             } => {
                 let (dtype, count) = (input.dtype(), output.len());
-                if count == 0 {
-                    return Ok(());
-                }
                 through_staging(cx, staging, input.bytes(), output.bytes_mut(), |i, o| {
                     cx.launch(&[Call::ReduceScatter {
                         input: i,
@@ -206,9 +182,6 @@ impl Engine for NcclEngine {
             Request::AllToAll { input, mut output } => {
                 let dtype = input.dtype();
                 let block = input.len() / world;
-                if block == 0 {
-                    return Ok(());
-                }
                 through_staging(cx, staging, input.bytes(), output.bytes_mut(), |i, o| {
                     let mut calls = Vec::with_capacity(2 * world);
                     for peer in 0..world {
@@ -233,9 +206,6 @@ impl Engine for NcclEngine {
             }
             Request::Send { buf, peer, .. } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
-                if count == 0 {
-                    return Ok(());
-                }
                 let mut device = upload(cx, &mut staging.input, buf.bytes())?;
                 let region = DeviceRegion::writing(&mut device, cx.stream);
                 cx.launch(&[Call::Send {
@@ -248,22 +218,16 @@ impl Engine for NcclEngine {
             }
             Request::Recv { mut buf, peer, .. } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
-                if count == 0 {
-                    return Ok(());
-                }
                 let host = buf.bytes_mut();
-                let mut device = scratch(cx, &mut staging.output, host.len())?;
-                {
-                    let region = DeviceRegion::writing(&mut device, cx.stream);
+                in_place(cx, &mut staging.output, host, false, true, |region| {
                     cx.launch(&[Call::Recv {
-                        buf: &region,
+                        buf: region,
                         at: 0,
                         count,
                         dtype,
                         peer,
-                    }])?;
-                }
-                download(cx, &device, host)
+                    }])
+                })
             }
             // `Request` is non-exhaustive: a call this engine does not know is refused.
             #[allow(unreachable_patterns)] // reachable only once `Request` grows

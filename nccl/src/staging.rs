@@ -68,6 +68,29 @@ pub(super) fn download(
         .map_err(cx.driver("waiting for the copy from the GPU"))
 }
 
+/// Runs a one-buffer call on a host buffer staged in `slot`: `host` is copied in when
+/// `copy_in` (else the device copy is scratch), `launch` runs on the device copy, and the
+/// result is copied back into `host` when `copy_out`.
+pub(super) fn in_place(
+    cx: &Cx<'_>,
+    slot: &mut Option<CudaSlice<u8>>,
+    host: &mut [u8],
+    copy_in: bool,
+    copy_out: bool,
+    launch: impl FnOnce(&DeviceRegion<'_>) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let mut device = if copy_in {
+        upload(cx, slot, host)?
+    } else {
+        scratch(cx, slot, host.len())?
+    };
+    launch(&DeviceRegion::writing(&mut device, cx.stream))?;
+    if copy_out {
+        download(cx, &device, host)?;
+    }
+    Ok(())
+}
+
 /// Stages `input` and an output of `output.len()` bytes through device memory: copies
 /// the input in, hands both regions to `launch`, copies the output back.
 pub(super) fn through_staging(

@@ -498,13 +498,18 @@ fn header(algorithm: Algorithm, payload_len: u32) -> [u8; FRAME_HEADER_LEN] {
 #[test]
 fn a_wrong_payload_length_is_a_protocol_error() {
     let result = receive_from_impostor(|t| write_all(t, 0, &header(Algorithm::Direct, 12)));
+    assert_protocol_error_from_rank_1(result, "expected a 16-byte chunk");
+}
+
+/// Asserts that rank 0 got a protocol error from rank 1 whose reason mentions `needle`.
+fn assert_protocol_error_from_rank_1(result: Result<(), Error>, needle: &str) {
     match result {
         Err(Error::Protocol {
             rank: 0,
             peer: 1,
             reason,
             ..
-        }) => assert!(reason.contains("expected a 16-byte chunk"), "{reason}"),
+        }) => assert!(reason.contains(needle), "{reason}"),
         other => panic!("expected a protocol error, got {other:?}"),
     }
 }
@@ -515,15 +520,7 @@ fn a_wrong_algorithm_is_a_protocol_error() {
         write_all(t, 0, &header(Algorithm::Chain, 16));
         write_all(t, 0, &[0; 16]);
     });
-    match result {
-        Err(Error::Protocol {
-            rank: 0,
-            peer: 1,
-            reason,
-            ..
-        }) => assert!(reason.contains("chain algorithm"), "{reason}"),
-        other => panic!("expected a protocol error, got {other:?}"),
-    }
+    assert_protocol_error_from_rank_1(result, "chain algorithm");
 }
 
 #[test]

@@ -121,6 +121,23 @@ impl Request<'_> {
         }
     }
 
+    /// Whether the call carries no elements (a barrier always counts as carrying some).
+    /// For the gather/scatter-shaped calls this is the input's emptiness, which after
+    /// [`Request::validate`] is the output's too.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Request::Barrier => false,
+            Request::AllReduce { buf, .. }
+            | Request::Broadcast { buf, .. }
+            | Request::Reduce { buf, .. }
+            | Request::Recv { buf, .. } => buf.is_empty(),
+            Request::Send { buf, .. } => buf.is_empty(),
+            Request::AllGather { input, .. }
+            | Request::ReduceScatter { input, .. }
+            | Request::AllToAll { input, .. } => input.is_empty(),
+        }
+    }
+
     /// Checks the arguments, with the same message for the same misuse under every
     /// backend.
     pub fn validate(&self, rank: usize, world_size: usize) -> Result<(), Error> {
