@@ -15,7 +15,7 @@ use ringccl::{init_process_group, InitOptions, ReduceOp};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend = std::env::args().nth(1).unwrap_or_else(|| "gloo".into());
     let opts = InitOptions::from_env()?;
-    let local_rank = opts.get_local_rank().unwrap_or(opts.rank());
+    let local_rank = opts.local_rank.unwrap_or(opts.rank);
     let pg = init_process_group(&backend, opts)?;
     let (rank, n) = (pg.rank(), pg.world_size());
     // Rank r contributes r + 1; the mean over n ranks is (n + 1) / 2.

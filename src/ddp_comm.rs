@@ -1,6 +1,7 @@
-//! `ProcessGroup` as the [`Communicator`](ringccl_ddp::Communicator) of the DDP layer.
+//! `ProcessGroup` as the [`Communicator`](ringccl_ddp::Communicator) of the DDP layer,
+//! which speaks the runtime's error: facade errors convert losslessly both ways.
 
-use ringccl_collectives::{BufferMut, Error, ReduceOp};
+use ringccl_collectives::{BufferMut, Error as RuntimeError, ReduceOp};
 use ringccl_ddp::{Communicator, GradBuf, Pending, Wait};
 
 use crate::{ProcessGroup, Work};
@@ -12,8 +13,8 @@ struct Rewrap<T> {
 }
 
 impl<T: Send> Wait<GradBuf> for Rewrap<T> {
-    fn wait(self: Box<Self>) -> Result<GradBuf, Error> {
-        self.work.wait().map(self.wrap)
+    fn wait(self: Box<Self>) -> Result<GradBuf, RuntimeError> {
+        Ok((self.wrap)(self.work.wait()?))
     }
 }
 
@@ -26,12 +27,12 @@ impl Communicator for ProcessGroup {
         ProcessGroup::world_size(self)
     }
 
-    fn all_reduce_sum_async(&self, buf: GradBuf) -> Result<Pending<GradBuf>, Error> {
+    fn all_reduce_sum_async(&self, buf: GradBuf) -> Result<Pending<GradBuf>, RuntimeError> {
         fn start<T: ringccl_collectives::Element>(
             pg: &ProcessGroup,
             values: Vec<T>,
             wrap: fn(Vec<T>) -> GradBuf,
-        ) -> Result<Pending<GradBuf>, Error> {
+        ) -> Result<Pending<GradBuf>, RuntimeError> {
             let work = pg.all_reduce_async(values, ReduceOp::Sum)?;
             Ok(Box::new(Rewrap { work, wrap }))
         }
@@ -40,18 +41,18 @@ impl Communicator for ProcessGroup {
             GradBuf::F64(v) => start(self, v, GradBuf::F64),
             GradBuf::F16(v) => start(self, v, GradBuf::F16),
             GradBuf::BF16(v) => start(self, v, GradBuf::BF16),
-            other => Err(Error::InvalidArgument(format!(
+            other => Err(RuntimeError::InvalidArgument(format!(
                 "no all-reduce for gradient buffers of {}",
                 other.dtype()
             ))),
         }
     }
 
-    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), Error> {
-        self.in_order(|backend, deadline| backend.broadcast(buf, root, deadline))
+    fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), RuntimeError> {
+        Ok(self.in_order(|backend, deadline| backend.broadcast(buf, root, deadline))?)
     }
 
-    fn all_gather_i64(&self, input: &[i64], output: &mut [i64]) -> Result<(), Error> {
-        self.all_gather(input, output)
+    fn all_gather_i64(&self, input: &[i64], output: &mut [i64]) -> Result<(), RuntimeError> {
+        Ok(self.all_gather(input, output)?)
     }
 }

@@ -8,11 +8,11 @@
 //! So a program written against these methods runs under both backends; only the
 //! backend name passed to [`init_process_group`](crate::init_process_group) changes.
 
-use ringccl_collectives::{validate_reduce, BufferMut, Error, ReduceOp};
+use ringccl_collectives::{validate_reduce, BufferMut, ReduceOp};
 use ringccl_nccl::cudarc::driver::{CudaSlice, DriverError};
 use ringccl_nccl::DeviceElement;
 
-use crate::{ProcessGroup, Work};
+use crate::{Error, ProcessGroup, Work};
 
 /// The error of a failed copy while staging a GPU buffer through host memory.
 fn staging_failed(rank: usize, what: &str, call: &'static str) -> impl Fn(DriverError) -> Error {
@@ -81,7 +81,7 @@ impl ProcessGroup {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let backend = std::env::var("BACKEND").unwrap_or("nccl".into()); // or "gloo"
     /// let opts = ringccl::InitOptions::from_env()?;
-    /// let local_rank = opts.get_local_rank().unwrap_or(0);
+    /// let local_rank = opts.local_rank.unwrap_or(0);
     /// let pg = ringccl::init_process_group(&backend, opts)?;
     /// let stream = CudaContext::new(local_rank)?.default_stream();
     /// let mut grads = stream.clone_htod(&[1.0f32; 1024])?;
@@ -191,7 +191,7 @@ impl ProcessGroup {
             }
             None => self.queue(move |backend, d| {
                 through_host(rank, "all_reduce", &mut buf, true, |host| {
-                    backend.all_reduce(BufferMut::from_slice(host), op, d)
+                    Ok(backend.all_reduce(BufferMut::from_slice(host), op, d)?)
                 })
                 .map(|()| buf)
             }),

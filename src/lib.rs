@@ -32,21 +32,25 @@
 mod ddp_comm;
 #[cfg(feature = "nccl")]
 mod device;
+mod error;
 pub mod logging;
+mod options;
 mod process_group;
 mod sequencer;
 mod work;
 mod worker;
 
+pub use error::{Error, Result};
+pub use options::{InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT};
 pub use process_group::{init_process_group, ProcessGroup, BACKENDS};
+/// The collective runtime's error, as the [`Backend`] trait and the DDP layer's
+/// [`ddp::Communicator`] report it; [`Error`] converts from it.
+pub use ringccl_collectives::Error as RuntimeError;
 pub use ringccl_collectives::{
-    half, AllReduceAlgo, Backend, BufferMut, BufferRef, CollectiveKind, DType, Element, Error,
-    HostConfig, OpDesc, ReduceOp, Result,
+    half, AllReduceAlgo, Backend, BufferMut, BufferRef, CollectiveKind, DType, Element, HostConfig,
+    OpDesc, ReduceOp,
 };
-pub use ringccl_rendezvous::{
-    AuthToken, InitOptions, StoreListener, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT,
-    DEFAULT_TIMEOUT,
-};
+pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
 pub use work::Work;
 
 /// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in
@@ -55,7 +59,9 @@ pub use work::Work;
 pub use ringccl_ddp as ddp;
 
 #[cfg(feature = "nccl")]
-pub use ringccl_nccl::{cuda_device_count, cudarc, DeviceElement, NcclBackend};
+pub use ringccl_nccl::{
+    cuda_device_count, cudarc, DeviceElement, DeviceError, NcclBackend, NcclConfig,
+};
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {
@@ -63,6 +69,6 @@ pub mod core {
         bucket, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine, Readiness,
         Request, Transport,
     };
-    pub use ringccl_rendezvous::{connect_mesh, store, Mesh};
+    pub use ringccl_rendezvous::{connect_mesh, store, Mesh, MeshConfig};
     pub use ringccl_transports::{ShmTransport, TcpTransport};
 }

@@ -9,15 +9,17 @@ use std::time::Duration;
 
 use ringccl_collectives::bucket::plan_buckets;
 use ringccl_collectives::{
-    validate_reduce, Backend, BufferMut, BufferRef, Deadline, Element, Error, HostBackend,
-    HostConfig, ReduceOp,
+    validate_reduce, Backend, BufferMut, BufferRef, Deadline, Element, HostBackend, HostConfig,
+    ReduceOp,
 };
-use ringccl_rendezvous::{connect_mesh, InitOptions, KeptStore, TransportKind};
+use ringccl_rendezvous::{connect_mesh, KeptStore, SetupError};
 use ringccl_transports::{shm, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
 
+use crate::options::{InitOptions, TransportKind};
 use crate::sequencer::Sequencer;
 use crate::work::Work;
 use crate::worker::{Job, Worker};
+use crate::Error;
 
 /// The backend names [`init_process_group`] accepts (case-insensitive).
 pub const BACKENDS: &[&str] = &["gloo", "nccl"];
@@ -45,24 +47,24 @@ const BUCKETS_IN_FLIGHT: usize = 2;
 /// assert!(err.to_string().contains("gloo, nccl"));
 /// # Ok::<(), ringccl::Error>(())
 /// ```
-pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGroup, Error> {
+pub fn init_process_group(backend: &str, mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     match backend.trim().to_ascii_lowercase().as_str() {
         "gloo" => {
             opts.validate()?;
             let mut config = HostConfig {
-                timeout: opts.get_timeout(),
-                all_reduce_algo: opts.get_all_reduce_algo()?,
+                timeout: opts.timeout,
+                all_reduce_algo: opts.resolved_all_reduce_algo()?,
                 ..HostConfig::default()
             };
-            if let Some(chunk) = opts.get_chunk_bytes() {
+            if let Some(chunk) = opts.chunk_bytes {
                 config.chunk_bytes = chunk;
             }
-            if let Some(bytes) = opts.get_small_all_reduce_max_bytes() {
+            if let Some(bytes) = opts.small_all_reduce_max_bytes {
                 config.small_all_reduce_max_bytes = bytes;
             }
-            let kind = opts.get_transport()?;
-            let deadline = Deadline::after(opts.get_timeout()).at();
-            let mut mesh = connect_mesh(opts)?;
+            let kind = opts.resolved_transport()?;
+            let deadline = Deadline::after(opts.timeout).at();
+            let mut mesh = connect_mesh(opts.mesh_config())?;
             let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
             let rings = match kind {
                 TransportKind::Tcp => None,
@@ -78,12 +80,13 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
             };
             let dead_peer = mesh.dead_peer_timeout();
             let (connections, store) = mesh.finish(deadline)?;
-            let tcp =
-                TcpTransport::new(rank, connections, dead_peer).map_err(|source| Error::Io {
+            let tcp = TcpTransport::new(rank, connections, dead_peer).map_err(|source| {
+                SetupError::Io {
                     rank,
                     context: "configuring the connections to the other ranks".into(),
                     source,
-                })?;
+                }
+            })?;
             let backend: Box<dyn Backend> = match rings {
                 Some(rings) => Box::new(HostBackend::new(
                     "gloo",
@@ -97,9 +100,15 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
             Ok(pg)
         }
         #[cfg(feature = "nccl")]
-        "nccl" => Ok(ProcessGroup::from_nccl(Arc::new(
-            ringccl_nccl::NcclBackend::connect(opts)?,
-        ))),
+        "nccl" => {
+            opts.validate()?;
+            let mut config = ringccl_nccl::NcclConfig::new(opts.mesh_config());
+            config.device = opts.device;
+            config.local_rank = opts.local_rank;
+            Ok(ProcessGroup::from_nccl(Arc::new(
+                ringccl_nccl::NcclBackend::connect(config)?,
+            )))
+        }
         #[cfg(not(feature = "nccl"))]
         "nccl" => Err(Error::BackendUnavailable {
             backend: "nccl",
@@ -209,28 +218,40 @@ impl ProcessGroup {
 
     /// Runs `op` on the calling thread once every earlier operation has finished, with
     /// the group's deadline counted from now.
-    pub(crate) fn in_order<R>(&self, op: impl FnOnce(&dyn Backend, Deadline) -> R) -> R {
+    pub(crate) fn in_order<R, E>(
+        &self,
+        op: impl FnOnce(&dyn Backend, Deadline) -> Result<R, E>,
+    ) -> Result<R, Error>
+    where
+        Error: From<E>,
+    {
         self.in_order_within(self.backend.timeout(), op)
     }
 
     /// [`ProcessGroup::in_order`] with a deadline `timeout` from now.
-    fn in_order_within<R>(
+    fn in_order_within<R, E>(
         &self,
         timeout: Duration,
-        op: impl FnOnce(&dyn Backend, Deadline) -> R,
-    ) -> R {
+        op: impl FnOnce(&dyn Backend, Deadline) -> Result<R, E>,
+    ) -> Result<R, Error>
+    where
+        Error: From<E>,
+    {
         let deadline = Deadline::after(timeout);
         let ticket = self.sequencer.issue(|ticket| ticket);
         let _turn = self.sequencer.turn(ticket);
-        op(&*self.backend, deadline)
+        Ok(op(&*self.backend, deadline)?)
     }
 
     /// Queues `op` on the background worker, behind every earlier operation, with the
     /// group's deadline counted from now (time spent queued counts).
-    pub(crate) fn queue<T: Send + 'static>(
+    pub(crate) fn queue<T: Send + 'static, E>(
         &self,
-        op: impl FnOnce(&dyn Backend, Deadline) -> Result<T, Error> + Send + 'static,
-    ) -> Result<Work<T>, Error> {
+        op: impl FnOnce(&dyn Backend, Deadline) -> Result<T, E> + Send + 'static,
+    ) -> Result<Work<T>, Error>
+    where
+        Error: From<E>,
+    {
         let rank = self.rank();
         let deadline = Deadline::after(self.backend.timeout());
         let mut slot = self.worker.lock().map_err(|_| Error::GroupBroken {
@@ -249,13 +270,15 @@ impl ProcessGroup {
             worker.submit(Job {
                 ticket,
                 run: Box::new(move |backend| {
-                    let result = panic::catch_unwind(AssertUnwindSafe(|| op(backend, deadline)))
-                        .unwrap_or_else(|_| {
-                            Err(Error::GroupBroken {
-                                rank,
-                                cause: "an operation panicked in the background worker".into(),
-                            })
-                        });
+                    let result = panic::catch_unwind(AssertUnwindSafe(|| {
+                        op(backend, deadline).map_err(Error::from)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(Error::GroupBroken {
+                            rank,
+                            cause: "an operation panicked in the background worker".into(),
+                        })
+                    });
                     // The Work may have been dropped: the result is then discarded.
                     let _ = done.send(result);
                 }),

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::Error;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use ringccl_collectives::Error;
 
 /// A handle on an operation queued with one of the `*_async` methods of
 /// [`ProcessGroup`](crate::ProcessGroup). It owns the result — for data-carrying

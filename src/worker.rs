@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::thread;
 
 use crossbeam_channel::{Receiver, Sender};
-use ringccl_collectives::{Backend, Error};
+use ringccl_collectives::Backend;
+
+use crate::Error;
 
 use crate::sequencer::Sequencer;
 

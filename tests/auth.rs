@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{heavy_lock, run_threads_with, GROUP_TIMEOUT};
 use ringccl::core::store::{StoreClient, StoreServer};
-use ringccl::{init_process_group, AuthToken, Error, InitOptions, ReduceOp, StoreListener};
+use ringccl::{init_process_group, AuthToken, InitOptions, ReduceOp, StoreListener};
 
 #[test]
 fn ranks_that_share_the_token_form_a_group() {
@@ -80,6 +80,8 @@ fn a_rank_without_a_token_is_refused_and_told_to_set_one() {
 
 #[test]
 fn the_store_serves_only_clients_that_hold_the_token() {
+    // The store is a start-up building block: it reports start-up's own error type.
+    use ringccl::SetupError as Error;
     let listener = StoreListener::bind("127.0.0.1:0").unwrap();
     let token = AuthToken::new("s3cret");
     let server = StoreServer::start_authenticated(listener, token.clone()).unwrap();

@@ -1,11 +1,15 @@
-//! The one error type of ringccl.
+//! The collective runtime's errors: what can go wrong once a group is running.
+//!
+//! Start-up has its own error (`ringccl_rendezvous::SetupError`), so does the NCCL
+//! engine (`ringccl_nccl::Error`, which reaches callers of the [`crate::Backend`] trait
+//! as [`Error::Engine`]); the `ringccl` facade's `Error` wraps all three.
 
 use std::io;
 use std::time::Duration;
 
 use crate::{DType, OpDesc, ReduceOp};
 
-/// Everything that can go wrong in ringccl.
+/// What can go wrong in a running group: misuse, a lost or slow peer, a mismatch.
 ///
 /// Every message says which rank saw the problem, which peer and which operation were
 /// involved where that applies, and what to do about it. After an error raised while
@@ -15,44 +19,6 @@ use crate::{DType, OpDesc, ReduceOp};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The backend string names no backend.
-    #[error("unknown backend {name:?}: valid backends are {} (case-insensitive)", valid.join(", "))]
-    UnknownBackend {
-        /// What the caller asked for.
-        name: String,
-        /// The names that would have worked.
-        valid: &'static [&'static str],
-    },
-
-    /// The backend exists but cannot run in this build or on this machine.
-    #[error("backend {backend:?} is not available: {reason}")]
-    BackendUnavailable {
-        /// The backend's name.
-        backend: &'static str,
-        /// Why, and what to do about it.
-        reason: String,
-    },
-
-    /// A required environment variable is not set.
-    #[error("environment variable {var} is not set: {hint}")]
-    MissingEnv {
-        /// The variable's name.
-        var: &'static str,
-        /// How to set it.
-        hint: &'static str,
-    },
-
-    /// An environment variable is set to something unusable.
-    #[error("environment variable {var}={value:?} is invalid: {reason}")]
-    InvalidEnv {
-        /// The variable's name.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-
     /// An argument is out of range or inconsistent.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -66,56 +32,6 @@ pub enum Error {
         dtype: DType,
         /// Why, and what to use instead.
         reason: &'static str,
-    },
-
-    /// Rank 0 could not open the rendezvous store.
-    #[error("rank 0: cannot host the rendezvous store on {addr}: {reason}")]
-    StoreBind {
-        /// The address it tried to bind.
-        addr: String,
-        /// What to do about it.
-        reason: String,
-        /// The system error.
-        #[source]
-        source: io::Error,
-    },
-
-    /// The rendezvous store did not answer before the deadline.
-    #[error(
-        "rank {rank}: could not reach the rendezvous store at {addr} within {timeout:?} (last error: {last_error}); \
-         check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it and are reachable from this host"
-    )]
-    StoreUnreachable {
-        /// The rank that waited.
-        rank: usize,
-        /// The store's address.
-        addr: String,
-        /// How long it waited.
-        timeout: Duration,
-        /// The last connection error seen.
-        last_error: String,
-    },
-
-    /// Rendezvous did not complete before the deadline.
-    #[error("rank {rank}: rendezvous timed out after {timeout:?} waiting for {waiting_for}; is that rank running, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")]
-    RendezvousTimeout {
-        /// The rank that waited.
-        rank: usize,
-        /// Whom or what it waited for.
-        waiting_for: String,
-        /// How long it waited.
-        timeout: Duration,
-    },
-
-    /// A connection failed its handshake (wrong protocol, version, job or world size).
-    #[error("rank {rank}: handshake with {peer} failed: {reason}")]
-    Handshake {
-        /// The rank that saw it.
-        rank: usize,
-        /// The other side (a rank or an address).
-        peer: String,
-        /// What was wrong.
-        reason: String,
     },
 
     /// A collective did not finish before its deadline.
@@ -193,36 +109,15 @@ pub enum Error {
         cause: String,
     },
 
-    /// A device-side collective (NCCL) did not finish before its deadline. NCCL has no
-    /// deadline of its own, so the communicator was aborted to get control back.
-    #[error(
-        "rank {rank}: {op} did not finish on the GPU within {timeout:?}; the NCCL communicator \
-         was aborted. A peer may be dead, stuck, slower than the timeout allows, or in a \
-         different collective (NCCL does not check; run the same code under \"gloo\" to find \
-         a mismatch). NCCL_DEBUG=WARN shows NCCL's own view{detail}"
-    )]
-    DeviceTimeout {
-        /// The rank that gave up.
-        rank: usize,
-        /// The collective.
-        op: OpDesc,
-        /// The deadline that passed.
-        timeout: Duration,
-        /// NCCL's last error message, if it had one (starts with "; ").
-        detail: String,
-    },
-
-    /// A CUDA or NCCL call failed.
-    #[error("rank {rank}: {call} failed during {op}: {reason}")]
-    Device {
-        /// The rank.
-        rank: usize,
-        /// The operation in progress (a collective, or a start-up step).
-        op: String,
-        /// The library call that failed.
-        call: String,
-        /// The library's error code and message, and what to do about it.
-        reason: String,
+    /// An engine below the runtime failed (for example a CUDA or NCCL call, or NCCL's
+    /// own deadline). `source` is the engine's error type (`ringccl_nccl::Error` under
+    /// NCCL); the `ringccl` facade turns it back into its own variants.
+    #[error("{source}")]
+    Engine {
+        /// The engine's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+        /// Whether the failure leaves the group unusable.
+        breaks_group: bool,
     },
 
     /// A local I/O operation failed.
@@ -248,14 +143,17 @@ impl Error {
                 | Error::CollectiveMismatch { .. }
                 | Error::Protocol { .. }
                 | Error::Io { .. }
-                | Error::DeviceTimeout { .. }
-                | Error::Device { .. }
+                | Error::Engine {
+                    breaks_group: true,
+                    ..
+                }
         )
     }
 }
 
 /// `"; connections to rank 3, rank 5 had also closed or failed"`, or nothing.
-fn gone_note(gone: &[usize]) -> String {
+#[doc(hidden)]
+pub fn gone_note(gone: &[usize]) -> String {
     if gone.is_empty() {
         return String::new();
     }

@@ -29,7 +29,7 @@ pub use algorithm::AllReduceAlgo;
 pub use backend::{validate_blocks, validate_reduce, validate_root, Backend};
 pub use buffer::{BufferMut, BufferRef};
 pub use dtype::{DType, Element};
-pub use error::{Error, Result};
+pub use error::{gone_note, Error, Result};
 pub use group::{
     validate_peer, Deadline, Engine, GroupRunner, Request, Sequence, PEER_FAILURE_GRACE,
 };

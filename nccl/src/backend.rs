@@ -13,7 +13,9 @@ use ringccl_collectives::{
 use super::engine::NcclEngine;
 use super::ffi::{Call, DeviceRegion};
 use super::poller::Involved;
-use ringccl_rendezvous::{InitOptions, KeptStore};
+use ringccl_rendezvous::KeptStore;
+
+use crate::{DeviceError, NcclConfig};
 
 /// Element types NCCL and CUDA memory both handle: all eight [`Element`] types.
 pub trait DeviceElement: Element + DeviceRepr + ValidAsZeroBits {}
@@ -31,7 +33,7 @@ impl<T: Element + DeviceRepr + ValidAsZeroBits> DeviceElement for T {}
 /// is polled (`ncclCommGetAsyncError` and a CUDA event) until it finishes, its deadline
 /// passes, or a peer's process is seen gone (a TCP connection to every peer is kept as a
 /// liveness channel). In the last two cases the communicator is aborted and the call
-/// returns [`Error::DeviceTimeout`] or [`Error::PeerLost`]; later calls return
+/// returns [`DeviceError::Timeout`] (inside [`Error::Engine`]) or [`Error::PeerLost`]; later calls return
 /// [`Error::GroupBroken`]. Dropping the last handle shuts NCCL down in an orderly way
 /// (or aborts it) and never panics.
 ///
@@ -50,16 +52,16 @@ impl NcclBackend {
     /// Checks that libcuda and libnccl load and that a CUDA device is visible, without
     /// touching the network. Returns the number of devices, or the error
     /// `init_process_group("nccl", ..)` would return, which says what to install or set.
-    pub fn probe() -> Result<usize, Error> {
+    pub fn probe() -> Result<usize, DeviceError> {
         super::probe::probe()
     }
 
-    /// Joins the group described by `opts` (the same options and rendezvous as the CPU
-    /// backend). Rank 0 makes the NCCL unique id and shares it through the rendezvous
-    /// store; every rank then opens its communicator on device `opts.get_device()`, or
+    /// Joins the group described by `config` (the same rendezvous as the CPU backend).
+    /// Rank 0 makes the NCCL unique id and shares it through the rendezvous store; every
+    /// rank then opens its communicator on device `config.device`, or
     /// `(local rank or rank) % device_count`.
-    pub fn connect(opts: InitOptions) -> Result<NcclBackend, Error> {
-        super::startup::connect(opts)
+    pub fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
+        super::startup::connect(config)
     }
 
     /// The host-buffer collectives, as a [`Backend`] sharing this communicator.

@@ -8,6 +8,8 @@
 //! [`NcclBackend::probe`] and [`NcclBackend::connect`] return an error that says what is
 //! missing and how to provide it.
 //!
+//! - [`NcclConfig`]: what joining needs (the mesh's settings, the device).
+//! - [`DeviceError`]: the device layer's errors.
 //! - `probe`: can NCCL run here (libraries, devices, version)?
 //! - `startup`: rendezvous, the unique id, joining the communicator.
 //! - `engine`: the communicator running host-buffer calls for the group runner; teardown.
@@ -19,7 +21,9 @@
 #![deny(unsafe_code)]
 
 mod backend;
+mod config;
 mod engine;
+mod error;
 mod ffi;
 mod libraries;
 mod poller;
@@ -28,7 +32,9 @@ mod staging;
 mod startup;
 
 pub use backend::{DeviceElement, NcclBackend};
+pub use config::NcclConfig;
 pub use engine::NcclEngine;
+pub use error::DeviceError;
 pub use probe::cuda_device_count;
 
 /// Re-export of `cudarc` (the CUDA driver and NCCL binding), whose `CudaSlice<T>` the

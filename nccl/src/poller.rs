@@ -9,6 +9,7 @@ use cudarc::driver::{CudaStream, DriverError};
 use ringccl_collectives::{Deadline, Error, OpDesc, PEER_FAILURE_GRACE};
 
 use super::ffi::{self, Call, NcclCode, Progress, RawComm};
+use crate::DeviceError;
 use ringccl_transports::TcpTransport;
 
 /// How often a waiting rank checks that its peers' processes are still alive.
@@ -44,7 +45,7 @@ impl Cx<'_> {
         } else {
             "set NCCL_DEBUG=WARN for NCCL's own diagnosis"
         };
-        Error::Device {
+        DeviceError::Call {
             rank: self.rank,
             op: self.op.to_string(),
             call: call.to_string(),
@@ -54,15 +55,19 @@ impl Cx<'_> {
                 format!("{} — {detail} ({hint})", code.describe())
             },
         }
+        .into()
     }
 
     /// Maps a CUDA driver failure of `call` to this operation's error.
     pub(super) fn driver<'s>(&'s self, call: &'s str) -> impl Fn(DriverError) -> Error + 's {
-        move |e| Error::Device {
-            rank: self.rank,
-            op: self.op.to_string(),
-            call: call.to_string(),
-            reason: format!("{e}"),
+        move |e| {
+            DeviceError::Call {
+                rank: self.rank,
+                op: self.op.to_string(),
+                call: call.to_string(),
+                reason: format!("{e}"),
+            }
+            .into()
         }
     }
 
@@ -133,7 +138,7 @@ impl Cx<'_> {
             let now = Instant::now();
             if now >= self.deadline.at() {
                 let detail = self.comm.last_error();
-                return Err(Error::DeviceTimeout {
+                return Err(DeviceError::Timeout {
                     rank: self.rank,
                     op: *self.op,
                     timeout: self.deadline.timeout(),
@@ -142,7 +147,8 @@ impl Cx<'_> {
                     } else {
                         format!("; NCCL says: {detail}")
                     },
-                });
+                }
+                .into());
             }
             if now >= next_liveness {
                 next_liveness = now + LIVENESS_EVERY;

@@ -1,8 +1,8 @@
 //! Can NCCL run here? Loading checks, the device count and the version floor, without
 //! touching the network.
 
+use crate::DeviceError;
 use cudarc::driver::CudaContext;
-use ringccl_collectives::Error;
 
 use super::ffi;
 use super::libraries::{check_driver_library, check_nccl_library};
@@ -11,16 +11,13 @@ use super::libraries::{check_driver_library, check_nccl_library};
 /// `ncclGetLastError`, bf16 and `ncclAvg` are all older).
 pub(super) const MIN_NCCL_VERSION: i32 = 21800;
 
-fn unavailable(reason: String) -> Error {
-    Error::BackendUnavailable {
-        backend: "nccl",
-        reason,
-    }
+fn unavailable(reason: String) -> DeviceError {
+    DeviceError::Unavailable { reason }
 }
 
 /// The number of CUDA devices this process sees, or an error that says why there are
 /// none (no driver library, a failing driver, no device). Never panics.
-pub fn cuda_device_count() -> Result<usize, Error> {
+pub fn cuda_device_count() -> Result<usize, DeviceError> {
     check_driver_library().map_err(unavailable)?;
     let count = CudaContext::device_count()
         .map_err(|e| unavailable(format!("the CUDA driver loaded but failed: {e}")))?;
@@ -35,7 +32,7 @@ pub fn cuda_device_count() -> Result<usize, Error> {
 }
 
 /// See [`NcclBackend::probe`](super::NcclBackend::probe).
-pub(super) fn probe() -> Result<usize, Error> {
+pub(super) fn probe() -> Result<usize, DeviceError> {
     let count = cuda_device_count()?;
     check_nccl_library().map_err(unavailable)?;
     let version = ffi::nccl_version()

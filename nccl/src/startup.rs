@@ -5,36 +5,43 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaContext, DriverError};
-use ringccl_collectives::{Deadline, Error, GroupRunner, OpDesc};
+use ringccl_collectives::{Deadline, GroupRunner, OpDesc};
 
 use super::engine::NcclEngine;
 use super::ffi::{self, Progress, RawComm, UNIQUE_ID_LEN};
 use super::poller::{Cx, Involved};
 use super::probe::probe;
 use super::NcclBackend;
-use ringccl_rendezvous::{connect_mesh, InitOptions, Mesh};
+use crate::{DeviceError, NcclConfig};
+use ringccl_rendezvous::{connect_mesh, Mesh, SetupError};
 use ringccl_transports::TcpTransport;
 
 const ID_KEY: &str = "ringccl/nccl/id";
 
 /// See [`NcclBackend::connect`].
-pub(super) fn connect(opts: InitOptions) -> Result<NcclBackend, Error> {
-    opts.validate()?;
+pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
+    let NcclConfig {
+        mesh,
+        device,
+        local_rank,
+    } = config;
+    mesh.validate()?;
     let device_count = probe()?;
-    let rank = opts.rank();
-    let world_size = opts.world_size();
-    let timeout = opts.get_timeout();
-    let device = match opts.get_device() {
+    let rank = mesh.rank;
+    let world_size = mesh.world_size;
+    let timeout = mesh.timeout;
+    let device = match device {
         Some(d) if d >= device_count => {
-            return Err(Error::InvalidArgument(format!(
+            return Err(SetupError::InvalidArgument(format!(
                 "rank {rank}: CUDA device {d} was requested but only {device_count} \
                  device(s) are visible (after CUDA_VISIBLE_DEVICES)"
-            )))
+            ))
+            .into())
         }
         Some(d) => d,
-        None => opts.get_local_rank().unwrap_or(rank) % device_count,
+        None => local_rank.unwrap_or(rank) % device_count,
     };
-    let startup_error = |call: &str, reason: String| Error::Device {
+    let startup_error = |call: &str, reason: String| DeviceError::Call {
         rank,
         op: format!("NCCL start-up on cuda:{device}"),
         call: call.to_string(),
@@ -47,15 +54,16 @@ pub(super) fn connect(opts: InitOptions) -> Result<NcclBackend, Error> {
         .map_err(driver("creating the NCCL stream"))?;
 
     let deadline = Deadline::after(timeout);
-    let mut mesh = connect_mesh(opts)?;
+    let mut mesh = connect_mesh(mesh)?;
     let id = share_unique_id(&mut mesh, rank, deadline.at())?;
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline.at())?;
-    let peers = TcpTransport::new(rank, connections, dead_peer).map_err(|source| Error::Io {
-        rank,
-        context: "configuring the liveness connections".into(),
-        source,
-    })?;
+    let peers =
+        TcpTransport::new(rank, connections, dead_peer).map_err(|source| SetupError::Io {
+            rank,
+            context: "configuring the liveness connections".into(),
+            source,
+        })?;
 
     ctx.bind_to_thread()
         .map_err(driver("binding the CUDA context"))?;
@@ -80,12 +88,13 @@ pub(super) fn connect(opts: InitOptions) -> Result<NcclBackend, Error> {
     });
     if let Err(e) = joined {
         comm.abort();
-        return Err(match e {
-            Error::DeviceTimeout { .. } => Error::RendezvousTimeout {
+        return Err(match DeviceError::from(e) {
+            DeviceError::Timeout { .. } => SetupError::RendezvousTimeout {
                 rank,
                 waiting_for: "every rank to join the NCCL communicator".into(),
                 timeout,
-            },
+            }
+            .into(),
             other => other,
         });
     }
@@ -105,7 +114,7 @@ fn share_unique_id(
     mesh: &mut Mesh,
     rank: usize,
     deadline: Instant,
-) -> Result<[u8; UNIQUE_ID_LEN], Error> {
+) -> Result<[u8; UNIQUE_ID_LEN], DeviceError> {
     let store = mesh.store();
     let raw = if rank == 0 {
         match ffi::new_unique_id() {
@@ -116,7 +125,7 @@ fn share_unique_id(
             Err(code) => {
                 let reason = format!("ncclGetUniqueId failed: {}", code.describe());
                 store.set(ID_KEY, format!("error: {reason}").as_bytes())?;
-                return Err(Error::Device {
+                return Err(DeviceError::Call {
                     rank,
                     op: "NCCL start-up".into(),
                     call: "ncclGetUniqueId".into(),
@@ -129,12 +138,15 @@ fn share_unique_id(
             "rank 0 to publish the NCCL unique id".into()
         })?
     };
-    raw.as_slice().try_into().map_err(|_| Error::Handshake {
-        rank,
-        peer: "rank 0".into(),
-        reason: format!(
-            "rank 0 could not start NCCL ({})",
-            String::from_utf8_lossy(&raw).trim_start_matches("error: ")
-        ),
+    raw.as_slice().try_into().map_err(|_| {
+        SetupError::Handshake {
+            rank,
+            peer: "rank 0".into(),
+            reason: format!(
+                "rank 0 could not start NCCL ({})",
+                String::from_utf8_lossy(&raw).trim_start_matches("error: ")
+            ),
+        }
+        .into()
     })
 }

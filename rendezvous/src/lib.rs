@@ -9,22 +9,24 @@
 //! - `auth`: HMAC-SHA256 challenge–response ([`AuthToken`]).
 //! - [`connect_mesh`] → [`Mesh`]: the connected ranks and the store; [`Mesh::finish`]
 //!   ends start-up on every rank, so "release the store" is a type, not a convention.
-//! - [`InitOptions`]: the group's settings, from code or the environment.
+//! - [`MeshConfig`]: what connecting needs to know (the `ringccl` facade builds it
+//!   from its `InitOptions`; nothing here reads the environment).
+//! - [`SetupError`]: what can go wrong during start-up.
 //!
 //! Most users want the `ringccl` crate, which re-exports what matters from here.
 
 #![deny(unsafe_code)]
 
 mod auth;
+mod config;
 mod deadline_io;
+mod error;
 mod hello;
 mod mesh;
-mod options;
 pub mod store;
 
 pub use auth::AuthToken;
+pub use config::MeshConfig;
+pub use error::SetupError;
 pub use mesh::{connect_mesh, KeptStore, Mesh};
-pub use options::{
-    first_slurm_host, InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT,
-};
 pub use store::StoreListener;

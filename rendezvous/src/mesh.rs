@@ -10,8 +10,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::InitOptions;
-use ringccl_collectives::Error;
+use crate::{MeshConfig, SetupError};
 use ringccl_transports::poll::{wait_any, Interest};
 use tracing::{debug, info, warn};
 
@@ -88,9 +87,12 @@ impl Mesh {
     /// the store it hosts outlives every start-up reader. Returns the connections, still
     /// blocking, `None` at this rank's own index, and the store, which the group keeps
     /// for its lifetime.
-    pub fn finish(self, deadline: Instant) -> Result<(Vec<Option<TcpStream>>, KeptStore), Error> {
+    pub fn finish(
+        self,
+        deadline: Instant,
+    ) -> Result<(Vec<Option<TcpStream>>, KeptStore), SetupError> {
         let rank = self.rank;
-        let failed = |peer: usize, e: io::Error| Error::Io {
+        let failed = |peer: usize, e: io::Error| SetupError::Io {
             rank,
             context: format!(
                 "finishing start-up with rank {peer} (telling rank 0 the store is no longer needed)"
@@ -151,28 +153,33 @@ impl fmt::Debug for Mesh {
     }
 }
 
-/// Creates this rank's connections to every other rank of the group described by `opts`.
+/// Creates this rank's connections to every other rank of the group described by `config`.
 ///
-/// Rank 0 starts the rendezvous store (on `opts`' store listener, or by binding the master
+/// Rank 0 starts the rendezvous store (on `config`'s store listener, or by binding the master
 /// address). Every rank then connects to the store (retrying until the deadline, since
 /// rank 0 may start last), listens on an ephemeral port on the interface it reaches the
 /// store through, publishes that address, connects to every lower rank and accepts every
 /// higher one.
-pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
-    opts.validate()?;
-    let rank = opts.rank();
-    let world_size = opts.world_size();
-    let timeout = opts.get_timeout();
-    let dead_peer = opts.get_dead_peer_timeout();
+pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
+    config.validate()?;
+    let MeshConfig {
+        rank,
+        world_size,
+        timeout,
+        dead_peer_timeout: dead_peer,
+        ..
+    } = config;
+    let own_listener = config.store_listener.take();
+    let master = config.master.as_str();
     let deadline = Instant::now() + timeout;
     let server = if rank == 0 {
-        let listener = match opts.take_store_listener() {
+        let listener = match own_listener {
             Some(listener) => listener,
-            None => StoreListener::bind(opts.master())?,
+            None => StoreListener::bind(master)?,
         };
         Some(StoreServer::start_authenticated(
             listener,
-            opts.get_auth_token().cloned(),
+            config.auth_token.clone(),
         )?)
     } else {
         None
@@ -180,14 +187,14 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
     let store_addrs = match &server {
         // Rank 0 talks to its own store at the address it really bound.
         Some(server) => vec![server.local_addr()],
-        None => resolve(opts.master()).map_err(|e| Error::StoreUnreachable {
+        None => resolve(master).map_err(|e| SetupError::StoreUnreachable {
             rank,
-            addr: opts.master().to_string(),
+            addr: master.to_string(),
             timeout,
             last_error: format!("cannot resolve: {e}"),
         })?,
     };
-    let token = opts.get_auth_token().cloned();
+    let token = config.auth_token.clone();
     let mut store = StoreClient::connect_authenticated(&store_addrs, rank, timeout, token.clone())?;
     let job_id = if rank == 0 {
         let id = fresh_job_id();
@@ -195,11 +202,14 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
         id
     } else {
         let raw = store.wait(JOB_KEY, deadline, &|| "rank 0 to start the job".into())?;
-        let bytes: [u8; 8] = raw.as_slice().try_into().map_err(|_| Error::Handshake {
-            rank,
-            peer: "rendezvous store".into(),
-            reason: format!("job id has {} bytes, expected 8", raw.len()),
-        })?;
+        let bytes: [u8; 8] = raw
+            .as_slice()
+            .try_into()
+            .map_err(|_| SetupError::Handshake {
+                rank,
+                peer: "rendezvous store".into(),
+                reason: format!("job id has {} bytes, expected 8", raw.len()),
+            })?;
         u64::from_le_bytes(bytes)
     };
     let me = PeerHello {
@@ -208,7 +218,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
         rank: rank as u32,
         authenticated: token.is_some(),
     };
-    let io_error = |context: String, source: io::Error| Error::Io {
+    let io_error = |context: String, source: io::Error| SetupError::Io {
         rank,
         context,
         source,
@@ -238,7 +248,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
         let addr: SocketAddr =
             String::from_utf8_lossy(&raw)
                 .parse()
-                .map_err(|_| Error::Handshake {
+                .map_err(|_| SetupError::Handshake {
                     rank,
                     peer: format!("rank {peer}"),
                     reason: "published an unreadable address".into(),
@@ -250,14 +260,14 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
         let stream = connect_peer(rank, peer, addr, deadline, timeout)?;
         let theirs =
             introduce(&stream, &me, token.as_ref(), Role::Initiator, deadline).map_err(|e| {
-                Error::Handshake {
+                SetupError::Handshake {
                     rank,
                     peer: format!("rank {peer} at {addr}"),
                     reason: e,
                 }
             })?;
         if theirs.rank as usize != peer {
-            return Err(Error::Handshake {
+            return Err(SetupError::Handshake {
                 rank,
                 peer: format!("rank {peer} at {addr}"),
                 reason: format!("it says it is rank {}", theirs.rank),
@@ -281,7 +291,7 @@ pub fn connect_mesh(mut opts: InitOptions) -> Result<Mesh, Error> {
                         .filter(|&p| peers[p].is_none())
                         .map(|p| p.to_string())
                         .collect();
-                    return Err(Error::RendezvousTimeout {
+                    return Err(SetupError::RendezvousTimeout {
                         rank,
                         waiting_for: format!("connections from rank(s) {}", missing.join(", ")),
                         timeout,
@@ -339,12 +349,12 @@ fn connect_peer(
     addr: SocketAddr,
     deadline: Instant,
     timeout: Duration,
-) -> Result<TcpStream, Error> {
+) -> Result<TcpStream, SetupError> {
     let mut backoff = Duration::from_millis(2);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::RendezvousTimeout {
+            return Err(SetupError::RendezvousTimeout {
                 rank,
                 waiting_for: format!("a connection to rank {peer} at {addr}"),
                 timeout,

@@ -3,12 +3,16 @@
 
 use std::time::Instant;
 
-use ringccl_collectives::Error;
+use crate::shm::ShmUnavailable;
 
 /// A key/value store every rank of the group reaches during start-up.
 pub trait SetupStore {
+    /// The store's error. Set-up failures of the transport itself become this type
+    /// too, so the caller sees one error type for the whole start-up.
+    type Error: From<ShmUnavailable>;
+
     /// Publishes `value` under `key`.
-    fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Error>;
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Self::Error>;
 
     /// Waits until `key` is published and returns its value; fails at `deadline` with an
     /// error that says it was waiting for `waiting_for()`.
@@ -17,5 +21,5 @@ pub trait SetupStore {
         key: &str,
         deadline: Instant,
         waiting_for: &dyn Fn() -> String,
-    ) -> Result<Vec<u8>, Error>;
+    ) -> Result<Vec<u8>, Self::Error>;
 }

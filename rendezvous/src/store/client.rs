@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::Error;
+use crate::SetupError;
 
 use super::protocol::{
     Hello, Op, RequestHeader, ResponseHeader, Status, HELLO_LEN, MAX_KEY_LEN, MAX_VALUE_LEN,
@@ -35,7 +35,7 @@ impl StoreClient {
         addrs: &[SocketAddr],
         rank: usize,
         timeout: Duration,
-    ) -> Result<StoreClient, Error> {
+    ) -> Result<StoreClient, SetupError> {
         StoreClient::connect_authenticated(addrs, rank, timeout, None)
     }
 
@@ -46,7 +46,7 @@ impl StoreClient {
         rank: usize,
         timeout: Duration,
         token: Option<AuthToken>,
-    ) -> Result<StoreClient, Error> {
+    ) -> Result<StoreClient, SetupError> {
         let deadline = Instant::now() + timeout;
         let mut backoff = Duration::from_millis(5);
         let mut last_error = String::from("no attempt made");
@@ -73,7 +73,7 @@ impl StoreClient {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::StoreUnreachable {
+                return Err(SetupError::StoreUnreachable {
                     rank,
                     addr: addrs
                         .iter()
@@ -89,13 +89,13 @@ impl StoreClient {
         }
     }
 
-    fn hello(&mut self, deadline: Instant) -> Result<(), Error> {
+    fn hello(&mut self, deadline: Instant) -> Result<(), SetupError> {
         let mut reply = [0u8; HELLO_LEN];
         let ours = self.token.is_some();
         write_all_by(&self.stream, &Hello::current(ours).encode(), deadline)
             .and_then(|()| read_exact_by(&self.stream, &mut reply, deadline))
             .map_err(|e| self.io_error("greeting the store", e))?;
-        let handshake = |reason: String| Error::Handshake {
+        let handshake = |reason: String| SetupError::Handshake {
             rank: self.rank,
             peer: format!("rendezvous store at {}", self.addr),
             reason,
@@ -117,7 +117,7 @@ impl StoreClient {
     }
 
     /// Sets `key` to `value`.
-    pub fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Error> {
+    pub fn set(&mut self, key: &str, value: &[u8]) -> Result<(), SetupError> {
         match self.request(Op::Set, key, value)? {
             (Status::Ok, _) => Ok(()),
             (_, reason) => Err(self.refused(key, &reason)),
@@ -125,7 +125,7 @@ impl StoreClient {
     }
 
     /// Fetches `key`, if it exists.
-    pub fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, Error> {
+    pub fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, SetupError> {
         match self.request(Op::Get, key, &[])? {
             (Status::Ok, value) => Ok(Some(value)),
             (Status::NotFound, _) => Ok(None),
@@ -140,7 +140,7 @@ impl StoreClient {
         key: &str,
         deadline: Instant,
         waiting_for: &dyn Fn() -> String,
-    ) -> Result<Vec<u8>, Error> {
+    ) -> Result<Vec<u8>, SetupError> {
         let mut backoff = Duration::from_millis(1);
         loop {
             if let Some(value) = self.get(key)? {
@@ -148,7 +148,7 @@ impl StoreClient {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(Error::RendezvousTimeout {
+                return Err(SetupError::RendezvousTimeout {
                     rank: self.rank,
                     waiting_for: waiting_for(),
                     timeout: self.timeout,
@@ -159,9 +159,14 @@ impl StoreClient {
         }
     }
 
-    fn request(&mut self, op: Op, key: &str, value: &[u8]) -> Result<(Status, Vec<u8>), Error> {
+    fn request(
+        &mut self,
+        op: Op,
+        key: &str,
+        value: &[u8],
+    ) -> Result<(Status, Vec<u8>), SetupError> {
         if key.len() > MAX_KEY_LEN || value.len() > MAX_VALUE_LEN {
-            return Err(Error::InvalidArgument(format!(
+            return Err(SetupError::InvalidArgument(format!(
                 "store key of {} bytes / value of {} bytes exceeds the limits ({MAX_KEY_LEN} / {MAX_VALUE_LEN})",
                 key.len(),
                 value.len()
@@ -181,7 +186,7 @@ impl StoreClient {
         write_all_by(&self.stream, &message, deadline)
             .and_then(|()| read_exact_by(&self.stream, &mut header, deadline))
             .map_err(|e| self.io_error("talking to the rendezvous store", e))?;
-        let response = ResponseHeader::decode(&header).map_err(|e| Error::Handshake {
+        let response = ResponseHeader::decode(&header).map_err(|e| SetupError::Handshake {
             rank: self.rank,
             peer: format!("rendezvous store at {}", self.addr),
             reason: e.to_string(),
@@ -192,9 +197,9 @@ impl StoreClient {
         Ok((response.status, body))
     }
 
-    fn io_error(&self, what: &str, source: io::Error) -> Error {
+    fn io_error(&self, what: &str, source: io::Error) -> SetupError {
         if source.kind() == io::ErrorKind::TimedOut {
-            return Error::RendezvousTimeout {
+            return SetupError::RendezvousTimeout {
                 rank: self.rank,
                 waiting_for: format!(
                     "the rendezvous store at {} to answer (is something other than rank 0 listening there?)",
@@ -203,15 +208,15 @@ impl StoreClient {
                 timeout: self.timeout,
             };
         }
-        Error::Io {
+        SetupError::Io {
             rank: self.rank,
             context: format!("{what} at {} (did rank 0 exit or fail?)", self.addr),
             source,
         }
     }
 
-    fn refused(&self, key: &str, reason: &[u8]) -> Error {
-        Error::Io {
+    fn refused(&self, key: &str, reason: &[u8]) -> SetupError {
+        SetupError::Io {
             rank: self.rank,
             context: format!("the rendezvous store at {} refused key {key:?}", self.addr),
             source: io::Error::other(String::from_utf8_lossy(reason).into_owned()),
@@ -229,7 +234,9 @@ impl fmt::Debug for StoreClient {
 }
 
 impl ringccl_transports::SetupStore for StoreClient {
-    fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Error> {
+    type Error = SetupError;
+
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<(), SetupError> {
         StoreClient::set(self, key, value)
     }
 
@@ -238,7 +245,7 @@ impl ringccl_transports::SetupStore for StoreClient {
         key: &str,
         deadline: Instant,
         waiting_for: &dyn Fn() -> String,
-    ) -> Result<Vec<u8>, Error> {
+    ) -> Result<Vec<u8>, SetupError> {
         StoreClient::wait(self, key, deadline, waiting_for)
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 
-use ringccl_collectives::Error;
+use crate::SetupError;
 
 /// Resolves a `"host:port"` string (IPv6 hosts in brackets, e.g. `"[::1]:29500"`).
 pub fn resolve(master: &str) -> io::Result<Vec<SocketAddr>> {
@@ -37,8 +37,8 @@ pub struct StoreListener {
 
 impl StoreListener {
     /// Binds exactly `addr` (`"host:port"`); never every interface unless `addr` says so.
-    pub fn bind(addr: &str) -> Result<StoreListener, Error> {
-        let candidates = resolve(addr).map_err(|source| Error::StoreBind {
+    pub fn bind(addr: &str) -> Result<StoreListener, SetupError> {
+        let candidates = resolve(addr).map_err(|source| SetupError::StoreBind {
             addr: addr.to_string(),
             reason:
                 "cannot resolve the address; MASTER_ADDR must be a host name or IP of this machine"
@@ -71,7 +71,7 @@ impl StoreListener {
             ),
             _ => format!("binding {candidate} failed"),
         };
-        Err(Error::StoreBind {
+        Err(SetupError::StoreBind {
             addr: addr.to_string(),
             reason,
             source,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::Error;
+use crate::SetupError;
 use tracing::warn;
 
 use super::protocol::{
@@ -52,7 +52,7 @@ pub struct StoreServer {
 
 impl StoreServer {
     /// Starts serving on `listener`, admitting any client that speaks the protocol.
-    pub fn start(listener: StoreListener) -> Result<StoreServer, Error> {
+    pub fn start(listener: StoreListener) -> Result<StoreServer, SetupError> {
         StoreServer::start_authenticated(listener, None)
     }
 
@@ -61,8 +61,8 @@ impl StoreServer {
     pub fn start_authenticated(
         listener: StoreListener,
         token: Option<AuthToken>,
-    ) -> Result<StoreServer, Error> {
-        let io_err = |context: &str, source| Error::Io {
+    ) -> Result<StoreServer, SetupError> {
+        let io_err = |context: &str, source| SetupError::Io {
             rank: 0,
             context: format!("starting the rendezvous store: {context}"),
             source,

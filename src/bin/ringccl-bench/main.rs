@@ -262,7 +262,10 @@ fn join_group(args: &Args, own_launcher: bool) -> Result<ProcessGroup, String> {
         opts = opts.chunk_bytes(chunk);
     }
     if let Some(algo) = &args.algo {
-        opts = opts.all_reduce_algo(algo.parse().map_err(|e: Error| e.to_string())?);
+        opts = opts.all_reduce_algo(
+            algo.parse()
+                .map_err(|e: ringccl::RuntimeError| e.to_string())?,
+        );
     }
     if let Some(transport) = &args.transport {
         opts = opts.transport(transport.parse().map_err(|e: Error| e.to_string())?);

@@ -26,7 +26,7 @@ use crate::TcpTransport;
 use mapping::futex_wait;
 use ring::Rings;
 pub use ring::DEFAULT_RING_BYTES;
-pub use setup::{set_up, SharedRings};
+pub use setup::{set_up, SharedRings, ShmUnavailable};
 
 /// How often a sleeping rank looks at its peers' liveness.
 const LIVENESS_SLICE: Duration = Duration::from_millis(50);

@@ -8,8 +8,6 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ringccl_collectives::Error;
-
 use super::mapping::Mapping;
 use super::ring::{inbox_len, Rings};
 use crate::SetupStore;
@@ -26,6 +24,16 @@ fn host_identity() -> String {
         read("/proc/sys/kernel/hostname").trim(),
         read("/proc/sys/kernel/random/boot_id").trim()
     )
+}
+
+/// Shared memory was required (`RINGCCL_TRANSPORT=shm`) but cannot be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("rank {rank}: shared-memory transport: {reason}; use RINGCCL_TRANSPORT=tcp")]
+pub struct ShmUnavailable {
+    /// The rank that reports it.
+    pub rank: usize,
+    /// Why (another host, a file that could not be created or mapped).
+    pub reason: String,
 }
 
 /// Every rank's inbox, mapped: what [`ShmTransport::new`](super::ShmTransport::new)
@@ -47,20 +55,16 @@ impl std::fmt::Debug for SharedRings {
 /// that say why. The inbox files are unlinked before this returns, so nothing is left
 /// in `/dev/shm` even if a process is killed later.
 #[allow(clippy::too_many_arguments)] // every argument is one fact of the job; a struct would only rename them
-pub fn set_up(
-    store: &mut dyn SetupStore,
+pub fn set_up<S: SetupStore + ?Sized>(
+    store: &mut S,
     rank: usize,
     n: usize,
     job: u64,
     ring_bytes: usize,
     deadline: Instant,
     required: bool,
-) -> Result<Option<SharedRings>, Error> {
-    let fail = |what: String| -> Error {
-        Error::InvalidArgument(format!(
-            "rank {rank}: shared-memory transport: {what}; use RINGCCL_TRANSPORT=tcp"
-        ))
-    };
+) -> Result<Option<SharedRings>, S::Error> {
+    let fail = |reason: String| S::Error::from(ShmUnavailable { rank, reason });
     // 1. Every rank on this host?
     let me = host_identity();
     store.set(&format!("ringccl/host/{rank}"), me.as_bytes())?;
@@ -154,14 +158,14 @@ pub fn set_up(
 
 /// Publishes this rank's outcome of a set-up step and learns everyone's: `Ok(true)`
 /// when every rank succeeded.
-fn agree(
-    store: &mut dyn SetupStore,
+fn agree<S: SetupStore + ?Sized>(
+    store: &mut S,
     step: &str,
     rank: usize,
     n: usize,
     ok: bool,
     deadline: Instant,
-) -> Result<bool, Error> {
+) -> Result<bool, S::Error> {
     store.set(
         &format!("ringccl/shm/{step}/{rank}"),
         if ok { b"1" } else { b"0" },

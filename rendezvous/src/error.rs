@@ -1,0 +1,82 @@
+//! What can go wrong while the ranks find each other: the store, the handshakes, the
+//! deadline of start-up.
+
+use std::io;
+use std::time::Duration;
+
+use ringccl_transports::shm::ShmUnavailable;
+
+/// A start-up failure. Every message names the rank that saw it and what to check.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// A setting is out of range or inconsistent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// Rank 0 could not open the rendezvous store.
+    #[error("rank 0: cannot host the rendezvous store on {addr}: {reason}")]
+    StoreBind {
+        /// The address it tried to bind.
+        addr: String,
+        /// What to do about it.
+        reason: String,
+        /// The system error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The rendezvous store did not answer before the deadline.
+    #[error(
+        "rank {rank}: could not reach the rendezvous store at {addr} within {timeout:?} (last error: {last_error}); \
+         check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it and are reachable from this host"
+    )]
+    StoreUnreachable {
+        /// The rank that waited.
+        rank: usize,
+        /// The store's address.
+        addr: String,
+        /// How long it waited.
+        timeout: Duration,
+        /// The last connection error seen.
+        last_error: String,
+    },
+
+    /// Rendezvous did not complete before the deadline.
+    #[error("rank {rank}: rendezvous timed out after {timeout:?} waiting for {waiting_for}; is that rank running, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")]
+    RendezvousTimeout {
+        /// The rank that waited.
+        rank: usize,
+        /// Whom or what it waited for.
+        waiting_for: String,
+        /// How long it waited.
+        timeout: Duration,
+    },
+
+    /// A connection failed its handshake (wrong protocol, version, job or world size).
+    #[error("rank {rank}: handshake with {peer} failed: {reason}")]
+    Handshake {
+        /// The rank that saw it.
+        rank: usize,
+        /// The other side (a rank or an address).
+        peer: String,
+        /// What was wrong.
+        reason: String,
+    },
+
+    /// Shared memory was required but cannot be set up.
+    #[error(transparent)]
+    SharedMemory(#[from] ShmUnavailable),
+
+    /// A local I/O operation failed.
+    #[error("rank {rank}: {context}: {source}")]
+    Io {
+        /// The rank.
+        rank: usize,
+        /// What was being done.
+        context: String,
+        /// The system error.
+        #[source]
+        source: io::Error,
+    },
+}

@@ -1,0 +1,309 @@
+//! Every environment variable ringccl reads, parsed in one place: the launcher's
+//! (torchrun, Slurm, OpenMPI) and ringccl's own `RINGCCL_*` settings. (`RINGCCL_DEBUG`
+//! belongs to logging and is read by [`crate::logging`].)
+
+use std::time::Duration;
+
+use ringccl_collectives::AllReduceAlgo;
+use ringccl_rendezvous::AuthToken;
+
+use super::slurm::first_slurm_host;
+use super::{InitOptions, TransportKind};
+use crate::Error;
+
+const TORCHRUN_HINT: &str = "launch under `ringrun`, `torchrun`, Slurm's `srun` or OpenMPI's `mpirun`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
+
+/// Builds options from the launcher's variables, read through `lookup`.
+pub(super) fn options_from(lookup: impl Fn(&str) -> Option<String>) -> Result<InitOptions, Error> {
+    let set = |var: &str| lookup(var).filter(|v| !v.trim().is_empty());
+    // The torchrun name first, then what Slurm's srun and OpenMPI's mpirun set.
+    let first_of = |names: &[&'static str]| {
+        names
+            .iter()
+            .find_map(|&var| set(var).map(|value| (var, value)))
+    };
+    let required = |names: &[&'static str]| {
+        first_of(names).ok_or(Error::MissingEnv {
+            var: names[0],
+            hint: TORCHRUN_HINT,
+        })
+    };
+    let number = |(var, value): (&'static str, String)| {
+        value
+            .trim()
+            .parse::<usize>()
+            .map_err(|e| Error::InvalidEnv {
+                var,
+                value: value.clone(),
+                reason: format!("expected a non-negative integer ({e})"),
+            })
+    };
+    let rank_var = required(&["RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"])?;
+    let rank_name = rank_var.0;
+    let rank = number(rank_var)?;
+    let world_var = required(&["WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"])?;
+    let world_name = world_var.0;
+    let world_size = number(world_var)?;
+    if world_size == 0 {
+        return Err(Error::InvalidEnv {
+            var: world_name,
+            value: "0".into(),
+            reason: "a group needs at least one rank".into(),
+        });
+    }
+    if rank >= world_size {
+        return Err(Error::InvalidEnv {
+            var: rank_name,
+            value: rank.to_string(),
+            reason: format!("must be less than {world_name}={world_size}"),
+        });
+    }
+    let addr = match set("MASTER_ADDR") {
+        Some(addr) => addr.trim().to_string(),
+        None => match set("SLURM_JOB_NODELIST").map(|list| first_slurm_host(&list)) {
+            Some(Some(host)) => host,
+            Some(None) => {
+                return Err(Error::InvalidEnv {
+                    var: "SLURM_JOB_NODELIST",
+                    value: set("SLURM_JOB_NODELIST").unwrap_or_default(),
+                    reason: "cannot read a first host from it; set MASTER_ADDR".into(),
+                })
+            }
+            None => required(&["MASTER_ADDR"])?.1,
+        },
+    };
+    let port_text = required(&["MASTER_PORT"])?.1;
+    let port = port_text
+        .trim()
+        .parse::<u16>()
+        .ok()
+        .filter(|&p| p != 0)
+        .ok_or_else(|| Error::InvalidEnv {
+            var: "MASTER_PORT",
+            value: port_text.clone(),
+            reason: "expected a TCP port number from 1 to 65535".into(),
+        })?;
+    let host = if addr.contains(':') && !addr.starts_with('[') {
+        format!("[{addr}]")
+    } else {
+        addr
+    };
+    let mut opts = InitOptions::new(rank, world_size, &format!("{host}:{port}"));
+    if let Some(local) = first_of(&["LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"]) {
+        opts.local_rank = Some(number(local)?);
+    }
+    if let Some(value) = lookup("RINGCCL_TIMEOUT") {
+        let secs = value
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .ok_or_else(|| Error::InvalidEnv {
+                var: "RINGCCL_TIMEOUT",
+                value: value.clone(),
+                reason: "expected a positive number of seconds".into(),
+            })?;
+        opts.timeout = Duration::from_secs_f64(secs);
+    }
+    if let Some(value) = lookup("RINGCCL_DEAD_PEER_TIMEOUT") {
+        let secs = value
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 1.0)
+            .ok_or_else(|| Error::InvalidEnv {
+                var: "RINGCCL_DEAD_PEER_TIMEOUT",
+                value: value.clone(),
+                reason: "expected a number of seconds, at least 1".into(),
+            })?;
+        opts.dead_peer_timeout = Duration::from_secs_f64(secs);
+    }
+    if let Some(secret) = lookup("RINGCCL_AUTH_TOKEN") {
+        opts.auth_token = Some(AuthToken::new(&secret).ok_or(Error::InvalidEnv {
+            var: "RINGCCL_AUTH_TOKEN",
+            value: String::new(),
+            reason: "an empty token would authenticate nothing; set a secret, or unset it".into(),
+        })?);
+    }
+    Ok(opts)
+}
+
+/// `RINGCCL_ALGO`, if set: the all-reduce algorithm when the code chose none.
+pub(crate) fn all_reduce_algo(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<AllReduceAlgo>, Error> {
+    lookup("RINGCCL_ALGO")
+        .map(|value| {
+            value.parse().map_err(|_| Error::InvalidEnv {
+                var: "RINGCCL_ALGO",
+                value: value.clone(),
+                reason: format!("expected one of {}", AllReduceAlgo::NAMES),
+            })
+        })
+        .transpose()
+}
+
+/// `RINGCCL_TRANSPORT`, if set: the transport when the code chose none.
+pub(crate) fn transport(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<TransportKind>, Error> {
+    lookup("RINGCCL_TRANSPORT")
+        .map(|value| {
+            value.parse().map_err(|_| Error::InvalidEnv {
+                var: "RINGCCL_TRANSPORT",
+                value: value.clone(),
+                reason: "expected auto, tcp or shm".into(),
+            })
+        })
+        .transpose()
+}
+
+/// Reads the process environment.
+pub(crate) fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::DEFAULT_TIMEOUT;
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| pairs.iter().find(|p| p.0 == k).map(|p| p.1.to_string())
+    }
+
+    const GOOD: [(&str, &str); 4] = [
+        ("RANK", "2"),
+        ("WORLD_SIZE", "4"),
+        ("MASTER_ADDR", "node0"),
+        ("MASTER_PORT", "29500"),
+    ];
+
+    #[test]
+    fn reads_torchrun_variables() {
+        let opts = InitOptions::from_vars(vars(&GOOD)).unwrap();
+        assert_eq!((opts.rank, opts.world_size), (2, 4));
+        assert_eq!(opts.master, "node0:29500");
+        assert_eq!(opts.local_rank, None);
+        assert_eq!(opts.timeout, DEFAULT_TIMEOUT);
+        let mut with_local = GOOD.to_vec();
+        with_local.push(("LOCAL_RANK", "1"));
+        with_local.push(("RINGCCL_TIMEOUT", "2.5"));
+        let opts = InitOptions::from_vars(vars(&with_local)).unwrap();
+        assert_eq!(opts.local_rank, Some(1));
+        assert_eq!(opts.timeout, Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn each_missing_variable_is_named() {
+        for missing in ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"] {
+            let rest: Vec<_> = GOOD.iter().copied().filter(|p| p.0 != missing).collect();
+            let err = InitOptions::from_vars(vars(&rest)).unwrap_err();
+            assert!(matches!(err, Error::MissingEnv { var, .. } if var == missing));
+            assert!(err.to_string().contains(missing), "{err}");
+        }
+    }
+
+    #[test]
+    fn malformed_variables_are_named() {
+        for (var, bad) in [
+            ("RANK", "two"),
+            ("RANK", "4"),
+            ("WORLD_SIZE", "-1"),
+            ("WORLD_SIZE", "0"),
+            ("MASTER_PORT", "99999"),
+            ("MASTER_PORT", "0"),
+            ("LOCAL_RANK", "x"),
+            ("RINGCCL_TIMEOUT", "-3"),
+        ] {
+            let mut set: Vec<_> = GOOD.iter().copied().filter(|p| p.0 != var).collect();
+            set.push((var, bad));
+            let err = InitOptions::from_vars(vars(&set)).unwrap_err();
+            match &err {
+                Error::InvalidEnv { var: named, .. } => assert_eq!(*named, var, "{err}"),
+                other => panic!("{var}={bad}: unexpected {other}"),
+            }
+        }
+    }
+
+    #[test]
+    fn cluster_launcher_variables_are_understood_and_torchrun_names_win() {
+        let slurm = [
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_JOB_NODELIST", "gpu[007-010,12],cpu1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let opts = InitOptions::from_vars(vars(&slurm)).unwrap();
+        assert_eq!((opts.rank, opts.world_size), (5, 8));
+        assert_eq!(opts.local_rank, Some(1));
+        assert_eq!(opts.master, "gpu007:29500");
+
+        let ompi = [
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "3"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "1234"),
+        ];
+        let opts = InitOptions::from_vars(vars(&ompi)).unwrap();
+        assert_eq!(
+            (opts.rank, opts.world_size, opts.local_rank),
+            (2, 3, Some(0))
+        );
+        assert_eq!(opts.master, "10.1.2.3:1234");
+
+        let mut both = slurm.to_vec();
+        both.extend([
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_RANK", "0"),
+            ("MASTER_ADDR", "h0"),
+        ]);
+        let opts = InitOptions::from_vars(vars(&both)).unwrap();
+        assert_eq!(
+            (opts.rank, opts.world_size, opts.local_rank),
+            (1, 2, Some(0))
+        );
+        assert_eq!(opts.master, "h0:29500");
+
+        let bad = [
+            ("SLURM_PROCID", "9"),
+            ("SLURM_NTASKS", "8"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ];
+        let err = InitOptions::from_vars(vars(&bad)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidEnv {
+                    var: "SLURM_PROCID",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn slurm_node_lists() {
+        assert_eq!(first_slurm_host("node01").as_deref(), Some("node01"));
+        assert_eq!(
+            first_slurm_host("node[01-04,07]").as_deref(),
+            Some("node01")
+        );
+        assert_eq!(first_slurm_host("a[3,5],b7").as_deref(), Some("a3"));
+        assert_eq!(first_slurm_host("x1,y[2-3]").as_deref(), Some("x1"));
+        assert_eq!(first_slurm_host("n[]"), None);
+        assert_eq!(first_slurm_host(""), None);
+    }
+
+    #[test]
+    fn validate_rejects_out_of_range_rank() {
+        assert!(InitOptions::new(4, 4, "h:1").validate().is_err());
+        assert!(InitOptions::new(0, 0, "h:1").validate().is_err());
+        assert!(InitOptions::new(3, 4, "h:1").validate().is_ok());
+    }
+}

@@ -1,0 +1,314 @@
+//! How a process finds its group: rank, world size, the master's address, the deadline,
+//! and the settings of the collectives. The environment is read in [`env`] only.
+
+mod compat;
+pub(crate) mod env;
+mod slurm;
+mod transport_kind;
+
+use std::time::Duration;
+
+use ringccl_collectives::wire::MAX_FRAME_PAYLOAD;
+use ringccl_collectives::AllReduceAlgo;
+use ringccl_rendezvous::{AuthToken, MeshConfig, StoreListener};
+
+use crate::Error;
+pub use transport_kind::TransportKind;
+
+/// Default deadline of rendezvous and of every collective: 30 minutes, as PyTorch's gloo.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// Default of [`InitOptions::dead_peer_timeout`].
+pub const DEFAULT_DEAD_PEER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where and how to create a process group.
+///
+/// Set it with the builder methods; read it through the fields, which carry the same
+/// names (`opts.timeout` is the value, `opts.timeout(d)` sets it).
+///
+/// ```
+/// use std::time::Duration;
+/// use ringccl::InitOptions;
+///
+/// let opts = InitOptions::new(0, 4, "10.0.0.1:29500").timeout(Duration::from_secs(60));
+/// assert_eq!(opts.rank, 0);
+/// assert_eq!(opts.world_size, 4);
+/// assert_eq!(opts.master, "10.0.0.1:29500");
+/// assert_eq!(opts.timeout, Duration::from_secs(60));
+/// ```
+#[derive(Debug)]
+pub struct InitOptions {
+    /// This process's rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Rank 0's store, `"host:port"`.
+    pub master: String,
+    /// This process's rank on its node, if known (picks a GPU).
+    pub local_rank: Option<usize>,
+    /// Deadline of rendezvous and of each collective.
+    pub timeout: Duration,
+    /// Largest chunk the pipelined algorithms put in one frame, if overridden.
+    pub chunk_bytes: Option<usize>,
+    /// The all-reduce algorithm chosen in code; `None` defers to `RINGCCL_ALGO`, then auto.
+    pub all_reduce_algo: Option<AllReduceAlgo>,
+    /// Largest all-reduce that auto runs with recursive doubling, if overridden.
+    pub small_all_reduce_max_bytes: Option<usize>,
+    /// The transport chosen in code; `None` defers to `RINGCCL_TRANSPORT`, then auto.
+    pub transport: Option<TransportKind>,
+    /// The CUDA device override of the `"nccl"` backend.
+    pub device: Option<usize>,
+    /// The shared secret, when authentication is on.
+    pub auth_token: Option<AuthToken>,
+    /// How long a silent peer host may stay silent before its connections count as failed.
+    pub dead_peer_timeout: Duration,
+    store_listener: Option<StoreListener>,
+}
+
+impl InitOptions {
+    /// Options for rank `rank` of `world_size`, with rank 0's store at `master`
+    /// (`"host:port"`, IPv6 hosts in brackets: `"[fe80::1]:29500"`).
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(1, 2, "[fe80::1]:29500");
+    /// assert_eq!(opts.local_rank, None);
+    /// ```
+    pub fn new(rank: usize, world_size: usize, master: &str) -> InitOptions {
+        InitOptions {
+            rank,
+            world_size,
+            master: master.to_string(),
+            local_rank: None,
+            timeout: DEFAULT_TIMEOUT,
+            store_listener: None,
+            chunk_bytes: None,
+            all_reduce_algo: None,
+            small_all_reduce_max_bytes: None,
+            transport: None,
+            device: None,
+            auth_token: None,
+            dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
+        }
+    }
+
+    /// Reads the launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (or
+    /// Slurm's and OpenMPI's equivalents) and, if set, LOCAL_RANK, RINGCCL_TIMEOUT,
+    /// RINGCCL_DEAD_PEER_TIMEOUT (seconds) and RINGCCL_AUTH_TOKEN. A missing or
+    /// malformed variable is an error that names it.
+    ///
+    /// ```no_run
+    /// let opts = ringccl::InitOptions::from_env()?;
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn from_env() -> Result<InitOptions, Error> {
+        InitOptions::from_vars(env::process_env)
+    }
+
+    /// Like [`InitOptions::from_env`], reading variables through `lookup` instead of the
+    /// process environment.
+    ///
+    /// ```
+    /// use ringccl::InitOptions;
+    /// let vars = [("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "::1"), ("MASTER_PORT", "29500")];
+    /// let opts = InitOptions::from_vars(|k| vars.iter().find(|v| v.0 == k).map(|v| v.1.to_string()))?;
+    /// assert_eq!(opts.master, "[::1]:29500");
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<InitOptions, Error> {
+        env::options_from(lookup)
+    }
+
+    /// Sets the deadline of rendezvous and of each collective (default 30 minutes).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").timeout(Duration::from_secs(9));
+    /// assert_eq!(opts.timeout, Duration::from_secs(9));
+    /// ```
+    pub fn timeout(mut self, timeout: Duration) -> InitOptions {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets this process's rank on its node (used to pick a GPU).
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(3, 4, "h:1").local_rank(1);
+    /// assert_eq!(opts.local_rank, Some(1));
+    /// ```
+    pub fn local_rank(mut self, local_rank: usize) -> InitOptions {
+        self.local_rank = Some(local_rank);
+        self
+    }
+
+    /// Hands rank 0 an already bound store listener instead of binding the master address
+    /// itself (for example one bound to port 0, whose real port was passed to the others).
+    ///
+    /// ```
+    /// let listener = ringccl::StoreListener::bind("127.0.0.1:0")?;
+    /// let addr = listener.local_addr()?.to_string();
+    /// let opts = ringccl::InitOptions::new(0, 2, &addr).store_listener(listener);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn store_listener(mut self, listener: StoreListener) -> InitOptions {
+        self.store_listener = Some(listener);
+        self
+    }
+
+    /// Sets the largest chunk the pipelined algorithms put in one frame. Every rank must
+    /// use the same value. Mostly for benchmarks and tests.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").chunk_bytes(1 << 20);
+    /// assert_eq!(opts.chunk_bytes, Some(1 << 20));
+    /// ```
+    pub fn chunk_bytes(mut self, bytes: usize) -> InitOptions {
+        self.chunk_bytes = Some(bytes);
+        self
+    }
+
+    /// Forces an all-reduce algorithm (default [`AllReduceAlgo::Auto`]; the
+    /// `RINGCCL_ALGO` environment variable applies when this is not called). Every rank
+    /// must use the same setting.
+    ///
+    /// ```
+    /// use ringccl::{AllReduceAlgo, InitOptions};
+    /// let opts = InitOptions::new(0, 1, "h:1").all_reduce_algo(AllReduceAlgo::Ring);
+    /// assert_eq!(opts.all_reduce_algo, Some(AllReduceAlgo::Ring));
+    /// ```
+    pub fn all_reduce_algo(mut self, algo: AllReduceAlgo) -> InitOptions {
+        self.all_reduce_algo = Some(algo);
+        self
+    }
+
+    /// Sets the largest all-reduce that [`AllReduceAlgo::Auto`] runs with recursive
+    /// doubling (default 32 KiB). Every rank must use the same value.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").small_all_reduce_max_bytes(4096);
+    /// assert_eq!(opts.small_all_reduce_max_bytes, Some(4096));
+    /// ```
+    pub fn small_all_reduce_max_bytes(mut self, bytes: usize) -> InitOptions {
+        self.small_all_reduce_max_bytes = Some(bytes);
+        self
+    }
+
+    /// Chooses the transport (default [`TransportKind::Auto`]; the
+    /// `RINGCCL_TRANSPORT=auto|tcp|shm` environment variable applies when this is not
+    /// called). Every rank must use the same one.
+    ///
+    /// ```
+    /// use ringccl::{InitOptions, TransportKind};
+    /// let opts = InitOptions::new(0, 1, "h:1").transport(TransportKind::Tcp);
+    /// assert_eq!(opts.transport, Some(TransportKind::Tcp));
+    /// ```
+    pub fn transport(mut self, kind: TransportKind) -> InitOptions {
+        self.transport = Some(kind);
+        self
+    }
+
+    /// Pins the `"nccl"` backend to CUDA device `ordinal` (as numbered after
+    /// `CUDA_VISIBLE_DEVICES`). Without it, rank `r` uses device
+    /// `(LOCAL_RANK or r) % device_count`.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").device(2);
+    /// assert_eq!(opts.device, Some(2));
+    /// ```
+    pub fn device(mut self, ordinal: usize) -> InitOptions {
+        self.device = Some(ordinal);
+        self
+    }
+
+    /// Requires every connection of the job (to the rendezvous store and between ranks)
+    /// to prove, by an HMAC-SHA256 challenge–response, that it holds `secret`; others are
+    /// refused and logged. Every rank must use the same secret (the `RINGCCL_AUTH_TOKEN`
+    /// environment variable sets it too). An empty secret leaves authentication off.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").auth_token("s3cret");
+    /// assert!(opts.auth_token.is_some());
+    /// ```
+    pub fn auth_token(mut self, secret: impl AsRef<[u8]>) -> InitOptions {
+        self.auth_token = AuthToken::new(secret);
+        self
+    }
+
+    /// How long a peer's host may stay silent at the TCP level (unanswered keepalive
+    /// probes, unacknowledged data) before its connections count as failed (default
+    /// 5 s, at least 1 s; `RINGCCL_DEAD_PEER_TIMEOUT` in seconds). Slow but alive peers
+    /// still answer at the TCP level, so this only bounds how fast a vanished host is
+    /// noticed; raise it on networks with long outages that should be ridden out.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").dead_peer_timeout(Duration::ZERO);
+    /// assert_eq!(opts.dead_peer_timeout, Duration::from_secs(1));
+    /// ```
+    pub fn dead_peer_timeout(mut self, timeout: Duration) -> InitOptions {
+        self.dead_peer_timeout = timeout.max(Duration::from_secs(1));
+        self
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The master's `"host:port"`.
+    pub fn master(&self) -> &str {
+        &self.master
+    }
+
+    /// Checks the options for consistency.
+    ///
+    /// ```
+    /// assert!(ringccl::InitOptions::new(4, 4, "h:1").validate().is_err());
+    /// ```
+    pub fn validate(&self) -> Result<(), Error> {
+        self.mesh_settings(None).validate()?;
+        if let Some(bytes) = self.chunk_bytes {
+            if bytes == 0 || bytes > MAX_FRAME_PAYLOAD {
+                return Err(Error::InvalidArgument(format!(
+                    "chunk_bytes must be between 1 and {MAX_FRAME_PAYLOAD}, got {bytes}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The all-reduce algorithm: the setting in code, else `RINGCCL_ALGO`, else auto.
+    pub(crate) fn resolved_all_reduce_algo(&self) -> Result<AllReduceAlgo, Error> {
+        match self.all_reduce_algo {
+            Some(algo) => Ok(algo),
+            None => Ok(env::all_reduce_algo(env::process_env)?.unwrap_or_default()),
+        }
+    }
+
+    /// The transport: the setting in code, else `RINGCCL_TRANSPORT`, else auto.
+    pub(crate) fn resolved_transport(&self) -> Result<TransportKind, Error> {
+        match self.transport {
+            Some(kind) => Ok(kind),
+            None => Ok(env::transport(env::process_env)?.unwrap_or_default()),
+        }
+    }
+
+    /// What the rendezvous needs, taking the store listener along (start-up consumes it).
+    pub(crate) fn mesh_config(&mut self) -> MeshConfig {
+        let listener = self.store_listener.take();
+        self.mesh_settings(listener)
+    }
+
+    fn mesh_settings(&self, store_listener: Option<StoreListener>) -> MeshConfig {
+        let mut config = MeshConfig::new(self.rank, self.world_size, &self.master, self.timeout);
+        config.dead_peer_timeout = self.dead_peer_timeout;
+        config.auth_token = self.auth_token.clone();
+        config.store_listener = store_listener;
+        config
+    }
+}
