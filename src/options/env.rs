@@ -288,19 +288,6 @@ mod tests {
     }
 
     #[test]
-    fn slurm_node_lists() {
-        assert_eq!(first_slurm_host("node01").as_deref(), Some("node01"));
-        assert_eq!(
-            first_slurm_host("node[01-04,07]").as_deref(),
-            Some("node01")
-        );
-        assert_eq!(first_slurm_host("a[3,5],b7").as_deref(), Some("a3"));
-        assert_eq!(first_slurm_host("x1,y[2-3]").as_deref(), Some("x1"));
-        assert_eq!(first_slurm_host("n[]"), None);
-        assert_eq!(first_slurm_host(""), None);
-    }
-
-    #[test]
     fn validate_rejects_out_of_range_rank() {
         assert!(InitOptions::new(4, 4, "h:1").validate().is_err());
         assert!(InitOptions::new(0, 0, "h:1").validate().is_err());

@@ -30,3 +30,21 @@ pub(super) fn first_slurm_host(nodelist: &str) -> Option<String> {
     };
     (!host.is_empty()).then_some(host)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::first_slurm_host;
+
+    #[test]
+    fn slurm_node_lists() {
+        assert_eq!(first_slurm_host("node01").as_deref(), Some("node01"));
+        assert_eq!(
+            first_slurm_host("node[01-04,07]").as_deref(),
+            Some("node01")
+        );
+        assert_eq!(first_slurm_host("a[3,5],b7").as_deref(), Some("a3"));
+        assert_eq!(first_slurm_host("x1,y[2-3]").as_deref(), Some("x1"));
+        assert_eq!(first_slurm_host("n[]"), None);
+        assert_eq!(first_slurm_host(""), None);
+    }
+}
