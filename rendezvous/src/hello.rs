@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use bytes::{Buf, BufMut, TryGetError};
+
 const PEER_MAGIC: [u8; 8] = *b"RCCLPEER";
 /// Version of the peer protocol (handshake plus frames).
 pub(crate) const PEER_VERSION: u16 = 1;
@@ -26,6 +28,16 @@ pub(crate) enum HelloError {
     Rank { theirs: u32, expected: String },
     Flags(u8),
     Auth(String),
+    Truncated { requested: usize, available: usize },
+}
+
+impl From<TryGetError> for HelloError {
+    fn from(e: TryGetError) -> HelloError {
+        HelloError::Truncated {
+            requested: e.requested,
+            available: e.available,
+        }
+    }
 }
 
 impl fmt::Display for HelloError {
@@ -49,6 +61,13 @@ impl fmt::Display for HelloError {
             }
             HelloError::Flags(flags) => write!(f, "unknown flags {flags:#04x}"),
             HelloError::Auth(reason) => f.write_str(reason),
+            HelloError::Truncated {
+                requested,
+                available,
+            } => write!(
+                f,
+                "hello cut short: {available} bytes left where a field needs {requested}"
+            ),
         }
     }
 }
@@ -56,29 +75,35 @@ impl fmt::Display for HelloError {
 impl PeerHello {
     pub(crate) fn encode(&self) -> [u8; PEER_HELLO_LEN] {
         let mut out = [0u8; PEER_HELLO_LEN];
-        out[..8].copy_from_slice(&PEER_MAGIC);
-        out[8..10].copy_from_slice(&PEER_VERSION.to_le_bytes());
-        out[10] = u8::from(self.authenticated);
-        out[12..16].copy_from_slice(&self.world_size.to_le_bytes());
-        out[16..20].copy_from_slice(&self.rank.to_le_bytes());
-        out[20..28].copy_from_slice(&self.job_id.to_le_bytes());
+        let mut w = &mut out[..];
+        w.put_slice(&PEER_MAGIC);
+        w.put_u16_le(PEER_VERSION);
+        w.put_u8(u8::from(self.authenticated));
+        w.put_u8(0); // reserved
+        w.put_u32_le(self.world_size);
+        w.put_u32_le(self.rank);
+        w.put_u64_le(self.job_id);
+        debug_assert!(w.is_empty());
         out
     }
 
     /// Decodes a peer's hello and checks it belongs to the same job and world as `ours`.
-    /// The rank is returned for the caller to check.
+    /// The rank is returned for the caller to check. Byte 11 is reserved and not looked at.
     pub(crate) fn decode_checked(
         bytes: &[u8; PEER_HELLO_LEN],
         ours: &PeerHello,
     ) -> Result<PeerHello, HelloError> {
-        if bytes[..8] != PEER_MAGIC {
+        let mut r = &bytes[..];
+        let mut magic = [0u8; PEER_MAGIC.len()];
+        r.try_copy_to_slice(&mut magic)?;
+        if magic != PEER_MAGIC {
             return Err(HelloError::BadMagic);
         }
-        let version = u16::from_le_bytes([bytes[8], bytes[9]]);
+        let version = r.try_get_u16_le()?;
         if version != PEER_VERSION {
             return Err(HelloError::Version(version));
         }
-        let authenticated = match bytes[10] {
+        let authenticated = match r.try_get_u8()? {
             0 => false,
             1 => true,
             other => return Err(HelloError::Flags(other)),
@@ -86,15 +111,11 @@ impl PeerHello {
         if let Some(reason) = crate::auth::mismatch_reason(ours.authenticated, authenticated) {
             return Err(HelloError::Auth(reason));
         }
-        let u32_at = |at: usize| {
-            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-        };
-        let mut job = [0u8; 8];
-        job.copy_from_slice(&bytes[20..28]);
+        let _reserved = r.try_get_u8()?;
         let theirs = PeerHello {
-            world_size: u32_at(12),
-            rank: u32_at(16),
-            job_id: u64::from_le_bytes(job),
+            world_size: r.try_get_u32_le()?,
+            rank: r.try_get_u32_le()?,
+            job_id: r.try_get_u64_le()?,
             authenticated,
         };
         if theirs.job_id != ours.job_id {
@@ -137,6 +158,23 @@ mod tests {
             PeerHello::decode_checked(&theirs.encode(), &OURS),
             Ok(theirs)
         );
+    }
+
+    /// The layout, pinned byte for byte: magic, version, flags, reserved, world size,
+    /// rank, job id (little-endian).
+    #[test]
+    fn the_layout_is_pinned_byte_for_byte() {
+        let hello = PeerHello {
+            job_id: 0x0102_0304_0506_0708,
+            world_size: 0x1122_3344,
+            rank: 0x5566_7788,
+            authenticated: true,
+        };
+        let mut expected = Vec::from(*b"RCCLPEER");
+        expected.extend([1, 0, 1, 0]);
+        expected.extend([0x44, 0x33, 0x22, 0x11, 0x88, 0x77, 0x66, 0x55]);
+        expected.extend([8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(hello.encode().as_slice(), expected.as_slice());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::SetupError;
 
 use super::protocol::{
-    Hello, Op, RequestHeader, ResponseHeader, Status, HELLO_LEN, MAX_KEY_LEN, MAX_VALUE_LEN,
+    encode_request, Hello, Op, ResponseHeader, Status, HELLO_LEN, MAX_KEY_LEN, MAX_VALUE_LEN,
     RESPONSE_HEADER_LEN,
 };
 use crate::auth::{authenticate, mismatch_reason, AuthToken, Role};
@@ -173,15 +173,7 @@ impl StoreClient {
             )));
         }
         let deadline = Instant::now() + self.timeout;
-        let mut message = RequestHeader {
-            op,
-            key_len: key.len(),
-            value_len: value.len(),
-        }
-        .encode()
-        .to_vec();
-        message.extend_from_slice(key.as_bytes());
-        message.extend_from_slice(value);
+        let message = encode_request(op, key.as_bytes(), value);
         let mut header = [0u8; RESPONSE_HEADER_LEN];
         write_all_by(&self.stream, &message, deadline)
             .and_then(|()| read_exact_by(&self.stream, &mut header, deadline))

@@ -13,7 +13,7 @@ use crate::SetupError;
 use tracing::warn;
 
 use super::protocol::{
-    Hello, Op, ProtocolError, RequestHeader, ResponseHeader, Status, HELLO_LEN, REQUEST_HEADER_LEN,
+    encode_response, Hello, Op, ProtocolError, RequestHeader, Status, HELLO_LEN, REQUEST_HEADER_LEN,
 };
 use super::StoreListener;
 use crate::auth::{authenticate, mismatch_reason, AuthToken, Role};
@@ -264,13 +264,7 @@ fn serve(stream: &TcpStream, shared: &Shared) -> Result<(), ClientError> {
         let mut value = vec![0u8; request.value_len];
         read_exact_by(stream, &mut value, deadline)?;
         let (status, body) = apply(shared, request.op, key, value);
-        let mut response = ResponseHeader {
-            status,
-            value_len: body.len(),
-        }
-        .encode()
-        .to_vec();
-        response.extend_from_slice(&body);
+        let response = encode_response(status, &body);
         write_all_by(stream, &response, Instant::now() + CLIENT_STALL_LIMIT)?;
     }
 }
