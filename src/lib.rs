@@ -29,16 +29,21 @@
 
 #![deny(unsafe_code)]
 
+mod async_ops;
+mod collectives;
 mod ddp_comm;
 #[cfg(feature = "nccl")]
 mod device;
+mod fusion;
+mod init;
 pub mod logging;
 mod process_group;
 mod sequencer;
 mod work;
 mod worker;
 
-pub use process_group::{init_process_group, ProcessGroup, BACKENDS};
+pub use init::{init_process_group, BACKENDS};
+pub use process_group::ProcessGroup;
 pub use ringccl_collectives::{
     half, AllReduceAlgo, Backend, BufferMut, BufferRef, CollectiveKind, DType, Element, Error,
     HostConfig, OpDesc, ReduceOp, Result,
