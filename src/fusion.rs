@@ -5,7 +5,7 @@ use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use ringccl_collectives::bucket::plan_buckets;
+use ringccl_collectives::fusion::{plan_fusion, Piece};
 use ringccl_collectives::{validate_reduce, Element, Error, ReduceOp};
 
 use crate::{ProcessGroup, Work};
@@ -65,22 +65,14 @@ impl ProcessGroup {
     ) -> Result<(), Error> {
         validate_reduce(T::DTYPE, op)?;
         let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
-        let plan = plan_buckets(&lens, T::DTYPE.size(), bucket_bytes);
+        let plan = plan_fusion(&lens, T::DTYPE.size(), bucket_bytes);
         let mut spare: Vec<Vec<T>> = self.fusion_buffers.take();
         if plan.len() == 1 {
             // One bucket: nothing to pipeline, so skip the hand-off to the worker.
             let mut fused = spare.pop().unwrap_or_default();
-            fused.clear();
-            for piece in &plan[0] {
-                fused.extend_from_slice(&tensors[piece.tensor][piece.range.clone()]);
-            }
+            pack(&plan[0], tensors, &mut fused);
             self.all_reduce(&mut fused, op)?;
-            let mut at = 0;
-            for piece in &plan[0] {
-                let len = piece.range.len();
-                tensors[piece.tensor][piece.range.clone()].copy_from_slice(&fused[at..at + len]);
-                at += len;
-            }
+            unpack(&plan[0], &fused, tensors);
             spare.push(fused);
             self.fusion_buffers.put(spare);
             return Ok(());
@@ -94,21 +86,13 @@ impl ProcessGroup {
                       spare: &mut Vec<Vec<T>>|
          -> Result<(), Error> {
             let fused = work.wait()?;
-            let mut at = 0;
-            for piece in &plan[index] {
-                let len = piece.range.len();
-                tensors[piece.tensor][piece.range.clone()].copy_from_slice(&fused[at..at + len]);
-                at += len;
-            }
+            unpack(&plan[index], &fused, tensors);
             spare.push(fused);
             Ok(())
         };
         for (index, bucket) in plan.iter().enumerate() {
             let mut fused = spare.pop().unwrap_or_default();
-            fused.clear();
-            for piece in bucket {
-                fused.extend_from_slice(&tensors[piece.tensor][piece.range.clone()]);
-            }
+            pack(bucket, tensors, &mut fused);
             match self.all_reduce_async(fused, op) {
                 Ok(work) => in_flight.push_back((index, work)),
                 Err(e) => {
@@ -135,5 +119,23 @@ impl ProcessGroup {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// Copies the pieces of one fusion buffer, in order, out of `tensors` into `fused`.
+fn pack<T: Element>(pieces: &[Piece], tensors: &[&mut [T]], fused: &mut Vec<T>) {
+    fused.clear();
+    for piece in pieces {
+        fused.extend_from_slice(&tensors[piece.tensor][piece.range.clone()]);
+    }
+}
+
+/// Copies a reduced fusion buffer back over its pieces in `tensors`.
+fn unpack<T: Element>(pieces: &[Piece], fused: &[T], tensors: &mut [&mut [T]]) {
+    let mut at = 0;
+    for piece in pieces {
+        let len = piece.range.len();
+        tensors[piece.tensor][piece.range.clone()].copy_from_slice(&fused[at..at + len]);
+        at += len;
     }
 }

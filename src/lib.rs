@@ -64,8 +64,10 @@ pub use ringccl_nccl::{cuda_device_count, cudarc, DeviceElement, NcclBackend};
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {
+    #[doc(hidden)]
+    pub use ringccl_collectives::bucket;
     pub use ringccl_collectives::{
-        bucket, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine, Readiness,
+        fusion, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine, Readiness,
         Request, Transport,
     };
     pub use ringccl_rendezvous::{connect_mesh, store, Mesh};
