@@ -6,9 +6,10 @@ use ringccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
 use ringccl::{Error, ProcessGroup, ReduceOp};
 use std::sync::Arc;
 
+use super::bench_op::Coll;
+use super::check::{count_wrong, inject_fault};
 use super::elements::{expected, input, BenchElem};
 use super::measure::{time_op, Iterations, Timing};
-use super::{count_wrong, inject_fault, Coll};
 
 /// The collectives with a device-buffer method.
 pub(crate) fn supports(coll: Coll) -> bool {
