@@ -1,9 +1,9 @@
 //! The `#wrong` column: each collective's result compared, element by element, with the
 //! exact expected values.
 
-use ringccl::{Error, ProcessGroup, ReduceOp};
+use ringccl::{CollectiveKind, Error, ProcessGroup, ReduceOp};
 
-use crate::bench_op::Coll;
+use crate::bench_op::{not_measured, BenchOp};
 use crate::elements::{expected, input, BenchElem};
 
 /// How many elements of `got` differ, bit for bit, from `want(index)`.
@@ -27,7 +27,7 @@ pub(crate) fn inject_fault<T: BenchElem>(rank: usize, buf: &mut [T]) {
 /// One check iteration of `coll` on `count` elements; wrong elements summed over ranks.
 pub(crate) fn check<T: BenchElem>(
     pg: &ProcessGroup,
-    coll: Coll,
+    coll: BenchOp,
     count: usize,
     op: ReduceOp,
     tensors: usize,
@@ -35,14 +35,8 @@ pub(crate) fn check<T: BenchElem>(
     let (rank, n) = (pg.rank(), pg.world_size());
     let mine: Vec<T> = (0..count).map(|i| input(rank, i, op)).collect();
     let per = count / n;
-    let wrong = match coll {
-        Coll::AllReduce | Coll::Async => {
-            let mut buf = mine;
-            pg.all_reduce(&mut buf, op)?;
-            inject_fault(rank, &mut buf);
-            count_wrong(&buf, |i| expected(n, i, op))
-        }
-        Coll::Bucketed | Coll::Separate => {
+    let wrong = match (coll, coll.kind()) {
+        (BenchOp::Bucketed | BenchOp::Separate, _) => {
             let len = (count / tensors.max(1)).max(1);
             let mut parts: Vec<Vec<T>> = mine.chunks(len).map(<[T]>::to_vec).collect();
             let mut views: Vec<&mut [T]> = parts.iter_mut().map(|p| &mut p[..]).collect();
@@ -51,13 +45,19 @@ pub(crate) fn check<T: BenchElem>(
             inject_fault(rank, &mut flat);
             count_wrong(&flat, |i| expected(n, i, op))
         }
-        Coll::Broadcast => {
+        (_, CollectiveKind::AllReduce) => {
+            let mut buf = mine;
+            pg.all_reduce(&mut buf, op)?;
+            inject_fault(rank, &mut buf);
+            count_wrong(&buf, |i| expected(n, i, op))
+        }
+        (_, CollectiveKind::Broadcast) => {
             let mut buf = mine;
             pg.broadcast(&mut buf, 0)?;
             inject_fault(rank, &mut buf);
             count_wrong(&buf, |i| input(0, i, op))
         }
-        Coll::Reduce => {
+        (_, CollectiveKind::Reduce) => {
             let mut buf = mine;
             pg.reduce(&mut buf, op, 0)?;
             inject_fault(rank, &mut buf);
@@ -67,19 +67,19 @@ pub(crate) fn check<T: BenchElem>(
                 0
             }
         }
-        Coll::AllGather => {
+        (_, CollectiveKind::AllGather) => {
             let mut out = vec![T::from_small(0); per * n];
             pg.all_gather(&mine[..per], &mut out)?;
             inject_fault(rank, &mut out);
             count_wrong(&out, |j| input(j / per.max(1), j % per.max(1), op))
         }
-        Coll::ReduceScatter => {
+        (_, CollectiveKind::ReduceScatter) => {
             let mut out = vec![T::from_small(0); per];
             pg.reduce_scatter(&mine[..per * n], &mut out, op)?;
             inject_fault(rank, &mut out);
             count_wrong(&out, |i| expected(n, rank * per + i, op))
         }
-        Coll::AllToAll => {
+        (_, CollectiveKind::AllToAll) => {
             let mut out = vec![T::from_small(0); per * n];
             pg.all_to_all(&mine[..per * n], &mut out)?;
             inject_fault(rank, &mut out);
@@ -87,7 +87,8 @@ pub(crate) fn check<T: BenchElem>(
                 input(j / per.max(1), rank * per + j % per.max(1), op)
             })
         }
-        Coll::Barrier => 0,
+        (_, CollectiveKind::Barrier) => 0,
+        (_, other) => return Err(not_measured(other)),
     };
     let mut total = [wrong];
     pg.all_reduce(&mut total, ReduceOp::Sum)?;

@@ -3,7 +3,7 @@
 use ringccl::ProcessGroup;
 
 use crate::args::Args;
-use crate::bench_op::Coll;
+use crate::bench_op::BenchOp;
 #[cfg(feature = "nccl")]
 use crate::device;
 
@@ -18,7 +18,7 @@ pub(crate) enum DeviceStream {}
 pub(crate) fn device_stream(
     args: &Args,
     pg: &ProcessGroup,
-    coll: Coll,
+    coll: BenchOp,
 ) -> Result<Option<DeviceStream>, String> {
     let wanted = match args.memory.as_str() {
         "host" => false,
@@ -47,7 +47,7 @@ pub(crate) fn device_stream(
 }
 
 /// Whether `coll` has a device-buffer method to measure.
-fn device_capable(coll: Coll) -> bool {
+fn device_capable(coll: BenchOp) -> bool {
     #[cfg(feature = "nccl")]
     return device::supports(coll);
     #[cfg(not(feature = "nccl"))]

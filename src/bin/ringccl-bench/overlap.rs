@@ -6,7 +6,7 @@ use std::time::Duration;
 use ringccl::{Error, ProcessGroup, ReduceOp};
 
 use crate::args::{sizes, Args};
-use crate::bench_op::Coll;
+use crate::bench_op::BenchOp;
 use crate::check::check;
 use crate::measure::slowest_median_us;
 
@@ -30,7 +30,7 @@ pub(crate) fn run_overlap(pg: &ProcessGroup, args: &Args) -> Result<(), String> 
     for bytes in sizes(args) {
         let count = (bytes / 4).max(1);
         let wrong =
-            check::<f32>(pg, Coll::Async, count, ReduceOp::Sum, args.tensors).map_err(err)?;
+            check::<f32>(pg, BenchOp::Async, count, ReduceOp::Sum, args.tensors).map_err(err)?;
         if wrong > 0 {
             return Err(format!("{wrong} wrong elements"));
         }

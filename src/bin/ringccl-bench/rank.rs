@@ -5,7 +5,7 @@ use std::time::Duration;
 use ringccl::{init_process_group, Error, InitOptions, ProcessGroup, ReduceOp, StoreListener};
 
 use crate::args::{parse_ops, Args};
-use crate::bench_op::Coll;
+use crate::bench_op::BenchOp;
 use crate::elements::DTYPE_NAMES;
 use crate::launch::PORT_PREFIX;
 use crate::memory::device_stream;
@@ -15,7 +15,7 @@ use crate::sweep::sweep_dtype;
 
 /// Runs this process as one rank; `own_launcher` when `--np` started it.
 pub(crate) fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
-    let coll = Coll::parse(&args.coll)?;
+    let coll = BenchOp::parse(&args.coll)?;
     let ops = if coll.reduces() {
         parse_ops(&args.op)?
     } else {
@@ -44,7 +44,7 @@ pub(crate) fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
             args.algo.as_deref().unwrap_or("auto")
         );
     }
-    if coll == Coll::Async {
+    if coll == BenchOp::Async {
         return run_overlap(&pg, args);
     }
     let mut report = Report::create(rank0, args.json.as_deref())?;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::{Serialize, Serializer};
 
-use crate::bench_op::Coll;
+use crate::bench_op::BenchOp;
 
 /// One row of the table; also one line (a JSON object) of the `--json` file.
 #[derive(Serialize)]
@@ -74,11 +74,11 @@ impl Report {
     }
 
     /// The comment lines and column names above the rows.
-    pub(crate) fn print_header(&self, coll: Coll, tensors: usize) {
+    pub(crate) fn print_header(&self, coll: BenchOp, tensors: usize) {
         if !self.rank0 {
             return;
         }
-        if matches!(coll, Coll::Bucketed | Coll::Separate) {
+        if matches!(coll, BenchOp::Bucketed | BenchOp::Separate) {
             println!("# {tensors} tensors per call, size = all tensors together");
         }
         println!("# time = median over iterations of the slowest rank; loop = slowest rank's loop time / iterations");

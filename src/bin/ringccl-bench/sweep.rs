@@ -2,10 +2,10 @@
 //! one table row each.
 
 use ringccl::half::{bf16, f16};
-use ringccl::{Error, ProcessGroup, ReduceOp};
+use ringccl::{CollectiveKind, Error, ProcessGroup, ReduceOp};
 
 use crate::args::{sizes, Args};
-use crate::bench_op::Coll;
+use crate::bench_op::{not_measured, BenchOp};
 use crate::check::check;
 #[cfg(feature = "nccl")]
 use crate::device;
@@ -18,7 +18,7 @@ use crate::report::{Report, Row};
 fn sweep<T: BenchElem>(
     pg: &ProcessGroup,
     args: &Args,
-    coll: Coll,
+    coll: BenchOp,
     op: ReduceOp,
     on_device: Option<&DeviceStream>,
     report: &mut Report,
@@ -29,7 +29,7 @@ fn sweep<T: BenchElem>(
         Some(n) => Iterations::Fixed(n),
         None => Iterations::Budget(args.budget),
     };
-    let all_sizes = if coll == Coll::Barrier {
+    let all_sizes = if coll.kind() == CollectiveKind::Barrier {
         vec![0]
     } else {
         sizes(args)
@@ -45,8 +45,8 @@ fn sweep<T: BenchElem>(
                 k + 1
             );
         }
-        let mut count = (bytes / es).max(usize::from(coll != Coll::Barrier));
-        if matches!(coll, Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll) {
+        let mut count = (bytes / es).max(usize::from(coll.kind() != CollectiveKind::Barrier));
+        if coll.in_blocks() {
             count = (count / n).max(1) * n;
         }
         let (wrong, timing) = match on_device {
@@ -54,7 +54,7 @@ fn sweep<T: BenchElem>(
             Some(device) => device::measure::<T>(
                 pg,
                 device,
-                coll,
+                coll.kind(),
                 count,
                 op,
                 args.check,
@@ -65,11 +65,7 @@ fn sweep<T: BenchElem>(
             Some(device) => match *device {},
             None => measure_host::<T>(pg, args, coll, count, op, iterations)?,
         };
-        let root = if matches!(coll, Coll::Broadcast | Coll::Reduce) {
-            0
-        } else {
-            -1
-        };
+        let root = if coll.has_root() { 0 } else { -1 };
         let size = count * es;
         let algbw_gbps = size as f64 / timing.median_us / 1e3;
         report
@@ -99,7 +95,7 @@ fn sweep<T: BenchElem>(
 fn measure_host<T: BenchElem>(
     pg: &ProcessGroup,
     args: &Args,
-    coll: Coll,
+    coll: BenchOp,
     count: usize,
     op: ReduceOp,
     iterations: Iterations,
@@ -112,21 +108,22 @@ fn measure_host<T: BenchElem>(
     let mut buf: Vec<T> = (0..count).map(|i| input(pg.rank(), i, op)).collect();
     let mut out = vec![T::from_small(0); count];
     let tensor_len = (count / args.tensors.max(1)).max(1);
-    let timing = time_op(pg, args.warmup, iterations, || match coll {
-        Coll::AllReduce | Coll::Async => pg.all_reduce(&mut buf, op),
-        Coll::Broadcast => pg.broadcast(&mut buf, 0),
-        Coll::Barrier => pg.barrier(),
-        Coll::Reduce => pg.reduce(&mut buf, op, 0),
-        Coll::AllGather => pg.all_gather(&buf[..per], &mut out),
-        Coll::ReduceScatter => pg.reduce_scatter(&buf, &mut out[..per], op),
-        Coll::AllToAll => pg.all_to_all(&buf, &mut out),
-        Coll::Bucketed => {
+    let timing = time_op(pg, args.warmup, iterations, || match (coll, coll.kind()) {
+        (BenchOp::Bucketed, _) => {
             let mut views: Vec<&mut [T]> = buf.chunks_mut(tensor_len).collect();
             pg.all_reduce_bucketed(&mut views, op, args.bucket)
         }
-        Coll::Separate => buf
+        (BenchOp::Separate, _) => buf
             .chunks_mut(tensor_len)
             .try_for_each(|t| pg.all_reduce(t, op)),
+        (_, CollectiveKind::AllReduce) => pg.all_reduce(&mut buf, op),
+        (_, CollectiveKind::Broadcast) => pg.broadcast(&mut buf, 0),
+        (_, CollectiveKind::Barrier) => pg.barrier(),
+        (_, CollectiveKind::Reduce) => pg.reduce(&mut buf, op, 0),
+        (_, CollectiveKind::AllGather) => pg.all_gather(&buf[..per], &mut out),
+        (_, CollectiveKind::ReduceScatter) => pg.reduce_scatter(&buf, &mut out[..per], op),
+        (_, CollectiveKind::AllToAll) => pg.all_to_all(&buf, &mut out),
+        (_, other) => Err(not_measured(other)),
     })?;
     Ok((wrong, timing))
 }
@@ -134,7 +131,7 @@ fn measure_host<T: BenchElem>(
 pub(crate) fn sweep_dtype(
     pg: &ProcessGroup,
     args: &Args,
-    coll: Coll,
+    coll: BenchOp,
     dtype: &str,
     op: ReduceOp,
     on_device: Option<&DeviceStream>,
