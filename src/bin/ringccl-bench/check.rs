@@ -3,8 +3,8 @@
 
 use ringccl::{CollectiveKind, Error, ProcessGroup, ReduceOp};
 
-use crate::bench_op::{not_measured, BenchOp};
-use crate::elements::{expected, input, BenchElem};
+use super::bench_op::{not_measured, BenchOp};
+use super::elements::{expected, input, BenchElem};
 
 /// How many elements of `got` differ, bit for bit, from `want(index)`.
 pub(crate) fn count_wrong<T: BenchElem>(got: &[T], want: impl Fn(usize) -> T) -> i64 {

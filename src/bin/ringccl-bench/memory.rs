@@ -2,10 +2,10 @@
 
 use ringccl::ProcessGroup;
 
-use crate::args::Args;
-use crate::bench_op::BenchOp;
+use super::args::Args;
+use super::bench_op::BenchOp;
 #[cfg(feature = "nccl")]
-use crate::device;
+use super::device;
 
 /// Where device buffers live (a CUDA stream), when the benchmark uses them.
 #[cfg(feature = "nccl")]

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use ringccl::{Error, ProcessGroup, ReduceOp};
 
-use crate::args::{sizes, Args};
-use crate::bench_op::BenchOp;
-use crate::check::check;
-use crate::measure::slowest_median_us;
+use super::args::{sizes, Args};
+use super::bench_op::BenchOp;
+use super::check::check;
+use super::measure::slowest_median_us;
 
 /// Every size: a correctness check, then the overlap rows (printed by rank 0).
 pub(crate) fn run_overlap(pg: &ProcessGroup, args: &Args) -> Result<(), String> {

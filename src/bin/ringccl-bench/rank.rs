@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use ringccl::{init_process_group, Error, InitOptions, ProcessGroup, ReduceOp, StoreListener};
 
-use crate::args::{parse_ops, Args};
-use crate::bench_op::BenchOp;
-use crate::elements::DTYPE_NAMES;
-use crate::launch::PORT_PREFIX;
-use crate::memory::device_stream;
-use crate::overlap::run_overlap;
-use crate::report::Report;
-use crate::sweep::sweep_dtype;
+use super::args::{parse_ops, Args};
+use super::bench_op::BenchOp;
+use super::elements::DTYPE_NAMES;
+use super::launch::PORT_PREFIX;
+use super::memory::device_stream;
+use super::overlap::run_overlap;
+use super::report::Report;
+use super::sweep::sweep_dtype;
 
 /// Runs this process as one rank; `own_launcher` when `--np` started it.
 pub(crate) fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::{Serialize, Serializer};
 
-use crate::bench_op::BenchOp;
+use super::bench_op::BenchOp;
 
 /// One row of the table; also one line (a JSON object) of the `--json` file.
 #[derive(Serialize)]

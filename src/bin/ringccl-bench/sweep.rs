@@ -4,15 +4,15 @@
 use ringccl::half::{bf16, f16};
 use ringccl::{CollectiveKind, Error, ProcessGroup, ReduceOp};
 
-use crate::args::{sizes, Args};
-use crate::bench_op::{not_measured, BenchOp};
-use crate::check::check;
+use super::args::{sizes, Args};
+use super::bench_op::{not_measured, BenchOp};
+use super::check::check;
 #[cfg(feature = "nccl")]
-use crate::device;
-use crate::elements::{input, BenchElem, DTYPE_NAMES};
-use crate::measure::{time_op, Iterations, Timing};
-use crate::memory::DeviceStream;
-use crate::report::{Report, Row};
+use super::device;
+use super::elements::{input, BenchElem, DTYPE_NAMES};
+use super::measure::{time_op, Iterations, Timing};
+use super::memory::DeviceStream;
+use super::report::{Report, Row};
 
 /// Every size for one element type and operator.
 fn sweep<T: BenchElem>(
