@@ -128,6 +128,7 @@ fn measure_host<T: BenchElem>(
     Ok((wrong, timing))
 }
 
+/// [`sweep`] for the element type named `dtype` (nccl-tests' names).
 pub(crate) fn sweep_dtype(
     pg: &ProcessGroup,
     args: &Args,
