@@ -29,10 +29,14 @@
 
 #![deny(unsafe_code)]
 
+mod async_ops;
+mod collectives;
 mod ddp_comm;
 #[cfg(feature = "nccl")]
 mod device;
 mod error;
+mod fusion;
+mod init;
 pub mod logging;
 mod options;
 mod process_group;
@@ -41,8 +45,9 @@ mod work;
 mod worker;
 
 pub use error::{Error, Result};
+pub use init::{init_process_group, BACKENDS};
 pub use options::{InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT};
-pub use process_group::{init_process_group, ProcessGroup, BACKENDS};
+pub use process_group::ProcessGroup;
 /// The collective runtime's error, as the [`Backend`] trait and the DDP layer's
 /// [`ddp::Communicator`] report it; [`Error`] converts from it.
 pub use ringccl_collectives::Error as RuntimeError;
@@ -65,8 +70,10 @@ pub use ringccl_nccl::{
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {
+    #[doc(hidden)]
+    pub use ringccl_collectives::bucket;
     pub use ringccl_collectives::{
-        bucket, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine, Readiness,
+        fusion, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine, Readiness,
         Request, Transport,
     };
     pub use ringccl_rendezvous::{connect_mesh, store, Mesh, MeshConfig};

@@ -9,11 +9,13 @@
 
 mod algorithm;
 mod backend;
+#[doc(hidden)]
 pub mod bucket;
 mod buffer;
 mod dtype;
 mod error;
 mod executor;
+pub mod fusion;
 mod group;
 mod host_engine;
 mod kernels;

@@ -54,6 +54,13 @@ impl CollectiveKind {
         }
     }
 
+    /// Inverse of [`CollectiveKind::name`].
+    pub fn from_name(name: &str) -> Option<CollectiveKind> {
+        CollectiveKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+    }
+
     /// Stable one-byte code used on the wire.
     pub const fn code(self) -> u8 {
         match self {
@@ -206,6 +213,8 @@ mod tests {
         assert_eq!(OpDesc::barrier(4).to_string(), "op #4 barrier");
         for kind in CollectiveKind::ALL {
             assert_eq!(CollectiveKind::from_code(kind.code()), Some(kind));
+            assert_eq!(CollectiveKind::from_name(kind.name()), Some(kind));
         }
+        assert_eq!(CollectiveKind::from_name("allreduce"), None);
     }
 }

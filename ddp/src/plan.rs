@@ -9,6 +9,9 @@
 /// bucket (small, so that communication starts early), `cap_bytes` for the others. A
 /// parameter larger than the cap gets a bucket of its own; parameters are never split.
 /// Empty parameters are placed like the others (they cost nothing).
+///
+/// (`ringccl_collectives::fusion::plan_fusion`, behind `all_reduce_bucketed`, is the
+/// other planner: it packs tensors into fixed-size fusion buffers and does split them.)
 pub fn plan_buckets(
     order: &[usize],
     numels: &[usize],

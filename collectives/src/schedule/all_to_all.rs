@@ -39,8 +39,9 @@ pub fn pairwise_all_to_all(
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::{simulate, Collective};
+    use super::super::sim::simulate;
     use super::*;
+    use crate::CollectiveKind;
 
     #[test]
     fn every_block_reaches_its_rank() {
@@ -48,7 +49,7 @@ mod tests {
             for per_rank in [0, 1, 3, 50] {
                 for chunk in [4, 40, 1 << 20] {
                     let count = per_rank * n;
-                    simulate(n, count, Collective::AllToAll, |rank| {
+                    simulate(n, count, CollectiveKind::AllToAll, None, |rank| {
                         pairwise_all_to_all(rank, n, count, 4, chunk)
                     });
                 }

@@ -31,8 +31,9 @@ pub fn dissemination_barrier(rank: usize, world_size: usize) -> Schedule {
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::{simulate, Collective};
+    use super::super::sim::simulate;
     use super::*;
+    use crate::CollectiveKind;
 
     #[test]
     fn rounds_are_logarithmic_and_everyone_hears_from_everyone() {
@@ -40,7 +41,9 @@ mod tests {
             let schedules: Vec<_> = (0..n).map(|r| dissemination_barrier(r, n)).collect();
             let rounds = schedules[0].sends.len();
             assert_eq!(rounds, (n as f64).log2().ceil() as usize, "n={n}");
-            simulate(n, 0, Collective::Barrier, |r| dissemination_barrier(r, n));
+            simulate(n, 0, CollectiveKind::Barrier, None, |r| {
+                dissemination_barrier(r, n)
+            });
             // Knowledge propagation: after all rounds, rank r knows of every rank.
             let mut knows: Vec<u64> = (0..n).map(|r| 1u64 << r).collect();
             for k in 0..rounds {

@@ -100,8 +100,9 @@ pub fn binomial_tree_broadcast(
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::{simulate, Collective};
+    use super::super::sim::simulate;
     use super::*;
+    use crate::CollectiveKind;
 
     #[test]
     fn chain_and_tree_deliver_the_root_buffer_everywhere() {
@@ -109,10 +110,10 @@ mod tests {
             for root in 0..n {
                 for count in [0, 1, 5, 100] {
                     for chunk_bytes in [4, 40, 1 << 20] {
-                        simulate(n, count, Collective::Broadcast(root), |rank| {
+                        simulate(n, count, CollectiveKind::Broadcast, Some(root), |rank| {
                             chain_broadcast(rank, n, root, count, 4, chunk_bytes)
                         });
-                        simulate(n, count, Collective::Broadcast(root), |rank| {
+                        simulate(n, count, CollectiveKind::Broadcast, Some(root), |rank| {
                             binomial_tree_broadcast(rank, n, root, count, 4, chunk_bytes)
                         });
                     }

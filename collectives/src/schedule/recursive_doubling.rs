@@ -117,15 +117,16 @@ pub fn recursive_doubling_all_reduce(
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::{simulate, Collective};
+    use super::super::sim::simulate;
     use super::*;
+    use crate::CollectiveKind;
 
     #[test]
     fn correct_and_deadlock_free_for_every_shape() {
         for n in 1usize..=17 {
             for count in [0, 1, 2, 7, 100] {
                 for chunk in [4, 40, 1 << 20] {
-                    simulate(n, count, Collective::AllReduce, |rank| {
+                    simulate(n, count, CollectiveKind::AllReduce, None, |rank| {
                         recursive_doubling_all_reduce(rank, n, count, 4, chunk)
                     });
                 }

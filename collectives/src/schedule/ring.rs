@@ -233,8 +233,9 @@ pub fn ring_reduce(
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::{simulate, Collective};
+    use super::super::sim::simulate;
     use super::*;
+    use crate::CollectiveKind;
 
     fn shapes() -> impl Iterator<Item = (usize, usize, usize)> {
         (1usize..=9).flat_map(|n| {
@@ -247,7 +248,7 @@ mod tests {
     #[test]
     fn ring_all_reduce_is_correct_and_deadlock_free_for_every_shape() {
         for (n, count, chunk) in shapes() {
-            simulate(n, count, Collective::AllReduce, |rank| {
+            simulate(n, count, CollectiveKind::AllReduce, None, |rank| {
                 ring_all_reduce(rank, n, count, 4, chunk)
             });
         }
@@ -257,14 +258,14 @@ mod tests {
     fn ring_halves_and_reduce_are_correct_for_every_shape() {
         for (n, count, chunk) in shapes() {
             let blocks = count * n;
-            simulate(n, blocks, Collective::ReduceScatter, |rank| {
+            simulate(n, blocks, CollectiveKind::ReduceScatter, None, |rank| {
                 ring_reduce_scatter(rank, n, blocks, 4, chunk)
             });
-            simulate(n, blocks, Collective::AllGather, |rank| {
+            simulate(n, blocks, CollectiveKind::AllGather, None, |rank| {
                 ring_all_gather(rank, n, blocks, 4, chunk)
             });
             for root in [0, n / 2, n - 1] {
-                simulate(n, count, Collective::Reduce(root), |rank| {
+                simulate(n, count, CollectiveKind::Reduce, Some(root), |rank| {
                     ring_reduce(rank, n, root, count, 4, chunk)
                 });
             }

@@ -21,17 +21,7 @@ use std::rc::Rc;
 
 use super::{segment, RecvAction, Schedule};
 use crate::progress::{Destination, Progress};
-
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Collective {
-    AllReduce,
-    Broadcast(usize),
-    Barrier,
-    ReduceScatter,
-    AllGather,
-    Reduce(usize),
-    AllToAll,
-}
+use crate::CollectiveKind;
 
 #[derive(Clone, Debug)]
 struct Val {
@@ -79,7 +69,7 @@ fn check_no_torn_send(p: &Progress<'_>, rank: usize, target: &Range<usize>, read
 fn run(
     n: usize,
     count: usize,
-    collective: Collective,
+    kind: CollectiveKind,
     schedules: &[Schedule],
     capacity: usize,
     absent: Option<usize>,
@@ -89,7 +79,7 @@ fn run(
         .collect();
     let mut buffers = inputs.clone();
     // Sends of all-to-all read the input, not the buffer being written.
-    let reads_buffer = !matches!(collective, Collective::AllToAll);
+    let reads_buffer = kind != CollectiveKind::AllToAll;
     let mut queues: Vec<VecDeque<Vec<Val>>> = vec![VecDeque::new(); n * n];
     // Elements are one "byte" each: payload ranges are element ranges.
     let mut progress: Vec<Progress<'_>> = schedules.iter().map(|s| Progress::new(s, 1)).collect();
@@ -187,19 +177,20 @@ fn check_reduced(n: usize, rank: usize, i: usize, got: &Val, what: &str) {
 }
 
 /// Checks that the schedules complete (with unbounded and with one-message queues) and
-/// compute `collective` correctly, with identical expressions on every rank where the
-/// result is replicated; for barriers, also that no rank gets through while any one
-/// rank is missing.
+/// compute the collective `kind` (from `root`, for broadcast and reduce) correctly, with
+/// identical expressions on every rank where the result is replicated; for barriers, also
+/// that no rank gets through while any one rank is missing.
 pub(super) fn simulate(
     n: usize,
     count: usize,
-    collective: Collective,
+    kind: CollectiveKind,
+    root: Option<usize>,
     schedule_of: impl Fn(usize) -> Schedule,
 ) {
     let schedules: Vec<Schedule> = (0..n).map(&schedule_of).collect();
-    let what = format!("n={n} count={count} {collective:?}");
+    let what = format!("n={n} count={count} {} root={root:?}", kind.name());
     for capacity in [usize::MAX, 1] {
-        let out = run(n, count, collective, &schedules, capacity, None);
+        let out = run(n, count, kind, &schedules, capacity, None);
         assert!(
             out.finished.iter().all(|&f| f),
             "deadlock: {what} capacity={capacity}"
@@ -207,42 +198,45 @@ pub(super) fn simulate(
         let block = |q: usize| segment(count, n, q);
         for (r, buf) in out.buffers.iter().enumerate() {
             for (i, got) in buf.iter().enumerate() {
-                match collective {
-                    Collective::AllReduce => {
+                match (kind, root) {
+                    (CollectiveKind::AllReduce, None) => {
                         check_reduced(n, r, i, got, &what);
                         assert_eq!(
                             got.expr, out.buffers[0][i].expr,
                             "{what}: rank {r} element {i} reduced in another order"
                         );
                     }
-                    Collective::Broadcast(root) => {
+                    (CollectiveKind::Broadcast, Some(root)) => {
                         assert_eq!(got.sum, input(root, i), "{what}: rank {r}")
                     }
-                    Collective::Barrier => {}
-                    Collective::ReduceScatter if block(r).contains(&i) => {
+                    (CollectiveKind::Barrier, None) => {}
+                    (CollectiveKind::ReduceScatter, None) if block(r).contains(&i) => {
                         check_reduced(n, r, i, got, &what)
                     }
-                    Collective::ReduceScatter => {}
-                    Collective::AllGather => {
+                    (CollectiveKind::ReduceScatter, None) => {}
+                    (CollectiveKind::AllGather, None) => {
                         let owner = (0..n).find(|&q| block(q).contains(&i)).unwrap();
                         assert_eq!(got.sum, input(owner, i), "{what}: rank {r} element {i}");
                     }
-                    Collective::Reduce(root) if r == root => check_reduced(n, r, i, got, &what),
-                    Collective::Reduce(_) => {}
-                    Collective::AllToAll => {
+                    (CollectiveKind::Reduce, Some(root)) if r == root => {
+                        check_reduced(n, r, i, got, &what)
+                    }
+                    (CollectiveKind::Reduce, Some(_)) => {}
+                    (CollectiveKind::AllToAll, None) => {
                         // Output block q of rank r is input block r of rank q.
                         let q = (0..n).find(|&q| block(q).contains(&i)).unwrap();
                         let offset = i - block(q).start;
                         let want = input(q, block(r).start + offset);
                         assert_eq!(got.sum, want, "{what}: rank {r} element {i}");
                     }
+                    _ => panic!("{what}: not a collective the simulator checks"),
                 }
             }
         }
     }
-    if matches!(collective, Collective::Barrier) && n > 1 {
+    if kind == CollectiveKind::Barrier && n > 1 {
         for missing in 0..n {
-            let out = run(n, count, collective, &schedules, usize::MAX, Some(missing));
+            let out = run(n, count, kind, &schedules, usize::MAX, Some(missing));
             for r in (0..n).filter(|&r| r != missing) {
                 assert!(
                     !out.finished[r],

@@ -3,18 +3,25 @@
 //! host.
 
 use ringccl::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
-use ringccl::{Error, ProcessGroup, ReduceOp};
+use ringccl::{CollectiveKind, Error, ProcessGroup, ReduceOp};
 use std::sync::Arc;
 
+use super::bench_op::BenchOp;
+use super::check::{count_wrong, inject_fault};
 use super::elements::{expected, input, BenchElem};
 use super::measure::{time_op, Iterations, Timing};
-use super::{count_wrong, inject_fault, Coll};
 
 /// The collectives with a device-buffer method.
-pub(crate) fn supports(coll: Coll) -> bool {
+pub(crate) fn supports(coll: BenchOp) -> bool {
     matches!(
         coll,
-        Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::AllGather | Coll::ReduceScatter
+        BenchOp::Collective(
+            CollectiveKind::AllReduce
+                | CollectiveKind::Broadcast
+                | CollectiveKind::Reduce
+                | CollectiveKind::AllGather
+                | CollectiveKind::ReduceScatter
+        )
     )
 }
 
@@ -46,21 +53,21 @@ fn driver(pg: &ProcessGroup, what: &'static str) -> impl Fn(DriverError) -> Erro
     }
 }
 
-/// One device-buffer call of `coll`: `buf` holds `count` elements, `out` the gathered or
+/// One device-buffer call of `kind`: `buf` holds `count` elements, `out` the gathered or
 /// scattered side.
 fn call<T: BenchElem>(
     pg: &ProcessGroup,
-    coll: Coll,
+    kind: CollectiveKind,
     op: ReduceOp,
     buf: &mut CudaSlice<T>,
     out: &mut CudaSlice<T>,
 ) -> Result<(), Error> {
-    match coll {
-        Coll::AllReduce => pg.all_reduce_device(buf, op),
-        Coll::Broadcast => pg.broadcast_device(buf, 0),
-        Coll::Reduce => pg.reduce_device(buf, op, 0),
-        Coll::AllGather => pg.all_gather_device(buf, out),
-        Coll::ReduceScatter => pg.reduce_scatter_device(buf, out, op),
+    match kind {
+        CollectiveKind::AllReduce => pg.all_reduce_device(buf, op),
+        CollectiveKind::Broadcast => pg.broadcast_device(buf, 0),
+        CollectiveKind::Reduce => pg.reduce_device(buf, op, 0),
+        CollectiveKind::AllGather => pg.all_gather_device(buf, out),
+        CollectiveKind::ReduceScatter => pg.reduce_scatter_device(buf, out, op),
         other => Err(Error::InvalidArgument(format!(
             "--memory device does not support {}",
             other.name()
@@ -75,7 +82,7 @@ fn call<T: BenchElem>(
 pub(crate) fn measure<T: BenchElem>(
     pg: &ProcessGroup,
     stream: &Arc<CudaStream>,
-    coll: Coll,
+    kind: CollectiveKind,
     count: usize,
     op: ReduceOp,
     checks: usize,
@@ -85,9 +92,9 @@ pub(crate) fn measure<T: BenchElem>(
     let (rank, n) = (pg.rank(), pg.world_size());
     let per = count / n;
     // all_gather sends `per` elements and receives `count`; reduce_scatter the reverse.
-    let (in_len, out_len) = match coll {
-        Coll::AllGather => (per, count),
-        Coll::ReduceScatter => (count, per),
+    let (in_len, out_len) = match kind {
+        CollectiveKind::AllGather => (per, count),
+        CollectiveKind::ReduceScatter => (count, per),
         _ => (count, 1),
     };
     let mine: Vec<T> = (0..in_len).map(|i| input(rank, i, op)).collect();
@@ -99,8 +106,11 @@ pub(crate) fn measure<T: BenchElem>(
         let mut out = stream
             .alloc_zeros::<T>(out_len)
             .map_err(driver(pg, "allocating the output"))?;
-        call(pg, coll, op, &mut buf, &mut out)?;
-        let result = if matches!(coll, Coll::AllGather | Coll::ReduceScatter) {
+        call(pg, kind, op, &mut buf, &mut out)?;
+        let result = if matches!(
+            kind,
+            CollectiveKind::AllGather | CollectiveKind::ReduceScatter
+        ) {
             &out
         } else {
             &buf
@@ -109,12 +119,14 @@ pub(crate) fn measure<T: BenchElem>(
             .clone_dtoh(result)
             .map_err(driver(pg, "copying results to the host"))?;
         inject_fault(rank, &mut got);
-        wrong += match coll {
-            Coll::AllReduce => count_wrong(&got, |i| expected(n, i, op)),
-            Coll::Broadcast => count_wrong(&got, |i| input(0, i, op)),
-            Coll::Reduce if rank == 0 => count_wrong(&got, |i| expected(n, i, op)),
-            Coll::AllGather => count_wrong(&got, |j| input(j / per.max(1), j % per.max(1), op)),
-            Coll::ReduceScatter => count_wrong(&got, |i| expected(n, rank * per + i, op)),
+        wrong += match kind {
+            CollectiveKind::AllReduce => count_wrong(&got, |i| expected(n, i, op)),
+            CollectiveKind::Broadcast => count_wrong(&got, |i| input(0, i, op)),
+            CollectiveKind::Reduce if rank == 0 => count_wrong(&got, |i| expected(n, i, op)),
+            CollectiveKind::AllGather => {
+                count_wrong(&got, |j| input(j / per.max(1), j % per.max(1), op))
+            }
+            CollectiveKind::ReduceScatter => count_wrong(&got, |i| expected(n, rank * per + i, op)),
             _ => 0,
         };
     }
@@ -127,7 +139,7 @@ pub(crate) fn measure<T: BenchElem>(
         .alloc_zeros::<T>(out_len)
         .map_err(driver(pg, "allocating the output"))?;
     let timing = time_op(pg, warmup, iterations, || {
-        call(pg, coll, op, &mut buf, &mut out)
+        call(pg, kind, op, &mut buf, &mut out)
     })?;
     Ok((total[0], timing))
 }

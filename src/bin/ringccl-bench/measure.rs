@@ -2,8 +2,7 @@
 //! back-to-back iterations; the slowest rank's time per iteration, median over
 //! iterations.
 
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ringccl::{Error, ProcessGroup, ReduceOp};
 
@@ -82,7 +81,7 @@ pub(crate) fn time_op(
 }
 
 /// Slowest rank's time for `f`, median of `reps` repetitions, in microseconds.
-fn slowest_median_us(
+pub(crate) fn slowest_median_us(
     pg: &ProcessGroup,
     reps: usize,
     mut f: impl FnMut() -> Result<(), Error>,
@@ -96,74 +95,4 @@ fn slowest_median_us(
     }
     pg.all_reduce(&mut times, ReduceOp::Max)?;
     Ok(median(times) * 1e6)
-}
-
-/// A fixed amount of floating-point work on a private buffer (the "backward pass" the
-/// overlap benchmark hides communication behind). Values stay bounded.
-fn compute(scratch: &mut [f32], rounds: usize) -> f32 {
-    for _ in 0..rounds {
-        for x in scratch.iter_mut() {
-            *x = *x * 0.999_999 + 1e-6;
-        }
-    }
-    scratch[0]
-}
-
-/// Compute overlapped with a background all-reduce of `count` floats, against the two
-/// one after the other. Compute is calibrated to take about as long as the all-reduce.
-/// Two kinds of compute: CPU work (competes with the transport for the cores) and
-/// off-CPU work (a sleep, standing in for work on an accelerator).
-pub(crate) fn overlap_rows(
-    pg: &ProcessGroup,
-    count: usize,
-    reps: usize,
-) -> Result<Vec<String>, Error> {
-    let mut scratch = vec![1.0f32; 1 << 18];
-    let mut buf = vec![1.0f32; count];
-    let comm = slowest_median_us(pg, reps, || pg.all_reduce(&mut buf, ReduceOp::Sum))?;
-    let one_round = slowest_median_us(pg, reps, || {
-        std::hint::black_box(compute(&mut scratch, 1));
-        Ok(())
-    })?;
-    let mut rounds = [((comm / one_round.max(1e-3)).round() as i64).max(1)];
-    pg.broadcast(&mut rounds, 0)?;
-    let cpu_rounds = rounds[0] as usize;
-    let sleep = Duration::from_micros(comm.round().max(1.0) as u64);
-    let mut rows = Vec::new();
-    for kind in ["cpu", "off-cpu"] {
-        let work = |scratch: &mut [f32]| {
-            if kind == "cpu" {
-                std::hint::black_box(compute(scratch, cpu_rounds));
-            } else {
-                thread::sleep(sleep);
-            }
-        };
-        let comp = slowest_median_us(pg, reps, || {
-            work(&mut scratch);
-            Ok(())
-        })?;
-        let sequential = slowest_median_us(pg, reps, || {
-            pg.all_reduce(&mut buf, ReduceOp::Sum)?;
-            work(&mut scratch);
-            Ok(())
-        })?;
-        let mut owned = Some(vec![1.0f32; count]);
-        let overlapped = slowest_median_us(pg, reps, || {
-            let pending = pg.all_reduce_async(owned.take().unwrap_or_default(), ReduceOp::Sum)?;
-            work(&mut scratch);
-            owned = Some(pending.wait()?);
-            Ok(())
-        })?;
-        rows.push(format!(
-            "{:>12} {:>8} {:>12.1} {:>12.1} {:>14.1} {:>14.1} {:>9.2}x",
-            count * 4,
-            kind,
-            comm,
-            comp,
-            sequential,
-            overlapped,
-            sequential / overlapped
-        ));
-    }
-    Ok(rows)
 }

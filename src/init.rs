@@ -1,0 +1,115 @@
+//! Backend selection: [`init_process_group`] turns a backend name and [`InitOptions`]
+//! into a connected [`ProcessGroup`].
+
+#[cfg(feature = "nccl")]
+use std::sync::Arc;
+
+use ringccl_collectives::{Backend, Deadline, HostBackend, HostConfig};
+use ringccl_rendezvous::{connect_mesh, SetupError};
+use ringccl_transports::{shm, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
+
+use crate::options::{InitOptions, TransportKind};
+use crate::{Error, ProcessGroup};
+
+/// The backend names [`init_process_group`] accepts (case-insensitive).
+pub const BACKENDS: &[&str] = &["gloo", "nccl"];
+
+/// Joins the process group described by `opts` using the backend named `backend`
+/// (`"gloo"` or `"nccl"`, case-insensitive).
+///
+/// Every rank of the group must call this; it returns once this rank is connected to
+/// every other rank, or fails within `opts`' deadline with an error that says whom it
+/// was waiting for.
+///
+/// ```
+/// // A group of one needs no peers: handy for a quick check.
+/// let pg = ringccl::init_process_group("GLOO", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+/// let mut x = [1.5f32, -2.0];
+/// pg.all_reduce(&mut x, ringccl::ReduceOp::Sum)?;
+/// assert_eq!(x, [1.5, -2.0]);
+///
+/// let err = ringccl::init_process_group("mpi", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))
+///     .unwrap_err();
+/// assert!(err.to_string().contains("gloo, nccl"));
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGroup, Error> {
+    match backend.trim().to_ascii_lowercase().as_str() {
+        "gloo" => start_gloo(opts),
+        #[cfg(feature = "nccl")]
+        "nccl" => start_nccl(opts),
+        #[cfg(not(feature = "nccl"))]
+        "nccl" => Err(Error::BackendUnavailable {
+            backend: "nccl",
+            reason: "this build of ringccl was compiled without its `nccl` cargo feature; \
+                     rebuild with default features, or use \"gloo\""
+                .into(),
+        }),
+        _ => Err(Error::UnknownBackend {
+            name: backend.to_string(),
+            valid: BACKENDS,
+        }),
+    }
+}
+
+/// The `"gloo"` backend: rendezvous, then ringccl's host engine over shared memory or
+/// TCP, as `opts` and the collective start-up decide.
+fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
+    opts.validate()?;
+    let mut config = HostConfig {
+        timeout: opts.timeout,
+        all_reduce_algo: opts.resolved_all_reduce_algo()?,
+        ..HostConfig::default()
+    };
+    if let Some(chunk) = opts.chunk_bytes {
+        config.chunk_bytes = chunk;
+    }
+    if let Some(bytes) = opts.small_all_reduce_max_bytes {
+        config.small_all_reduce_max_bytes = bytes;
+    }
+    let kind = opts.resolved_transport()?;
+    let deadline = Deadline::after(opts.timeout).at();
+    let mut mesh = connect_mesh(opts.mesh_config())?;
+    let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
+    let rings = match kind {
+        TransportKind::Tcp => None,
+        required => shm::set_up(
+            mesh.store(),
+            rank,
+            world_size,
+            job,
+            DEFAULT_RING_BYTES,
+            deadline,
+            required == TransportKind::SharedMemory,
+        )?,
+    };
+    let dead_peer = mesh.dead_peer_timeout();
+    let (connections, store) = mesh.finish(deadline)?;
+    let tcp = TcpTransport::new(rank, connections, dead_peer).map_err(|source| SetupError::Io {
+        rank,
+        context: "configuring the connections to the other ranks".into(),
+        source,
+    })?;
+    let backend: Box<dyn Backend> = match rings {
+        Some(rings) => Box::new(HostBackend::new(
+            "gloo",
+            ShmTransport::new(rings, tcp),
+            config,
+        )),
+        None => Box::new(HostBackend::new("gloo", tcp, config)),
+    };
+    Ok(ProcessGroup::from_backend(backend).keeping_store(store))
+}
+
+/// The `"nccl"` backend: NCCL's communicator on this rank's GPU, joined through the same
+/// rendezvous.
+#[cfg(feature = "nccl")]
+fn start_nccl(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
+    opts.validate()?;
+    let mut config = ringccl_nccl::NcclConfig::new(opts.mesh_config());
+    config.device = opts.device;
+    config.local_rank = opts.local_rank;
+    Ok(ProcessGroup::from_nccl(Arc::new(
+        ringccl_nccl::NcclBackend::connect(config)?,
+    )))
+}
