@@ -272,139 +272,63 @@ impl Error {
     }
 }
 
+/// `match $value { $From::V { fields } => $To::V { fields }, …, <the remaining arms> }`
+/// for variants that carry the same name and fields in both enums.
+macro_rules! same_variants {
+    ($value:expr, $from:ident => $to:ident, [$($variant:ident { $($field:ident),* }),* $(,)?], $($rest:tt)*) => {
+        match $value {
+            $($from::$variant { $($field),* } => $to::$variant { $($field),* },)*
+            $($rest)*
+        }
+    };
+}
+
+/// The runtime's variants that the facade carries under the same name and fields; the
+/// list both conversions between `Error` and `RuntimeError` expand.
+macro_rules! runtime_variants {
+    ($value:expr, $from:ident => $to:ident, $($rest:tt)*) => {
+        same_variants!($value, $from => $to, [
+            UnsupportedOp { op, dtype, reason },
+            Timeout { rank, peer, op, moved, expected, timeout, gone },
+            PeerLost { rank, observer, op, reason, gone },
+            CollectiveMismatch { rank, mine, peer, theirs },
+            Protocol { rank, peer, op, reason },
+            GroupBroken { rank, cause },
+            Io { rank, context, source },
+        ], $($rest)*)
+    };
+}
+
 impl From<SetupError> for Error {
     fn from(e: SetupError) -> Error {
-        match e {
+        same_variants!(e, SetupError => Error, [
+            StoreBind { addr, reason, source },
+            StoreUnreachable { rank, addr, timeout, last_error },
+            RendezvousTimeout { rank, waiting_for, timeout },
+            Handshake { rank, peer, reason },
+            Io { rank, context, source },
+        ],
             SetupError::InvalidArgument(reason) => Error::InvalidArgument(reason),
-            SetupError::StoreBind {
-                addr,
-                reason,
-                source,
-            } => Error::StoreBind {
-                addr,
-                reason,
-                source,
-            },
-            SetupError::StoreUnreachable {
-                rank,
-                addr,
-                timeout,
-                last_error,
-            } => Error::StoreUnreachable {
-                rank,
-                addr,
-                timeout,
-                last_error,
-            },
-            SetupError::RendezvousTimeout {
-                rank,
-                waiting_for,
-                timeout,
-            } => Error::RendezvousTimeout {
-                rank,
-                waiting_for,
-                timeout,
-            },
-            SetupError::Handshake { rank, peer, reason } => Error::Handshake { rank, peer, reason },
             // Forcing shared memory where it cannot work is a setting to change.
-            SetupError::SharedMemory(unavailable) => {
-                Error::InvalidArgument(unavailable.to_string())
-            }
-            SetupError::Io {
-                rank,
-                context,
-                source,
-            } => Error::Io {
-                rank,
-                context,
-                source,
-            },
+            SetupError::SharedMemory(unavailable) => Error::InvalidArgument(unavailable.to_string()),
             other => Error::Engine {
                 source: Box::new(other),
                 breaks_group: false,
             },
-        }
+        )
     }
 }
 
 impl From<RuntimeError> for Error {
     fn from(e: RuntimeError) -> Error {
-        match e {
+        runtime_variants!(e, RuntimeError => Error,
             RuntimeError::InvalidArgument(reason) => Error::InvalidArgument(reason),
-            RuntimeError::UnsupportedOp { op, dtype, reason } => {
-                Error::UnsupportedOp { op, dtype, reason }
-            }
-            RuntimeError::Timeout {
-                rank,
-                peer,
-                op,
-                moved,
-                expected,
-                timeout,
-                gone,
-            } => Error::Timeout {
-                rank,
-                peer,
-                op,
-                moved,
-                expected,
-                timeout,
-                gone,
-            },
-            RuntimeError::PeerLost {
-                rank,
-                observer,
-                op,
-                reason,
-                gone,
-            } => Error::PeerLost {
-                rank,
-                observer,
-                op,
-                reason,
-                gone,
-            },
-            RuntimeError::CollectiveMismatch {
-                rank,
-                mine,
-                peer,
-                theirs,
-            } => Error::CollectiveMismatch {
-                rank,
-                mine,
-                peer,
-                theirs,
-            },
-            RuntimeError::Protocol {
-                rank,
-                peer,
-                op,
-                reason,
-            } => Error::Protocol {
-                rank,
-                peer,
-                op,
-                reason,
-            },
-            RuntimeError::GroupBroken { rank, cause } => Error::GroupBroken { rank, cause },
-            RuntimeError::Io {
-                rank,
-                context,
-                source,
-            } => Error::Io {
-                rank,
-                context,
-                source,
-            },
-            RuntimeError::Engine {
-                source,
-                breaks_group,
-            } => from_engine(source, breaks_group),
+            RuntimeError::Engine { source, breaks_group } => from_engine(source, breaks_group),
             other => Error::Engine {
                 source: Box::new(other),
                 breaks_group: true,
             },
-        }
+        )
     }
 }
 
@@ -432,76 +356,14 @@ impl From<Error> for RuntimeError {
     /// own variants go back as themselves, the others travel boxed and come back out
     /// unchanged through `Error::from`.
     fn from(e: Error) -> RuntimeError {
-        match e {
+        runtime_variants!(e, Error => RuntimeError,
             Error::InvalidArgument(reason) => RuntimeError::InvalidArgument(reason),
-            Error::UnsupportedOp { op, dtype, reason } => {
-                RuntimeError::UnsupportedOp { op, dtype, reason }
-            }
-            Error::Timeout {
-                rank,
-                peer,
-                op,
-                moved,
-                expected,
-                timeout,
-                gone,
-            } => RuntimeError::Timeout {
-                rank,
-                peer,
-                op,
-                moved,
-                expected,
-                timeout,
-                gone,
-            },
-            Error::PeerLost {
-                rank,
-                observer,
-                op,
-                reason,
-                gone,
-            } => RuntimeError::PeerLost {
-                rank,
-                observer,
-                op,
-                reason,
-                gone,
-            },
-            Error::CollectiveMismatch {
-                rank,
-                mine,
-                peer,
-                theirs,
-            } => RuntimeError::CollectiveMismatch {
-                rank,
-                mine,
-                peer,
-                theirs,
-            },
-            Error::Protocol {
-                rank,
-                peer,
-                op,
-                reason,
-            } => RuntimeError::Protocol {
-                rank,
-                peer,
-                op,
-                reason,
-            },
-            Error::GroupBroken { rank, cause } => RuntimeError::GroupBroken { rank, cause },
-            Error::Engine {
-                source,
-                breaks_group,
-            } => RuntimeError::Engine {
-                source,
-                breaks_group,
-            },
+            Error::Engine { source, breaks_group } => RuntimeError::Engine { source, breaks_group },
             other => RuntimeError::Engine {
                 breaks_group: other.breaks_group(),
                 source: Box::new(other),
             },
-        }
+        )
     }
 }
 
