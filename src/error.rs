@@ -4,252 +4,93 @@
 //! knows (backend names, environment variables). Each layer's variants keep their names
 //! and fields here, so callers match one flat enum.
 
-use std::io;
 use std::time::Duration;
 
-use ringccl_collectives::{gone_note, DType, Error as RuntimeError, OpDesc, ReduceOp};
+use ringccl_collectives::{Error as RuntimeError, OpDesc};
 use ringccl_rendezvous::SetupError;
 
-/// Everything that can go wrong in ringccl.
-///
-/// Every message says which rank saw the problem, which peer and which operation were
-/// involved where that applies, and what to do about it. After an error raised while
-/// data was moving (`Timeout`, `PeerLost`, `CollectiveMismatch`, `Protocol`) the group's
-/// connections are in an unknown state: the group reports [`Error::GroupBroken`] from
-/// then on, and the way forward is a new process group (see the user guide).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// The backend string names no backend.
-    #[error("unknown backend {name:?}: valid backends are {} (case-insensitive)", valid.join(", "))]
-    UnknownBackend {
-        /// What the caller asked for.
-        name: String,
-        /// The names that would have worked.
-        valid: &'static [&'static str],
-    },
+ringccl_rendezvous::setup_error_variants! {
+    ringccl_collectives::runtime_error_enum!
+    /// Everything that can go wrong in ringccl.
+    ///
+    /// Every message says which rank saw the problem, which peer and which operation were
+    /// involved where that applies, and what to do about it. After an error raised while
+    /// data was moving (`Timeout`, `PeerLost`, `CollectiveMismatch`, `Protocol`) the group's
+    /// connections are in an unknown state: the group reports [`Error::GroupBroken`] from
+    /// then on, and the way forward is a new process group (see the user guide).
+    #[derive(Debug, thiserror::Error)]
+    #[non_exhaustive]
+    pub enum Error {
+        /// The backend string names no backend.
+        #[error("unknown backend {name:?}: valid backends are {} (case-insensitive)", valid.join(", "))]
+        UnknownBackend {
+            /// What the caller asked for.
+            name: String,
+            /// The names that would have worked.
+            valid: &'static [&'static str],
+        },
 
-    /// The backend exists but cannot run in this build or on this machine.
-    #[error("backend {backend:?} is not available: {reason}")]
-    BackendUnavailable {
-        /// The backend's name.
-        backend: &'static str,
-        /// Why, and what to do about it.
-        reason: String,
-    },
+        /// The backend exists but cannot run in this build or on this machine.
+        #[error("backend {backend:?} is not available: {reason}")]
+        BackendUnavailable {
+            /// The backend's name.
+            backend: &'static str,
+            /// Why, and what to do about it.
+            reason: String,
+        },
 
-    /// A required environment variable is not set.
-    #[error("environment variable {var} is not set: {hint}")]
-    MissingEnv {
-        /// The variable's name.
-        var: &'static str,
-        /// How to set it.
-        hint: &'static str,
-    },
+        /// A required environment variable is not set.
+        #[error("environment variable {var} is not set: {hint}")]
+        MissingEnv {
+            /// The variable's name.
+            var: &'static str,
+            /// How to set it.
+            hint: &'static str,
+        },
 
-    /// An environment variable is set to something unusable.
-    #[error("environment variable {var}={value:?} is invalid: {reason}")]
-    InvalidEnv {
-        /// The variable's name.
-        var: &'static str,
-        /// Its value.
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
+        /// An environment variable is set to something unusable.
+        #[error("environment variable {var}={value:?} is invalid: {reason}")]
+        InvalidEnv {
+            /// The variable's name.
+            var: &'static str,
+            /// Its value.
+            value: String,
+            /// What is wrong with it.
+            reason: String,
+        },
 
-    /// An argument is out of range or inconsistent.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+        /// A device-side collective (NCCL) did not finish before its deadline. NCCL has no
+        /// deadline of its own, so the communicator was aborted to get control back.
+        #[error(
+            "rank {rank}: {op} did not finish on the GPU within {timeout:?}; the NCCL communicator \
+             was aborted. A peer may be dead, stuck, slower than the timeout allows, or in a \
+             different collective (NCCL does not check; run the same code under \"gloo\" to find \
+             a mismatch). NCCL_DEBUG=WARN shows NCCL's own view{detail}"
+        )]
+        DeviceTimeout {
+            /// The rank that gave up.
+            rank: usize,
+            /// The collective.
+            op: OpDesc,
+            /// The deadline that passed.
+            timeout: Duration,
+            /// NCCL's last error message, if it had one (starts with "; ").
+            detail: String,
+        },
 
-    /// The operator does not apply to the element type.
-    #[error("reduce op {op} is not supported for {dtype}: {reason}")]
-    UnsupportedOp {
-        /// The operator.
-        op: ReduceOp,
-        /// The element type.
-        dtype: DType,
-        /// Why, and what to use instead.
-        reason: &'static str,
-    },
-
-    /// Rank 0 could not open the rendezvous store.
-    #[error("rank 0: cannot host the rendezvous store on {addr}: {reason}")]
-    StoreBind {
-        /// The address it tried to bind.
-        addr: String,
-        /// What to do about it.
-        reason: String,
-        /// The system error.
-        #[source]
-        source: io::Error,
-    },
-
-    /// The rendezvous store did not answer before the deadline.
-    #[error(
-        "rank {rank}: could not reach the rendezvous store at {addr} within {timeout:?} (last error: {last_error}); \
-         check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it and are reachable from this host"
-    )]
-    StoreUnreachable {
-        /// The rank that waited.
-        rank: usize,
-        /// The store's address.
-        addr: String,
-        /// How long it waited.
-        timeout: Duration,
-        /// The last connection error seen.
-        last_error: String,
-    },
-
-    /// Rendezvous did not complete before the deadline.
-    #[error("rank {rank}: rendezvous timed out after {timeout:?} waiting for {waiting_for}; is that rank running, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")]
-    RendezvousTimeout {
-        /// The rank that waited.
-        rank: usize,
-        /// Whom or what it waited for.
-        waiting_for: String,
-        /// How long it waited.
-        timeout: Duration,
-    },
-
-    /// A connection failed its handshake (wrong protocol, version, job or world size).
-    #[error("rank {rank}: handshake with {peer} failed: {reason}")]
-    Handshake {
-        /// The rank that saw it.
-        rank: usize,
-        /// The other side (a rank or an address).
-        peer: String,
-        /// What was wrong.
-        reason: String,
-    },
-
-    /// A collective did not finish before its deadline.
-    #[error(
-        "rank {rank}: timed out after {timeout:?} in {op} waiting for rank {peer} \
-         ({moved} of {expected} bytes exchanged with it); rank {peer} may be stuck, dead, \
-         slower than the timeout allows, or in a different collective{}",
-        gone_note(gone)
-    )]
-    Timeout {
-        /// The rank that gave up.
-        rank: usize,
-        /// The peer it was waiting for.
-        peer: usize,
-        /// The collective.
-        op: OpDesc,
-        /// Bytes exchanged with that peer in this collective before the deadline.
-        moved: u64,
-        /// Bytes that would have been exchanged with that peer in this collective.
-        expected: u64,
-        /// The deadline that passed.
-        timeout: Duration,
-        /// Other ranks whose connections to this rank had closed or failed when the
-        /// deadline passed: the likely root cause when `peer` was only blocked behind them.
-        gone: Vec<usize>,
-    },
-
-    /// A peer's connection failed (process killed, connection reset, host unreachable).
-    #[error("rank {observer} lost rank {rank} during {op}: {reason}{}; the group is now broken, create a new one (e.g. restart under `ringrun --max-restarts`)", gone_note(gone))]
-    PeerLost {
-        /// The rank that was lost.
-        rank: usize,
-        /// The rank that noticed.
-        observer: usize,
-        /// The collective in progress.
-        op: OpDesc,
-        /// What the connection reported.
-        reason: String,
-        /// Other ranks whose connections to this rank had closed or failed too.
-        gone: Vec<usize>,
-    },
-
-    /// Two ranks are in different collectives.
-    #[error("rank {rank} is in {mine} but rank {peer} is in {theirs}: every rank must issue the same collectives, with the same arguments, in the same order")]
-    CollectiveMismatch {
-        /// The rank that noticed.
-        rank: usize,
-        /// The collective it is in.
-        mine: OpDesc,
-        /// The peer that disagrees.
-        peer: usize,
-        /// The collective the peer is in.
-        theirs: OpDesc,
-    },
-
-    /// A peer sent bytes that break the protocol.
-    #[error("rank {rank}: protocol error from rank {peer} during {op}: {reason}")]
-    Protocol {
-        /// The rank that noticed.
-        rank: usize,
-        /// The peer that sent the bytes.
-        peer: usize,
-        /// The collective in progress.
-        op: OpDesc,
-        /// What was wrong.
-        reason: String,
-    },
-
-    /// An earlier error left the group's connections unusable.
-    #[error("rank {rank}: the process group is broken by an earlier error ({cause}); create a new process group")]
-    GroupBroken {
-        /// The rank.
-        rank: usize,
-        /// The first error.
-        cause: String,
-    },
-
-    /// A device-side collective (NCCL) did not finish before its deadline. NCCL has no
-    /// deadline of its own, so the communicator was aborted to get control back.
-    #[error(
-        "rank {rank}: {op} did not finish on the GPU within {timeout:?}; the NCCL communicator \
-         was aborted. A peer may be dead, stuck, slower than the timeout allows, or in a \
-         different collective (NCCL does not check; run the same code under \"gloo\" to find \
-         a mismatch). NCCL_DEBUG=WARN shows NCCL's own view{detail}"
-    )]
-    DeviceTimeout {
-        /// The rank that gave up.
-        rank: usize,
-        /// The collective.
-        op: OpDesc,
-        /// The deadline that passed.
-        timeout: Duration,
-        /// NCCL's last error message, if it had one (starts with "; ").
-        detail: String,
-    },
-
-    /// A CUDA or NCCL call failed.
-    #[error("rank {rank}: {call} failed during {op}: {reason}")]
-    Device {
-        /// The rank.
-        rank: usize,
-        /// The operation in progress (a collective, or a start-up step).
-        op: String,
-        /// The library call that failed.
-        call: String,
-        /// The library's error code and message, and what to do about it.
-        reason: String,
-    },
-
-    /// A backend engine other than ringccl's own failed; `source` is its error.
-    #[error("{source}")]
-    Engine {
-        /// The engine's error.
-        source: Box<dyn std::error::Error + Send + Sync>,
-        /// Whether the failure leaves the group unusable.
-        breaks_group: bool,
-    },
-
-    /// A local I/O operation failed.
-    #[error("rank {rank}: {context}: {source}")]
-    Io {
-        /// The rank.
-        rank: usize,
-        /// What was being done.
-        context: String,
-        /// The system error.
-        #[source]
-        source: io::Error,
-    },
+        /// A CUDA or NCCL call failed.
+        #[error("rank {rank}: {call} failed during {op}: {reason}")]
+        Device {
+            /// The rank.
+            rank: usize,
+            /// The operation in progress (a collective, or a start-up step).
+            op: String,
+            /// The library call that failed.
+            call: String,
+            /// The library's error code and message, and what to do about it.
+            reason: String,
+        },
+    }
 }
 
 impl Error {

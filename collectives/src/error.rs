@@ -4,21 +4,18 @@
 //! engine (`ringccl_nccl::Error`, which reaches callers of the [`crate::Backend`] trait
 //! as [`Error::Engine`]); the `ringccl` facade's `Error` wraps all three.
 
-use std::io;
-use std::time::Duration;
+/// Declares an error enum that holds every variant of the runtime's [`Error`], with its
+/// fields and message, after the caller's own variants. The runtime's `Error` and the
+/// `ringccl` facade's flat `Error` are both declared through it, so each message is
+/// written once.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! runtime_error_enum {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($own:tt)* }) => {
+        $(#[$meta])*
+        $vis enum $name {
+            $($own)*
 
-use crate::{DType, OpDesc, ReduceOp};
-
-/// What can go wrong in a running group: misuse, a lost or slow peer, a mismatch.
-///
-/// Every message says which rank saw the problem, which peer and which operation were
-/// involved where that applies, and what to do about it. After an error raised while
-/// data was moving (`Timeout`, `PeerLost`, `CollectiveMismatch`, `Protocol`) the group's
-/// connections are in an unknown state: the group reports [`Error::GroupBroken`] from
-/// then on, and the way forward is a new process group (see the user guide).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
     /// An argument is out of range or inconsistent.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -27,9 +24,9 @@ pub enum Error {
     #[error("reduce op {op} is not supported for {dtype}: {reason}")]
     UnsupportedOp {
         /// The operator.
-        op: ReduceOp,
+        op: $crate::ReduceOp,
         /// The element type.
-        dtype: DType,
+        dtype: $crate::DType,
         /// Why, and what to use instead.
         reason: &'static str,
     },
@@ -39,7 +36,7 @@ pub enum Error {
         "rank {rank}: timed out after {timeout:?} in {op} waiting for rank {peer} \
          ({moved} of {expected} bytes exchanged with it); rank {peer} may be stuck, dead, \
          slower than the timeout allows, or in a different collective{}",
-        gone_note(gone)
+        $crate::gone_note(gone)
     )]
     Timeout {
         /// The rank that gave up.
@@ -47,27 +44,27 @@ pub enum Error {
         /// The peer it was waiting for.
         peer: usize,
         /// The collective.
-        op: OpDesc,
+        op: $crate::OpDesc,
         /// Bytes exchanged with that peer in this collective before the deadline.
         moved: u64,
         /// Bytes that would have been exchanged with that peer in this collective.
         expected: u64,
         /// The deadline that passed.
-        timeout: Duration,
+        timeout: ::std::time::Duration,
         /// Other ranks whose connections to this rank had closed or failed when the
         /// deadline passed: the likely root cause when `peer` was only blocked behind them.
         gone: Vec<usize>,
     },
 
     /// A peer's connection failed (process killed, connection reset, host unreachable).
-    #[error("rank {observer} lost rank {rank} during {op}: {reason}{}; the group is now broken, create a new one (e.g. restart under `ringrun --max-restarts`)", gone_note(gone))]
+    #[error("rank {observer} lost rank {rank} during {op}: {reason}{}; the group is now broken, create a new one (e.g. restart under `ringrun --max-restarts`)", $crate::gone_note(gone))]
     PeerLost {
         /// The rank that was lost.
         rank: usize,
         /// The rank that noticed.
         observer: usize,
         /// The collective in progress.
-        op: OpDesc,
+        op: $crate::OpDesc,
         /// What the connection reported.
         reason: String,
         /// Other ranks whose connections to this rank had closed or failed too.
@@ -80,11 +77,11 @@ pub enum Error {
         /// The rank that noticed.
         rank: usize,
         /// The collective it is in.
-        mine: OpDesc,
+        mine: $crate::OpDesc,
         /// The peer that disagrees.
         peer: usize,
         /// The collective the peer is in.
-        theirs: OpDesc,
+        theirs: $crate::OpDesc,
     },
 
     /// A peer sent bytes that break the protocol.
@@ -95,7 +92,7 @@ pub enum Error {
         /// The peer that sent the bytes.
         peer: usize,
         /// The collective in progress.
-        op: OpDesc,
+        op: $crate::OpDesc,
         /// What was wrong.
         reason: String,
     },
@@ -115,7 +112,7 @@ pub enum Error {
     #[error("{source}")]
     Engine {
         /// The engine's error.
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: Box<dyn ::std::error::Error + Send + Sync>,
         /// Whether the failure leaves the group unusable.
         breaks_group: bool,
     },
@@ -129,8 +126,23 @@ pub enum Error {
         context: String,
         /// The system error.
         #[source]
-        source: io::Error,
+        source: ::std::io::Error,
     },
+        }
+    };
+}
+
+runtime_error_enum! {
+    /// What can go wrong in a running group: misuse, a lost or slow peer, a mismatch.
+    ///
+    /// Every message says which rank saw the problem, which peer and which operation were
+    /// involved where that applies, and what to do about it. After an error raised while
+    /// data was moving (`Timeout`, `PeerLost`, `CollectiveMismatch`, `Protocol`) the group's
+    /// connections are in an unknown state: the group reports [`Error::GroupBroken`] from
+    /// then on, and the way forward is a new process group (see the user guide).
+    #[derive(Debug, thiserror::Error)]
+    #[non_exhaustive]
+    pub enum Error {}
 }
 
 impl Error {

@@ -2,81 +2,111 @@
 //! deadline of start-up.
 
 use std::io;
-use std::time::Duration;
 
 use ringccl_transports::shm::ShmUnavailable;
 
-/// A start-up failure. Every message names the rank that saw it and what to check.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SetupError {
-    /// A setting is out of range or inconsistent.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+/// Hands the start-up variants (the store and the handshakes, with their fields and
+/// messages) to another macro: `setup_error_variants!(callback! <enum with its own
+/// variants>)` expands `callback! { <the enum with the start-up variants added> }`.
+/// [`SetupError`] and the `ringccl` facade's flat `Error` are both declared through it,
+/// so each message is written once.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! setup_error_variants {
+    ($($callback:ident)::+ ! $(#[$meta:meta])* $vis:vis enum $name:ident { $($own:tt)* }) => {
+        $($callback)::+! {
+            $(#[$meta])*
+            $vis enum $name {
+                $($own)*
 
-    /// Rank 0 could not open the rendezvous store.
-    #[error("rank 0: cannot host the rendezvous store on {addr}: {reason}")]
-    StoreBind {
-        /// The address it tried to bind.
-        addr: String,
-        /// What to do about it.
-        reason: String,
-        /// The system error.
-        #[source]
-        source: io::Error,
-    },
+        /// Rank 0 could not open the rendezvous store.
+        #[error("rank 0: cannot host the rendezvous store on {addr}: {reason}")]
+        StoreBind {
+            /// The address it tried to bind.
+            addr: String,
+            /// What to do about it.
+            reason: String,
+            /// The system error.
+            #[source]
+            source: ::std::io::Error,
+        },
 
-    /// The rendezvous store did not answer before the deadline.
-    #[error(
-        "rank {rank}: could not reach the rendezvous store at {addr} within {timeout:?} (last error: {last_error}); \
-         check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it and are reachable from this host"
-    )]
-    StoreUnreachable {
-        /// The rank that waited.
-        rank: usize,
-        /// The store's address.
-        addr: String,
-        /// How long it waited.
-        timeout: Duration,
-        /// The last connection error seen.
-        last_error: String,
-    },
+        /// The rendezvous store did not answer before the deadline.
+        #[error(
+            "rank {rank}: could not reach the rendezvous store at {addr} within {timeout:?} (last error: {last_error}); \
+             check that rank 0 is running and that MASTER_ADDR/MASTER_PORT point at it and are reachable from this host"
+        )]
+        StoreUnreachable {
+            /// The rank that waited.
+            rank: usize,
+            /// The store's address.
+            addr: String,
+            /// How long it waited.
+            timeout: ::std::time::Duration,
+            /// The last connection error seen.
+            last_error: String,
+        },
 
-    /// Rendezvous did not complete before the deadline.
-    #[error("rank {rank}: rendezvous timed out after {timeout:?} waiting for {waiting_for}; is that rank running, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")]
-    RendezvousTimeout {
-        /// The rank that waited.
-        rank: usize,
-        /// Whom or what it waited for.
-        waiting_for: String,
-        /// How long it waited.
-        timeout: Duration,
-    },
+        /// Rendezvous did not complete before the deadline.
+        #[error("rank {rank}: rendezvous timed out after {timeout:?} waiting for {waiting_for}; is that rank running, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")]
+        RendezvousTimeout {
+            /// The rank that waited.
+            rank: usize,
+            /// Whom or what it waited for.
+            waiting_for: String,
+            /// How long it waited.
+            timeout: ::std::time::Duration,
+        },
 
-    /// A connection failed its handshake (wrong protocol, version, job or world size).
-    #[error("rank {rank}: handshake with {peer} failed: {reason}")]
-    Handshake {
-        /// The rank that saw it.
-        rank: usize,
-        /// The other side (a rank or an address).
-        peer: String,
-        /// What was wrong.
-        reason: String,
-    },
+        /// A connection failed its handshake (wrong protocol, version, job or world size).
+        #[error("rank {rank}: handshake with {peer} failed: {reason}")]
+        Handshake {
+            /// The rank that saw it.
+            rank: usize,
+            /// The other side (a rank or an address).
+            peer: String,
+            /// What was wrong.
+            reason: String,
+        },
+            }
+        }
+    };
+}
 
-    /// Shared memory was required but cannot be set up.
-    #[error(transparent)]
-    SharedMemory(#[from] ShmUnavailable),
+/// Emits its input unchanged: the callback that makes [`setup_error_variants!`] declare
+/// an enum directly.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! emit_item {
+    ($($item:tt)*) => {
+        $($item)*
+    };
+}
 
-    /// A local I/O operation failed.
-    #[error("rank {rank}: {context}: {source}")]
-    Io {
-        /// The rank.
-        rank: usize,
-        /// What was being done.
-        context: String,
-        /// The system error.
-        #[source]
-        source: io::Error,
-    },
+setup_error_variants! {
+    emit_item!
+    /// A start-up failure. Every message names the rank that saw it and what to check.
+    #[derive(Debug, thiserror::Error)]
+    #[non_exhaustive]
+    pub enum SetupError {
+        /// A setting is out of range or inconsistent.
+        #[error("invalid argument: {0}")]
+        InvalidArgument(String),
+
+        /// Shared memory was required but cannot be set up.
+        #[error(transparent)]
+        SharedMemory(#[from] ShmUnavailable),
+
+        /// A local I/O operation failed.
+        #[error("rank {rank}: {context}: {source}")]
+        Io {
+            /// The rank.
+            rank: usize,
+            /// What was being done.
+            context: String,
+            /// The system error.
+            #[source]
+            source: io::Error,
+        },
+    }
 }
