@@ -96,20 +96,8 @@ ringccl_rendezvous::setup_error_variants! {
 impl Error {
     /// Whether this error leaves the group's connections in an unknown state.
     pub fn breaks_group(&self) -> bool {
-        matches!(
-            self,
-            Error::Timeout { .. }
-                | Error::PeerLost { .. }
-                | Error::CollectiveMismatch { .. }
-                | Error::Protocol { .. }
-                | Error::Io { .. }
-                | Error::DeviceTimeout { .. }
-                | Error::Device { .. }
-                | Error::Engine {
-                    breaks_group: true,
-                    ..
-                }
-        )
+        self.runtime_variant_breaks_group()
+            || matches!(self, Error::DeviceTimeout { .. } | Error::Device { .. })
     }
 }
 

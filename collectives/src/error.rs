@@ -129,6 +129,25 @@ macro_rules! runtime_error_enum {
         source: ::std::io::Error,
     },
         }
+
+        impl $name {
+            /// Whether this is one of the runtime's variants that leave the group's
+            /// connections in an unknown state.
+            fn runtime_variant_breaks_group(&self) -> bool {
+                matches!(
+                    self,
+                    $name::Timeout { .. }
+                        | $name::PeerLost { .. }
+                        | $name::CollectiveMismatch { .. }
+                        | $name::Protocol { .. }
+                        | $name::Io { .. }
+                        | $name::Engine {
+                            breaks_group: true,
+                            ..
+                        }
+                )
+            }
+        }
     };
 }
 
@@ -148,18 +167,7 @@ runtime_error_enum! {
 impl Error {
     /// Whether this error leaves the group's connections in an unknown state.
     pub fn breaks_group(&self) -> bool {
-        matches!(
-            self,
-            Error::Timeout { .. }
-                | Error::PeerLost { .. }
-                | Error::CollectiveMismatch { .. }
-                | Error::Protocol { .. }
-                | Error::Io { .. }
-                | Error::Engine {
-                    breaks_group: true,
-                    ..
-                }
-        )
+        self.runtime_variant_breaks_group()
     }
 }
 
