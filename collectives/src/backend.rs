@@ -80,6 +80,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
         deadline: Deadline,
     ) -> Result<(), Error>;
 
+    /// Breaks the group from outside any call (for example, a call that timed out while
+    /// queued behind a stuck one): the call now running, if any, is woken and fails, every
+    /// later call fails at once with [`Error::GroupBroken`] quoting `cause`, and backends
+    /// that can reach their peers tell them why. Idempotent; the first cause wins.
+    ///
+    /// Backends with nothing to release may keep this default, which does nothing.
+    fn abort(&self, cause: &str) {
+        let _ = cause;
+    }
+
     /// Sends `buf` to rank `dst`, which must call `recv` with this rank, the same tag and
     /// the same length and type.
     fn send(
