@@ -122,6 +122,7 @@ macro_rules! runtime_variants {
             PeerLost { rank, observer, op, reason, gone },
             CollectiveMismatch { rank, mine, peer, theirs },
             Protocol { rank, peer, op, reason },
+            GroupAborted { rank, by, reason },
             GroupBroken { rank, cause },
             Io { rank, context, source },
         ], $($rest)*)

@@ -97,6 +97,18 @@ macro_rules! runtime_error_enum {
         reason: String,
     },
 
+    /// Another rank aborted the group (a mismatch, a timeout, a lost peer, a device error,
+    /// a panic, or the program dropping the group mid-operation) and told this one why.
+    #[error("rank {by} aborted the group: {reason} (seen by rank {rank}); the group is now broken, create a new one (e.g. restart under `ringrun --max-restarts`)")]
+    GroupAborted {
+        /// The rank that saw the notice.
+        rank: usize,
+        /// The rank that aborted.
+        by: usize,
+        /// Its reason, as it gave it.
+        reason: String,
+    },
+
     /// An earlier error left the group's connections unusable.
     #[error("rank {rank}: the process group is broken by an earlier error ({cause}); create a new process group")]
     GroupBroken {
@@ -138,6 +150,7 @@ macro_rules! runtime_error_enum {
                     self,
                     $name::Timeout { .. }
                         | $name::PeerLost { .. }
+                        | $name::GroupAborted { .. }
                         | $name::CollectiveMismatch { .. }
                         | $name::Protocol { .. }
                         | $name::Io { .. }

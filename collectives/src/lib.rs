@@ -12,6 +12,7 @@ mod backend;
 #[doc(hidden)]
 pub mod bucket;
 mod buffer;
+pub mod control;
 mod dtype;
 mod error;
 mod executor;
@@ -39,7 +40,7 @@ pub use host_engine::{HostBackend, HostConfig, HostEngine, DEFAULT_SMALL_ALL_RED
 pub use memory_transport::{MemoryConfig, MemoryTransport};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};
-pub use transport::{Readiness, Transport};
+pub use transport::{Closer, Readiness, Transport};
 
 /// Re-export of the `half` crate, whose `f16` and `bf16` are [`Element`] types.
 pub use half;

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Whether a [`Transport::wait`] returned because a peer became ready or because the
@@ -53,4 +54,18 @@ pub trait Transport: Send + fmt::Debug {
     fn failed_peers(&mut self) -> Vec<usize> {
         Vec::new()
     }
+
+    /// A handle that closes this transport's connections from any thread, waking a
+    /// [`Transport::wait`] in progress; after it, reads and writes fail. Used to abort a
+    /// group. Transports that cannot be closed from outside say `None`.
+    fn closer(&self) -> Option<Arc<dyn Closer>> {
+        None
+    }
+}
+
+/// Closes a transport's connections from any thread (see [`Transport::closer`]).
+/// Idempotent.
+pub trait Closer: Send + Sync {
+    /// Closes every connection and wakes every waiter.
+    fn close(&self);
 }

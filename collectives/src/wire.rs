@@ -57,10 +57,13 @@ pub enum Algorithm {
     Pairwise,
     /// Point-to-point.
     Direct,
+    /// The device library's own schedule (NCCL picks it); never in a frame, only in what
+    /// a rank tells a peer that asks what it is doing.
+    Device,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 7] = [
+    const ALL: [Algorithm; 8] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::BinomialTree,
@@ -68,6 +71,7 @@ impl Algorithm {
         Algorithm::Dissemination,
         Algorithm::Pairwise,
         Algorithm::Direct,
+        Algorithm::Device,
     ];
 
     /// Stable one-byte code used on the wire.
@@ -80,6 +84,7 @@ impl Algorithm {
             Algorithm::Dissemination => 4,
             Algorithm::Pairwise => 5,
             Algorithm::Direct => 6,
+            Algorithm::Device => 7,
         }
     }
 
@@ -98,6 +103,7 @@ impl Algorithm {
             Algorithm::Dissemination => "dissemination",
             Algorithm::Pairwise => "pairwise exchange",
             Algorithm::Direct => "direct",
+            Algorithm::Device => "device library",
         }
     }
 }

@@ -1,0 +1,177 @@
+//! The state the group runner, the executor and the control thread share: what this
+//! rank is doing, whether the group was aborted (by whom, why), and how to close the
+//! data connections so whatever waits on them wakes.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::Activity;
+use crate::transport::Closer;
+use crate::Error;
+
+/// Who aborted the group, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AbortRecord {
+    /// The rank that aborted (this one, or the peer whose notice arrived first).
+    pub origin: usize,
+    /// Its reason.
+    pub reason: String,
+}
+
+#[derive(Default)]
+struct AbortState {
+    record: Option<AbortRecord>,
+    /// The error this rank's own abort came from, for the call it interrupts.
+    local_error: Option<Error>,
+    /// Wakes the control thread, which tells the peers and then closes the connections.
+    link: Option<Arc<dyn Fn() + Send + Sync>>,
+    closers: Vec<Arc<dyn Closer>>,
+}
+
+/// Shared by everything that runs one rank's group. See the module documentation.
+///
+/// ```
+/// use ringccl_collectives::control::GroupControl;
+///
+/// let control = GroupControl::new(1);
+/// assert!(control.aborted().is_none());
+/// assert!(control.abort(1, "op #3 timed out".into(), None));
+/// assert!(!control.abort(2, "later news".into(), None), "the first abort wins");
+/// assert_eq!(control.aborted().map(|r| r.origin), Some(1));
+/// ```
+pub struct GroupControl {
+    rank: usize,
+    activity: Activity,
+    aborted: AtomicBool,
+    state: Mutex<AbortState>,
+    changed: Condvar,
+}
+
+impl GroupControl {
+    /// The shared state of rank `rank`'s group.
+    pub fn new(rank: usize) -> Arc<GroupControl> {
+        Arc::new(GroupControl {
+            rank,
+            activity: Activity::default(),
+            aborted: AtomicBool::new(false),
+            state: Mutex::new(AbortState::default()),
+            changed: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, AbortState> {
+        // Every update is one assignment: a poisoned lock still holds consistent state.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// What this rank is doing now.
+    pub fn activity(&self) -> &Activity {
+        &self.activity
+    }
+
+    /// Adds something to close when the group aborts (a transport's connections).
+    pub fn add_closer(&self, closer: Arc<dyn Closer>) {
+        let mut state = self.lock();
+        let aborted = state.record.is_some() && state.link.is_none();
+        state.closers.push(Arc::clone(&closer));
+        drop(state);
+        if aborted {
+            closer.close();
+        }
+    }
+
+    /// Connects the control thread: from now on an abort wakes it (through `wake`), and
+    /// it tells the peers before it calls [`GroupControl::close_connections`].
+    pub fn attach_link(&self, wake: Arc<dyn Fn() + Send + Sync>) {
+        self.lock().link = Some(wake);
+    }
+
+    /// Records that rank `origin` aborted the group for `reason` (`local_error`: the
+    /// error this rank's own abort came from, returned to the call it interrupts).
+    /// Returns whether this was the first abort; later ones change nothing.
+    ///
+    /// Then, with a control thread attached, wakes it to tell the peers and close the
+    /// connections; without one, closes them at once.
+    pub fn abort(&self, origin: usize, reason: String, local_error: Option<Error>) -> bool {
+        let mut state = self.lock();
+        if state.record.is_some() {
+            return false;
+        }
+        tracing::warn!(rank = self.rank, origin, %reason, "the process group is aborted");
+        state.record = Some(AbortRecord { origin, reason });
+        state.local_error = local_error;
+        self.aborted.store(true, Ordering::Release);
+        let link = state.link.clone();
+        drop(state);
+        self.changed.notify_all();
+        match link {
+            Some(wake) => wake(),
+            None => self.close_connections(),
+        }
+        true
+    }
+
+    /// Closes every registered transport's connections, waking whatever waits on them.
+    pub fn close_connections(&self) {
+        let closers = self.lock().closers.clone();
+        for closer in closers {
+            closer.close();
+        }
+    }
+
+    /// Whether the group was aborted (one atomic load).
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Acquire)
+    }
+
+    /// Who aborted the group and why, if it was.
+    pub fn aborted(&self) -> Option<AbortRecord> {
+        if !self.is_aborted() {
+            return None;
+        }
+        self.lock().record.clone()
+    }
+
+    /// Waits up to `within` for an abort to be recorded: a peer that aborts closes its
+    /// connections right after its notice, so a failed connection is often the first
+    /// sign of a notice on its way.
+    pub fn wait_for_abort(&self, within: Duration) -> Option<AbortRecord> {
+        let until = Instant::now().checked_add(within);
+        let mut state = self.lock();
+        loop {
+            if let Some(record) = &state.record {
+                return Some(record.clone());
+            }
+            let left = until.map_or(within, |u| u.saturating_duration_since(Instant::now()));
+            if left.is_zero() {
+                return None;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// The error this rank's own abort came from, once.
+    pub fn take_local_error(&self) -> Option<Error> {
+        self.lock().local_error.take()
+    }
+}
+
+impl fmt::Debug for GroupControl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupControl")
+            .field("rank", &self.rank)
+            .field("aborted", &self.aborted())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,27 @@
+//! The control plane: what lets one rank stop the whole group at once, and lets a
+//! blocked rank find out what the peer it waits on is doing.
+//!
+//! Data frames only tell a rank about the peers it is reading from, and only once a frame
+//! arrives. A rank that breaks the group (a mismatch, a timeout, a lost peer, a panic)
+//! must tell *everyone*, and a mismatch where no frame ever crosses must still be found.
+//! Both travel on a second, always-read connection per pair of ranks, as small
+//! [`ControlMessage`]s:
+//!
+//! - [`activity`]: what this rank is doing now (its op and the peer it is blocked on),
+//!   published by the executor, read by the control thread;
+//! - [`message`]: the control messages and their encoding;
+//! - [`sentinel`]: the protocol, as a pure state machine that takes `now` and messages and
+//!   says what to send and what it concluded; the I/O driver lives with the transports
+//!   (`ringccl_transports::ControlLink`), and tests drive the machine in memory;
+//! - [`group_control`]: the state the runner, the executor and the control thread share:
+//!   the abort record, and how to close the data connections and wake their waiters.
+
+pub mod activity;
+pub mod group_control;
+pub mod message;
+pub mod sentinel;
+
+pub use activity::{Activity, Snapshot};
+pub use group_control::{AbortRecord, GroupControl};
+pub use message::{ControlMessage, MAX_CONTROL_BODY};
+pub use sentinel::{Sentinel, Verdict, ASK_AFTER, ASK_EVERY, TICK};
