@@ -85,11 +85,12 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     };
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
-    let tcp = TcpTransport::new(rank, connections, dead_peer).map_err(|source| SetupError::Io {
-        rank,
-        context: "configuring the connections to the other ranks".into(),
-        source,
-    })?;
+    let tcp =
+        TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
+            rank,
+            context: "configuring the connections to the other ranks".into(),
+            source,
+        })?;
     let backend: Box<dyn Backend> = match rings {
         Some(rings) => Box::new(HostBackend::new(
             "gloo",

@@ -13,6 +13,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
 
+use crate::control::Activity;
 use crate::kernels;
 use crate::progress::{Destination, Progress};
 use crate::schedule::{RecvAction, Schedule};
@@ -22,7 +23,7 @@ use crate::{DType, Error, OpDesc, ReduceOp};
 
 /// Everything the executor needs to know about the call besides the schedule.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Call {
+pub(crate) struct Call<'a> {
     pub(crate) rank: usize,
     pub(crate) world_size: usize,
     pub(crate) op: OpDesc,
@@ -32,6 +33,8 @@ pub(crate) struct Call {
     pub(crate) reduce: Option<(DType, ReduceOp)>,
     pub(crate) deadline: Instant,
     pub(crate) timeout: Duration,
+    /// Where to say which peer this rank is waiting for, for a peer that asks.
+    pub(crate) activity: Option<&'a Activity>,
 }
 
 fn is_would_block(e: &io::Error) -> bool {
@@ -43,7 +46,7 @@ fn is_would_block(e: &io::Error) -> bool {
 pub(crate) fn execute<T: Transport + ?Sized>(
     transport: &mut T,
     schedule: &Schedule,
-    call: &Call,
+    call: &Call<'_>,
     buf: &mut [u8],
     send_from: Option<&[u8]>,
     scratch: &mut Vec<u64>,
@@ -171,6 +174,9 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                 call.rank, call.op
             )));
         };
+        if let Some(activity) = call.activity {
+            activity.blocked_on(blocked.blamed());
+        }
         match transport.wait(blocked.writable, blocked.readable, call.deadline) {
             Ok(Readiness::Ready) => {}
             Ok(Readiness::TimedOut) => return Err(timed_out(call, &progress, blocked.blamed())),
@@ -186,7 +192,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
 }
 
 fn check_header(
-    call: &Call,
+    call: &Call<'_>,
     peer: usize,
     raw: &[u8; FRAME_HEADER_LEN],
     expected_len: usize,
@@ -231,7 +237,7 @@ fn check_header(
     Ok(())
 }
 
-fn peer_lost(call: &Call, peer: usize, reason: &str) -> Error {
+fn peer_lost(call: &Call<'_>, peer: usize, reason: &str) -> Error {
     Error::PeerLost {
         rank: peer,
         observer: call.rank,
@@ -241,7 +247,7 @@ fn peer_lost(call: &Call, peer: usize, reason: &str) -> Error {
     }
 }
 
-fn timed_out(call: &Call, progress: &Progress<'_>, peer: usize) -> Error {
+fn timed_out(call: &Call<'_>, progress: &Progress<'_>, peer: usize) -> Error {
     let exchanged = progress.exchanged_with(peer);
     Error::Timeout {
         rank: call.rank,

@@ -2,8 +2,10 @@
 //! Over the TCP or shared-memory transport, this is the `"gloo"` backend.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::control::GroupControl;
 use crate::executor::{execute, Call};
 use crate::group::{Deadline, Engine, GroupRunner, Request};
 use crate::schedule::{
@@ -73,6 +75,8 @@ pub struct HostEngine<T> {
     /// Receive space for reductions, kept between calls (u64 words: kernels need
     /// typed alignment).
     scratch: Vec<u64>,
+    /// Where the running op is published, once a runner has taken the engine.
+    control: Option<Arc<GroupControl>>,
 }
 
 /// What one call asks of the executor.
@@ -101,6 +105,7 @@ impl<T: Transport> HostEngine<T> {
             transport,
             config,
             scratch: Vec::new(),
+            control: None,
         }
     }
 
@@ -119,15 +124,23 @@ impl<T: Transport> HostEngine<T> {
             reduce: job.reduce,
             deadline: deadline.at(),
             timeout: deadline.timeout(),
+            activity: self.control.as_deref().map(GroupControl::activity),
         };
-        execute(
+        if let Some(activity) = call.activity {
+            activity.begin(call.op, call.algorithm);
+        }
+        let result = execute(
             &mut self.transport,
             &job.schedule,
             &call,
             job.buf,
             job.send_from,
             &mut self.scratch,
-        )
+        );
+        if let Some(activity) = call.activity {
+            activity.end();
+        }
+        result
     }
 }
 
@@ -266,6 +279,13 @@ impl<T: Transport> Engine for HostEngine<T> {
 
     fn failed_peers(&mut self) -> Vec<usize> {
         self.transport.failed_peers()
+    }
+
+    fn attach(&mut self, control: &Arc<GroupControl>) {
+        if let Some(closer) = self.transport.closer() {
+            control.add_closer(closer);
+        }
+        self.control = Some(Arc::clone(control));
     }
 }
 

@@ -34,7 +34,8 @@ pub use buffer::{BufferMut, BufferRef};
 pub use dtype::{DType, Element};
 pub use error::{gone_note, Error, Result};
 pub use group::{
-    validate_peer, Deadline, Engine, GroupRunner, Request, Sequence, PEER_FAILURE_GRACE,
+    validate_peer, Deadline, Engine, GroupRunner, Request, Sequence, ABORT_NOTICE_GRACE,
+    PEER_FAILURE_GRACE,
 };
 pub use host_engine::{HostBackend, HostConfig, HostEngine, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES};
 pub use memory_transport::{MemoryConfig, MemoryTransport};

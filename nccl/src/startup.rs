@@ -59,7 +59,7 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline.at())?;
     let peers =
-        TcpTransport::new(rank, connections, dead_peer).map_err(|source| SetupError::Io {
+        TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
             rank,
             context: "configuring the liveness connections".into(),
             source,

@@ -28,5 +28,5 @@ pub mod store;
 pub use auth::AuthToken;
 pub use config::MeshConfig;
 pub use error::SetupError;
-pub use mesh::{connect_mesh, KeptStore, Mesh};
+pub use mesh::{connect_mesh, KeptStore, Mesh, MeshConnections};
 pub use store::StoreListener;

@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, AuthToken, Role};
 use crate::deadline_io::{read_exact_by, write_all_by};
-use crate::hello::{PeerHello, PEER_HELLO_LEN};
+use crate::hello::{Channel, PeerHello, PEER_HELLO_LEN};
 use crate::store::{resolve, StoreClient, StoreListener, StoreServer};
 
 const JOB_KEY: &str = "ringccl/job";
@@ -48,8 +48,8 @@ pub struct Mesh {
     world_size: usize,
     job_id: u64,
     dead_peer_timeout: Duration,
-    /// `peers[p]`: the blocking connection to rank `p` (`None` for this rank).
-    peers: Vec<Option<TcpStream>>,
+    /// The blocking connections to every rank (`None` for this rank).
+    connections: MeshConnections,
     // Field order matters for drop: close the client before stopping the server.
     store: StoreClient,
     _server: Option<StoreServer>,
@@ -87,10 +87,7 @@ impl Mesh {
     /// the store it hosts outlives every start-up reader. Returns the connections, still
     /// blocking, `None` at this rank's own index, and the store, which the group keeps
     /// for its lifetime.
-    pub fn finish(
-        self,
-        deadline: Instant,
-    ) -> Result<(Vec<Option<TcpStream>>, KeptStore), SetupError> {
+    pub fn finish(self, deadline: Instant) -> Result<(MeshConnections, KeptStore), SetupError> {
         let rank = self.rank;
         let failed = |peer: usize, e: io::Error| SetupError::Io {
             rank,
@@ -100,7 +97,8 @@ impl Mesh {
             source: e,
         };
         let connection = |peer: usize| {
-            self.peers
+            self.connections
+                .data
                 .get(peer)
                 .and_then(Option::as_ref)
                 .ok_or_else(|| {
@@ -123,8 +121,18 @@ impl Mesh {
             _client: self.store,
             _server: self._server,
         };
-        Ok((self.peers, store))
+        Ok((self.connections, store))
     }
+}
+
+/// A rank's two connections to every other rank, indexed by rank (`None` at its own).
+#[derive(Debug)]
+pub struct MeshConnections {
+    /// The collectives' frames (under shared memory or NCCL: an idle liveness channel).
+    pub data: Vec<Option<TcpStream>>,
+    /// Control messages: abort notices and questions between blocked ranks, read at all
+    /// times by the group's control thread.
+    pub control: Vec<Option<TcpStream>>,
 }
 
 /// The rendezvous store after start-up: the client and, on rank 0, the server, kept
@@ -217,6 +225,7 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
         world_size: world_size as u32,
         rank: rank as u32,
         authenticated: token.is_some(),
+        channel: Channel::Data,
     };
     let io_error = |context: String, source: io::Error| SetupError::Io {
         rank,
@@ -255,40 +264,53 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
                 })?;
         lower_addrs.push(addr);
     }
-    let mut peers: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
+    let mut data: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
+    let mut control: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
     for (peer, addr) in lower_addrs.into_iter().enumerate() {
-        let stream = connect_peer(rank, peer, addr, deadline, timeout)?;
-        let theirs =
-            introduce(&stream, &me, token.as_ref(), Role::Initiator, deadline).map_err(|e| {
-                SetupError::Handshake {
+        for channel in [Channel::Data, Channel::Control] {
+            let stream = connect_peer(rank, peer, addr, deadline, timeout)?;
+            let hello = PeerHello { channel, ..me };
+            let theirs = introduce(&stream, &hello, token.as_ref(), Role::Initiator, deadline)
+                .map_err(|e| SetupError::Handshake {
                     rank,
                     peer: format!("rank {peer} at {addr}"),
                     reason: e,
-                }
-            })?;
-        if theirs.rank as usize != peer {
-            return Err(SetupError::Handshake {
-                rank,
-                peer: format!("rank {peer} at {addr}"),
-                reason: format!("it says it is rank {}", theirs.rank),
-            });
+                })?;
+            if theirs.rank as usize != peer || theirs.channel != channel {
+                return Err(SetupError::Handshake {
+                    rank,
+                    peer: format!("rank {peer} at {addr}"),
+                    reason: format!(
+                        "it says it is rank {} on the {:?} channel, expected rank {peer} on the {channel:?} channel",
+                        theirs.rank, theirs.channel
+                    ),
+                });
+            }
+            match channel {
+                Channel::Data => data[peer] = Some(stream),
+                Channel::Control => control[peer] = Some(stream),
+            }
         }
-        peers[peer] = Some(stream);
         debug!(rank, peer, %addr, "connected to a lower rank");
     }
 
     listener
         .set_nonblocking(true)
         .map_err(|e| io_error("non-blocking listener".into(), e))?;
-    while peers.iter().skip(rank + 1).any(Option::is_none) {
+    let missing = |data: &[Option<TcpStream>], control: &[Option<TcpStream>]| -> Vec<usize> {
+        (rank + 1..world_size)
+            .filter(|&p| data[p].is_none() || control[p].is_none())
+            .collect()
+    };
+    while !missing(&data, &control).is_empty() {
         let (stream, from) = match listener.accept() {
             Ok(pair) => pair,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 let ready = wait_any(&[Interest::readable(&listener)], deadline)
                     .map_err(|e| io_error("waiting for peer connections".into(), e))?;
                 if !ready {
-                    let missing: Vec<String> = (rank + 1..world_size)
-                        .filter(|&p| peers[p].is_none())
+                    let missing: Vec<String> = missing(&data, &control)
+                        .into_iter()
                         .map(|p| p.to_string())
                         .collect();
                     return Err(SetupError::RendezvousTimeout {
@@ -313,18 +335,26 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
             .and_then(|()| introduce(&stream, &me, token.as_ref(), Role::Acceptor, hello_deadline))
             .and_then(|theirs| {
                 let peer = theirs.rank as usize;
-                if peer <= rank || peers[peer].is_some() {
+                let slot = match theirs.channel {
+                    Channel::Data => &data,
+                    Channel::Control => &control,
+                };
+                if peer <= rank || slot[peer].is_some() {
                     Err(format!(
-                        "it says it is rank {peer}, but only ranks above {rank} connect here and each once"
+                        "it says it is rank {peer} ({:?} channel), but only ranks above {rank} connect here and each once per channel",
+                        theirs.channel
                     ))
                 } else {
-                    Ok(peer)
+                    Ok((peer, theirs.channel))
                 }
             });
         match accepted {
-            Ok(peer) => {
-                peers[peer] = Some(stream);
-                debug!(rank, peer, %from, "accepted a higher rank");
+            Ok((peer, channel)) => {
+                match channel {
+                    Channel::Data => data[peer] = Some(stream),
+                    Channel::Control => control[peer] = Some(stream),
+                }
+                debug!(rank, peer, ?channel, %from, "accepted a higher rank");
             }
             Err(reason) => {
                 warn!(rank, %from, %reason, "rejected a connection to the data listener")
@@ -337,7 +367,7 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
         world_size,
         job_id,
         dead_peer_timeout: dead_peer,
-        peers,
+        connections: MeshConnections { data, control },
         store,
         _server: server,
     })

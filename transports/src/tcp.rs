@@ -2,11 +2,12 @@
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut, Read};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::{Readiness, Transport};
+use ringccl_collectives::{Closer, Readiness, Transport};
 use socket2::Socket;
 
 use crate::liveness::connection_lost;
@@ -17,7 +18,8 @@ use crate::poll::{wait_any, Interest};
 pub struct TcpTransport {
     rank: usize,
     world_size: usize,
-    peers: Vec<Option<Socket>>,
+    /// Shared with the [`Closer`], which may shut them down from another thread.
+    peers: Vec<Option<Arc<Socket>>>,
 }
 
 impl TcpTransport {
@@ -34,7 +36,11 @@ impl TcpTransport {
         let world_size = peers.len();
         let peers = peers
             .into_iter()
-            .map(|stream| stream.map(|s| configure(s, dead_peer)).transpose())
+            .map(|stream| {
+                stream
+                    .map(|s| configure(s, dead_peer).map(Arc::new))
+                    .transpose()
+            })
             .collect::<io::Result<Vec<_>>>()?;
         Ok(TcpTransport {
             rank,
@@ -52,7 +58,7 @@ impl TcpTransport {
     fn peer(&self, peer: usize) -> io::Result<&Socket> {
         self.peers
             .get(peer)
-            .and_then(Option::as_ref)
+            .and_then(Option::as_deref)
             .ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::NotConnected,
@@ -106,6 +112,12 @@ impl Transport for TcpTransport {
             .collect()
     }
 
+    fn closer(&self) -> Option<Arc<dyn Closer>> {
+        Some(Arc::new(TcpCloser {
+            sockets: self.peers.iter().flatten().cloned().collect(),
+        }))
+    }
+
     fn wait(
         &mut self,
         writable: Option<usize>,
@@ -139,6 +151,21 @@ impl Transport for TcpTransport {
         } else {
             Readiness::TimedOut
         })
+    }
+}
+
+/// Shuts down every connection of a [`TcpTransport`]: a `poll` in progress wakes, reads
+/// see the end of the stream, writes fail, and the peers see the connections close.
+struct TcpCloser {
+    sockets: Vec<Arc<Socket>>,
+}
+
+impl Closer for TcpCloser {
+    fn close(&self) {
+        for socket in &self.sockets {
+            // Already shut down or reset: nothing more to do.
+            let _ = socket.shutdown(Shutdown::Both);
+        }
     }
 }
 

@@ -60,6 +60,7 @@ impl Rank {
             reduce: op.op.map(|o| (DType::F32, o)),
             deadline: Instant::now() + timeout,
             timeout,
+            activity: None,
         };
         execute(
             &mut self.transport,

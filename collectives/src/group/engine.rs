@@ -1,8 +1,10 @@
 //! What a backend implements: running one validated, numbered call.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::{Deadline, Request};
+use crate::control::GroupControl;
 use crate::{Error, OpDesc};
 
 /// The part of a backend that moves data: it runs one call that
@@ -24,6 +26,13 @@ pub trait Engine: Send + fmt::Debug {
     /// error (never blocks). Engines without such knowledge say none.
     fn failed_peers(&mut self) -> Vec<usize> {
         Vec::new()
+    }
+
+    /// Called once, when the runner takes the engine: the engine publishes what it is
+    /// doing in `control.activity()` and registers its connections' closers there, so an
+    /// abort can wake a call in progress.
+    fn attach(&mut self, control: &Arc<GroupControl>) {
+        let _ = control;
     }
 
     /// The group has broken: release whatever could still be waiting on peers (NCCL

@@ -9,7 +9,7 @@ mod runner;
 pub use deadline::Deadline;
 pub use engine::Engine;
 pub use request::{validate_peer, Request, Sequence};
-pub use runner::{GroupRunner, PEER_FAILURE_GRACE};
+pub use runner::{GroupRunner, ABORT_NOTICE_GRACE, PEER_FAILURE_GRACE};
 
 #[cfg(test)]
 mod tests;

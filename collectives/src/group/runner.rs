@@ -1,12 +1,15 @@
 //! The group runner: the one place that numbers calls, checks their arguments, keeps
 //! the broken state and diagnoses failures, for every backend.
 
+use std::any::Any;
 use std::fmt;
-use std::sync::{Mutex, MutexGuard};
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{Deadline, Engine, Request, Sequence};
+use crate::control::{AbortRecord, GroupControl};
 use crate::{Backend, BufferMut, BufferRef, Error, ReduceOp};
 
 /// After a peer failure, how long to wait for other failing connections to show, so the
@@ -14,6 +17,11 @@ use crate::{Backend, BufferMut, BufferRef, Error, ReduceOp};
 /// another. Device engines also use it to tell a peer that exited from one that is
 /// merely finishing.
 pub const PEER_FAILURE_GRACE: Duration = Duration::from_secs(2);
+
+/// After a connection fails, how long to wait for an abort notice that may explain it: a
+/// rank that aborts sends its notice on the control connection, then closes its data
+/// connections, and the two may arrive in either order.
+pub const ABORT_NOTICE_GRACE: Duration = Duration::from_millis(500);
 
 struct RunState<E> {
     engine: E,
@@ -32,12 +40,20 @@ struct RunState<E> {
 /// misuse, each bounded by the deadline it was issued with. An error that leaves the
 /// connections in an unknown state breaks the group: the engine is aborted and every
 /// later call fails at once with [`Error::GroupBroken`].
+///
+/// Breaking the group also *aborts* it through the group's [`GroupControl`]: with a
+/// control link attached ([`GroupRunner::keep_control_link`]) every peer is told why and
+/// fails within about a second with [`Error::GroupAborted`], instead of waiting for its
+/// own deadline.
 pub struct GroupRunner<E> {
     name: &'static str,
     rank: usize,
     world_size: usize,
     timeout: Duration,
+    control: Arc<GroupControl>,
     state: Mutex<RunState<E>>,
+    /// The control thread's handle, dropped with the group (it then says goodbye).
+    control_link: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl<E: Engine> GroupRunner<E> {
@@ -47,13 +63,17 @@ impl<E: Engine> GroupRunner<E> {
         rank: usize,
         world_size: usize,
         timeout: Duration,
-        engine: E,
+        mut engine: E,
     ) -> GroupRunner<E> {
+        let control = GroupControl::new(rank);
+        engine.attach(&control);
         GroupRunner {
             name,
             rank,
             world_size,
             timeout,
+            control,
+            control_link: None,
             state: Mutex::new(RunState {
                 engine,
                 seq: 0,
@@ -62,6 +82,16 @@ impl<E: Engine> GroupRunner<E> {
                 broken: None,
             }),
         }
+    }
+
+    /// The state this group's runner, engine and control thread share.
+    pub fn control(&self) -> &Arc<GroupControl> {
+        &self.control
+    }
+
+    /// Keeps the control thread's handle for the life of the group.
+    pub fn keep_control_link(&mut self, link: Box<dyn Any + Send + Sync>) {
+        self.control_link = Some(link);
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, RunState<E>>, Error> {
@@ -88,6 +118,11 @@ impl<E: Engine> GroupRunner<E> {
                 cause: cause.clone(),
             });
         }
+        if let Some(record) = self.control.aborted() {
+            let error = self.abort_error(record);
+            self.break_group(&mut state, &error);
+            return Err(error);
+        }
         let counter = match sequence {
             Sequence::Collective => Some(&mut state.seq),
             Sequence::SentTo(peer) => state.sent_to.get_mut(peer),
@@ -101,15 +136,63 @@ impl<E: Engine> GroupRunner<E> {
         };
         *counter += 1;
         let seq = *counter;
-        let result =
-            body(&mut state.engine, seq).map_err(|e| self.diagnose(&mut state, e, deadline));
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| body(&mut state.engine, seq)));
+        let result = match outcome {
+            Ok(result) => result,
+            Err(payload) => {
+                let what = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".into());
+                let error = Error::GroupBroken {
+                    rank: self.rank,
+                    cause: format!("a panic inside call #{seq} ({sequence:?}): {what}"),
+                };
+                self.break_group(&mut state, &error);
+                drop(state);
+                panic::resume_unwind(payload);
+            }
+        };
+        let result = result.map_err(|e| self.diagnose(&mut state, e, deadline));
         if let Err(e) = &result {
             if e.breaks_group() {
-                state.broken = Some(e.to_string());
-                state.engine.abort();
+                self.break_group(&mut state, e);
             }
         }
         result
+    }
+
+    /// Marks the group broken by `error`, releases the engine, and aborts the group (the
+    /// peers are told, unless the abort came from one of them).
+    fn break_group(&self, state: &mut RunState<E>, error: &Error) {
+        if state.broken.is_some() {
+            return;
+        }
+        let cause = match error {
+            Error::GroupBroken { cause, .. } => cause.clone(),
+            other => other.to_string(),
+        };
+        state.broken = Some(cause.clone());
+        state.engine.abort();
+        self.control.abort(self.rank, cause, None);
+    }
+
+    /// The error a call gets once the group has been aborted.
+    fn abort_error(&self, record: AbortRecord) -> Error {
+        if record.origin != self.rank {
+            return Error::GroupAborted {
+                rank: self.rank,
+                by: record.origin,
+                reason: record.reason,
+            };
+        }
+        self.control
+            .take_local_error()
+            .unwrap_or(Error::GroupBroken {
+                rank: self.rank,
+                cause: record.reason,
+            })
     }
 
     /// Runs a [`Request`]: checks it, numbers it, executes it.
@@ -124,6 +207,17 @@ impl<E: Engine> GroupRunner<E> {
     /// Names every rank whose connection is gone: when this rank was only blocked behind
     /// a healthy peer, that is where the failure really is.
     fn diagnose(&self, state: &mut RunState<E>, mut error: Error, deadline: Deadline) -> Error {
+        // A failed connection may be a peer's abort on its way (or this rank's own,
+        // which closed the connections under the call): then its reason is the error.
+        let record = match error {
+            Error::PeerLost { .. } | Error::Io { .. } => self
+                .control
+                .wait_for_abort(ABORT_NOTICE_GRACE.min(deadline.remaining())),
+            _ => self.control.aborted(),
+        };
+        if let Some(record) = record {
+            return self.abort_error(record);
+        }
         let (Error::Timeout { peer, gone, .. }
         | Error::PeerLost {
             rank: peer, gone, ..
@@ -154,6 +248,10 @@ impl<E: Engine> GroupRunner<E> {
 impl<E: Engine> Backend for GroupRunner<E> {
     fn name(&self) -> &str {
         self.name
+    }
+
+    fn abort(&self, cause: &str) {
+        self.control.abort(self.rank, cause.to_string(), None);
     }
 
     fn rank(&self) -> usize {

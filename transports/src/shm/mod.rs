@@ -18,9 +18,10 @@ mod setup;
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::{Readiness, Transport};
+use ringccl_collectives::{Closer, Readiness, Transport};
 
 use crate::TcpTransport;
 use mapping::futex_wait;
@@ -97,6 +98,12 @@ impl Transport for ShmTransport {
 
     fn failed_peers(&mut self) -> Vec<usize> {
         self.tcp.failed_peers()
+    }
+
+    /// Closing the liveness connections is enough: a waiter looks at them every
+    /// `LIVENESS_SLICE`, sees them gone and fails, and so do the peers'.
+    fn closer(&self) -> Option<Arc<dyn Closer>> {
+        self.tcp.closer()
     }
 
     fn wait(
