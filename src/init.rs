@@ -1,12 +1,13 @@
 //! Backend selection: [`init_process_group`] turns a backend name and [`InitOptions`]
 //! into a connected [`ProcessGroup`].
 
-#[cfg(feature = "nccl")]
+use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::Duration;
 
-use ringccl_collectives::{Backend, Deadline, HostBackend, HostConfig};
+use ringccl_collectives::{Backend, Deadline, HostBackend, HostConfig, Transport};
 use ringccl_rendezvous::{connect_mesh, SetupError};
-use ringccl_transports::{shm, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
+use ringccl_transports::{shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
 
 use crate::options::{InitOptions, TransportKind};
 use crate::{Error, ProcessGroup};
@@ -91,15 +92,34 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
             context: "configuring the connections to the other ranks".into(),
             source,
         })?;
+    let control = connections.control;
     let backend: Box<dyn Backend> = match rings {
-        Some(rings) => Box::new(HostBackend::new(
-            "gloo",
-            ShmTransport::new(rings, tcp),
-            config,
-        )),
-        None => Box::new(HostBackend::new("gloo", tcp, config)),
+        Some(rings) => with_control_link(
+            HostBackend::new("gloo", ShmTransport::new(rings, tcp), config),
+            control,
+            dead_peer,
+        )?,
+        None => with_control_link(HostBackend::new("gloo", tcp, config), control, dead_peer)?,
     };
     Ok(ProcessGroup::from_backend(backend).keeping_store(store))
+}
+
+/// Starts the group's control thread over the mesh's control connections, so an abort
+/// here reaches every peer and a peer's reaches this rank.
+fn with_control_link<T: Transport + 'static>(
+    mut backend: HostBackend<T>,
+    connections: Vec<Option<TcpStream>>,
+    dead_peer: Duration,
+) -> Result<Box<dyn Backend>, Error> {
+    let rank = backend.rank();
+    let link = ControlLink::start(rank, connections, dead_peer, Arc::clone(backend.control()))
+        .map_err(|source| SetupError::Io {
+            rank,
+            context: "starting the control thread".into(),
+            source,
+        })?;
+    backend.keep_control_link(Box::new(link));
+    Ok(Box::new(backend))
 }
 
 /// The `"nccl"` backend: NCCL's communicator on this rank's GPU, joined through the same

@@ -276,14 +276,13 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
                     peer: format!("rank {peer} at {addr}"),
                     reason: e,
                 })?;
-            if theirs.rank as usize != peer || theirs.channel != channel {
+            // The acceptor answers before it has read which channel this is, so only
+            // the initiator's hello names the channel.
+            if theirs.rank as usize != peer {
                 return Err(SetupError::Handshake {
                     rank,
                     peer: format!("rank {peer} at {addr}"),
-                    reason: format!(
-                        "it says it is rank {} on the {:?} channel, expected rank {peer} on the {channel:?} channel",
-                        theirs.rank, theirs.channel
-                    ),
+                    reason: format!("it says it is rank {}", theirs.rank),
                 });
             }
             match channel {

@@ -12,15 +12,19 @@
 //!   them collectively), with the TCP connections kept as a liveness channel.
 //! - [`poll`]: sleeping until a socket is ready.
 //! - [`liveness`]: is a peer's process still there?
+//! - [`ControlLink`]: the group's control thread, which carries abort notices and the
+//!   questions blocked ranks ask each other.
 
 #![deny(unsafe_code)]
 
+mod control_link;
 pub mod liveness;
 pub mod poll;
 mod setup_store;
 pub mod shm;
 mod tcp;
 
+pub use control_link::ControlLink;
 pub use setup_store::SetupStore;
 pub use shm::{ShmTransport, DEFAULT_RING_BYTES};
 pub use tcp::TcpTransport;

@@ -74,3 +74,52 @@ fn millis_rounded_up(d: Duration) -> libc::c_int {
     let ms = d.as_micros().div_ceil(1000);
     ms.min(libc::c_int::MAX as u128) as libc::c_int
 }
+
+/// What [`wait_many`] found on one descriptor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ready {
+    /// Readable, closed or failed: a read will not block.
+    pub read: bool,
+    /// Writable (or failed): a write will not block.
+    pub write: bool,
+}
+
+/// Sleeps until one of `interests` (any number) is ready (or in error), or until
+/// `deadline`; returns what each one is ready for (all `false` when the deadline passed).
+pub fn wait_many(interests: &[Interest], deadline: Instant) -> io::Result<Vec<Ready>> {
+    let mut fds: Vec<libc::pollfd> = interests
+        .iter()
+        .map(|interest| libc::pollfd {
+            fd: interest.fd,
+            events: if interest.read { libc::POLLIN } else { 0 }
+                | if interest.write { libc::POLLOUT } else { 0 },
+            revents: 0,
+        })
+        .collect();
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(vec![Ready::default(); fds.len()]);
+        }
+        let timeout_ms = millis_rounded_up(deadline - now);
+        // SAFETY: `fds` is a valid, initialised vector of `pollfd` whose length is passed;
+        // poll only writes the `revents` fields of its entries.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if rc > 0 {
+            let failed = libc::POLLERR | libc::POLLHUP | libc::POLLNVAL;
+            return Ok(fds
+                .iter()
+                .map(|fd| Ready {
+                    read: fd.revents & (libc::POLLIN | libc::POLLRDHUP | failed) != 0,
+                    write: fd.revents & (libc::POLLOUT | failed) != 0,
+                })
+                .collect());
+        }
+        if rc < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        }
+    }
+}

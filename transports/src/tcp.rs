@@ -68,7 +68,7 @@ impl TcpTransport {
     }
 }
 
-fn configure(stream: TcpStream, dead_peer: Duration) -> io::Result<Socket> {
+pub(crate) fn configure(stream: TcpStream, dead_peer: Duration) -> io::Result<Socket> {
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
     let socket = Socket::from(stream);
