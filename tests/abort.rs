@@ -51,7 +51,8 @@ fn a_rank_that_times_out_aborts_everyone(test: &str, transport: &str) {
             // Rank 2 gives up after one second and breaks the group.
             2 => {
                 let started = Instant::now();
-                let outcome = pg.all_reduce_with_timeout(&mut buf, ReduceOp::Sum, Duration::from_secs(1));
+                let outcome =
+                    pg.all_reduce_with_timeout(&mut buf, ReduceOp::Sum, Duration::from_secs(1));
                 report(started, outcome);
             }
             _ => {
@@ -65,7 +66,10 @@ fn a_rank_that_times_out_aborts_everyone(test: &str, transport: &str) {
     let results = run_processes_with_env(
         test,
         4,
-        &[("RINGCCL_TEST_TIMEOUT", LONG), ("RINGCCL_TRANSPORT", transport)],
+        &[
+            ("RINGCCL_TEST_TIMEOUT", LONG),
+            ("RINGCCL_TRANSPORT", transport),
+        ],
     );
     let outcomes = parse(&results);
     eprintln!("{transport}: {outcomes:#?}");
@@ -84,7 +88,10 @@ fn a_rank_that_times_out_aborts_everyone(test: &str, transport: &str) {
     }
     let (late_ms, late) = &outcomes[3];
     assert!(late.contains("rank 2 aborted the group"), "rank 3: {late}");
-    assert!(*late_ms < 1000, "rank 3's later call must fail at once, took {late_ms} ms");
+    assert!(
+        *late_ms < 1000,
+        "rank 3's later call must fail at once, took {late_ms} ms"
+    );
 }
 
 #[test]
@@ -120,7 +127,9 @@ fn mismatch_without_frames(test: &str, n: usize, root: usize) {
     eprintln!("N={n}, root={root}: {outcomes:#?}");
     for (rank, (ms, text)) in outcomes.iter().enumerate() {
         assert!(
-            text.contains("broadcast") && text.contains("all_reduce") && !text.contains("timed out"),
+            text.contains("broadcast")
+                && text.contains("all_reduce")
+                && !text.contains("timed out"),
             "rank {rank} must name the mismatch, not a timeout: {text}"
         );
         assert!(

@@ -7,7 +7,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
-use ringccl_collectives::{DType, Deadline, Engine, Error, OpDesc, ReduceOp, Request};
+use ringccl_collectives::control::GroupControl;
+use ringccl_collectives::wire::Algorithm;
+use ringccl_collectives::{DType, Deadline, Engine, Error, OpDesc, ReduceOp, Request, Transport};
 use tracing::warn;
 
 use super::ffi::{Call, DeviceRegion, Progress, RawComm};
@@ -30,6 +32,8 @@ pub struct NcclEngine {
     /// Connections to every peer, idle, as a liveness channel.
     peers: TcpTransport,
     timeout: Duration,
+    /// The group's shared state, once a runner has taken the engine.
+    control: Option<Arc<GroupControl>>,
 }
 
 impl NcclEngine {
@@ -49,6 +53,7 @@ impl NcclEngine {
             staging: Staging::default(),
             peers,
             timeout,
+            control: None,
         }
     }
 
@@ -75,6 +80,7 @@ impl NcclEngine {
             op,
             involved,
             deadline,
+            control: self.control.as_deref(),
         };
         self.stream
             .context()
@@ -94,9 +100,48 @@ impl Engine for NcclEngine {
         if request.is_empty() {
             return Ok(()); // NCCL needs no call to move nothing
         }
+        let involved = request.peer().map_or(Involved::All, Involved::One);
+        let activity = self.control.clone();
+        if let Some(control) = &activity {
+            control.activity().begin(*op, Algorithm::Device);
+        }
+        let result = self.run_request(op, request, involved, deadline);
+        if let Some(control) = &activity {
+            control.activity().end();
+        }
+        result
+    }
+
+    fn failed_peers(&mut self) -> Vec<usize> {
+        (0..self.world_size)
+            .filter(|&p| p != self.rank && self.peers.peer_gone(p))
+            .collect()
+    }
+
+    fn attach(&mut self, control: &Arc<GroupControl>) {
+        if let Some(closer) = self.peers.closer() {
+            control.add_closer(closer);
+        }
+        self.control = Some(Arc::clone(control));
+    }
+
+    fn abort(&mut self) {
+        if let Some(comm) = self.comm.take() {
+            comm.abort();
+        }
+    }
+}
+
+impl NcclEngine {
+    fn run_request(
+        &mut self,
+        op: &OpDesc,
+        request: Request<'_>,
+        involved: Involved,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
         let rank = self.rank;
         let world = self.world_size;
-        let involved = request.peer().map_or(Involved::All, Involved::One);
         self.with_cx(op, involved, deadline, |cx, staging| match request {
             Request::AllReduce { mut buf, op } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
@@ -236,18 +281,6 @@ impl Engine for NcclEngine {
                 other.kind()
             ))),
         })
-    }
-
-    fn failed_peers(&mut self) -> Vec<usize> {
-        (0..self.world_size)
-            .filter(|&p| p != self.rank && self.peers.peer_gone(p))
-            .collect()
-    }
-
-    fn abort(&mut self) {
-        if let Some(comm) = self.comm.take() {
-            comm.abort();
-        }
     }
 }
 

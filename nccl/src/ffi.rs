@@ -280,6 +280,9 @@ pub(crate) fn group_end() -> Result<Progress, NcclCode> {
 /// An NCCL communicator handle. Not `Sync`: the owner serialises every call on it. On
 /// drop it is aborted (never a panic); [`RawComm::finalize_and_destroy`] is the orderly
 /// way out.
+/// The longest [`RawComm::abort`] waits for `ncclCommAbort`.
+pub(crate) const ABORT_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub(crate) struct RawComm {
     handle: sys::ncclComm_t,
     world_size: usize,
@@ -479,8 +482,36 @@ impl RawComm {
 
     /// Stops every operation of the communicator, wherever it is, and frees it. The way
     /// out after a deadline or a peer failure.
-    pub(crate) fn abort(mut self) {
-        self.abort_in_place();
+    ///
+    /// `ncclCommAbort` can itself block (on a wedged GPU or a network NCCL still waits
+    /// on), so it runs on a helper thread and this returns after at most [`ABORT_LIMIT`];
+    /// a call still running then is left to finish on its own, with a warning.
+    pub(crate) fn abort(self) {
+        let rank_hint = self.world_size;
+        let (done, finished) = std::sync::mpsc::channel::<()>();
+        let spawned = std::thread::Builder::new()
+            .name("ringccl-nccl-abort".into())
+            .spawn(move || {
+                let mut comm = self;
+                comm.abort_in_place();
+                let _ = done.send(());
+            });
+        match spawned {
+            Ok(_) => {
+                if finished.recv_timeout(ABORT_LIMIT).is_err() {
+                    tracing::warn!(
+                        world_size = rank_hint,
+                        limit = ?ABORT_LIMIT,
+                        "ncclCommAbort did not return in time; leaving it to finish on a helper thread"
+                    );
+                }
+            }
+            Err(e) => {
+                // No thread to spare: the communicator moved into the failed closure and
+                // was dropped there, which aborts it on this thread.
+                tracing::warn!(error = %e, "could not start a thread for ncclCommAbort");
+            }
+        }
     }
 
     fn abort_in_place(&mut self) {

@@ -6,6 +6,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaStream, DriverError};
+use ringccl_collectives::control::GroupControl;
 use ringccl_collectives::{Deadline, Error, OpDesc, PEER_FAILURE_GRACE};
 
 use super::ffi::{self, Call, NcclCode, Progress, RawComm};
@@ -34,6 +35,8 @@ pub(super) struct Cx<'a> {
     pub(super) op: &'a OpDesc,
     pub(super) involved: Involved,
     pub(super) deadline: Deadline,
+    /// The group's shared state, once running: an abort (here or by a peer) ends the wait.
+    pub(super) control: Option<&'a GroupControl>,
 }
 
 impl Cx<'_> {
@@ -152,6 +155,13 @@ impl Cx<'_> {
             }
             if now >= next_liveness {
                 next_liveness = now + LIVENESS_EVERY;
+                if let Some(record) = self.control.and_then(GroupControl::aborted) {
+                    // The runner turns this into the abort's own error.
+                    return Err(Error::GroupBroken {
+                        rank: self.rank,
+                        cause: record.reason,
+                    });
+                }
                 match (gone_since, self.gone_peer()) {
                     (None, Some(peer)) => gone_since = Some((peer, now)),
                     (Some((peer, since)), _) if now.duration_since(since) >= PEER_FAILURE_GRACE => {

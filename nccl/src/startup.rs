@@ -14,7 +14,7 @@ use super::probe::probe;
 use super::NcclBackend;
 use crate::{DeviceError, NcclConfig};
 use ringccl_rendezvous::{connect_mesh, Mesh, SetupError};
-use ringccl_transports::TcpTransport;
+use ringccl_transports::{ControlLink, TcpTransport};
 
 const ID_KEY: &str = "ringccl/nccl/id";
 
@@ -58,6 +58,7 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
     let id = share_unique_id(&mut mesh, rank, deadline.at())?;
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline.at())?;
+    let control_connections = connections.control;
     let peers =
         TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
             rank,
@@ -79,6 +80,7 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
         op: &op,
         involved: Involved::All,
         deadline,
+        control: None,
     };
     let joined = cx.poll(|| {
         Ok(comm
@@ -99,10 +101,22 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
         });
     }
     let engine = NcclEngine::new(rank, world_size, comm, Arc::clone(&stream), peers, timeout);
+    let mut group = GroupRunner::with_engine("nccl", rank, world_size, timeout, engine);
+    // The TCP side of an abort: peers hear of it even while NCCL is stuck.
+    let link = ControlLink::start(
+        rank,
+        control_connections,
+        dead_peer,
+        Arc::clone(group.control()),
+    )
+    .map_err(|source| SetupError::Io {
+        rank,
+        context: "starting the control thread".into(),
+        source,
+    })?;
+    group.keep_control_link(Box::new(link));
     Ok(NcclBackend {
-        group: Arc::new(GroupRunner::with_engine(
-            "nccl", rank, world_size, timeout, engine,
-        )),
+        group: Arc::new(group),
         device,
         stream,
         _store: store,

@@ -166,7 +166,11 @@ impl Driver {
             self.send_pending();
             if self.sentinel.is_aborted() {
                 let since = *announced_at.get_or_insert(now);
-                let flushed = self.peers.iter().flatten().all(|p| !p.open || p.outbox.is_empty());
+                let flushed = self
+                    .peers
+                    .iter()
+                    .flatten()
+                    .all(|p| !p.open || p.outbox.is_empty());
                 if flushed || now.saturating_duration_since(since) >= NOTICE_FLUSH_LIMIT {
                     self.close_everything();
                     return;
@@ -211,7 +215,10 @@ impl Driver {
             let Some(peer) = peer.as_mut().filter(|p| p.open && !p.outbox.is_empty()) else {
                 continue;
             };
-            match peer.socket.send_with_flags(&peer.outbox, libc::MSG_NOSIGNAL) {
+            match peer
+                .socket
+                .send_with_flags(&peer.outbox, libc::MSG_NOSIGNAL)
+            {
                 Ok(n) => {
                     peer.outbox.drain(..n);
                 }
