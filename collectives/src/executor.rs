@@ -99,7 +99,12 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                     Destination::Buffer => &mut buf[recv.payload.clone()],
                     Destination::Scratch => &mut scratch[..len],
                 };
-                let read = if recv.done < FRAME_HEADER_LEN {
+                let read = if recv.done < FRAME_HEADER_LEN && recv.into == Destination::Buffer {
+                    // The caller's buffer is written only once the header shows the frame
+                    // belongs to this call: a mismatched frame never lands in it.
+                    let mut iov = [IoSliceMut::new(&mut incoming[recv.done..])];
+                    transport.read_some(recv.peer, &mut iov)
+                } else if recv.done < FRAME_HEADER_LEN {
                     let mut iov = [
                         IoSliceMut::new(&mut incoming[recv.done..]),
                         IoSliceMut::new(dest),

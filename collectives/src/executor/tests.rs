@@ -458,6 +458,45 @@ fn a_rank_that_never_runs_is_a_timeout_naming_it_with_the_bytes_moved() {
 }
 
 /// Writes all of `bytes` to `peer`, waiting when the pipe is full.
+#[test]
+fn a_mismatched_frame_never_lands_in_the_callers_buffer() {
+    // Rank 0 is the root of a broadcast (it only sends); rank 1 is in an all-gather, which
+    // stores what it receives straight into the caller's buffer.
+    let results = run_group(2, config(1 << 16, 1 << 16), 1 << 20, |me| {
+        if me.rank == 0 {
+            let mut buf = inputs(0, 8, exact);
+            let op = me.next_op(CollectiveKind::Broadcast, 8, None, Some(0));
+            let schedule = binomial_tree_broadcast(0, 2, 0, 8, 4, 1 << 20);
+            let outcome = me.run(op, Algorithm::BinomialTree, &schedule, &mut buf, None, LONG);
+            (outcome, buf)
+        } else {
+            let mut buf = vec![UNSET; 8];
+            buf[4..].copy_from_slice(&[1.0; 4]); // rank 1's own block
+            let op = me.next_op(CollectiveKind::AllGather, 8, None, None);
+            let schedule = ring_all_gather(1, 2, 8, 4, 1 << 20);
+            let outcome = me.run(op, Algorithm::Ring, &schedule, &mut buf, None, LONG);
+            (outcome, buf)
+        }
+    });
+    let (outcome, buf) = &results[1];
+    assert!(
+        matches!(
+            outcome,
+            Err(Error::CollectiveMismatch {
+                rank: 1,
+                peer: 0,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        buf[..4],
+        [UNSET; 4],
+        "the broadcast's bytes must not land in the all-gather's buffer"
+    );
+}
+
 fn write_all(transport: &mut MemoryTransport, peer: usize, mut bytes: &[u8]) {
     let deadline = Instant::now() + LONG;
     while !bytes.is_empty() {
