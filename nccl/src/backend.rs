@@ -103,7 +103,9 @@ impl NcclBackend {
         self.group
             .run(Sequence::Collective, deadline, |engine, seq| {
                 let op = describe(seq);
-                engine.with_cx(&op, Involved::All, deadline, |cx, _| launch(cx))
+                engine.running(&op, deadline, |engine| {
+                    engine.with_cx(&op, Involved::All, deadline, |cx, _| launch(cx))
+                })
             })
     }
 

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaStream;
 use ringccl_collectives::control::GroupControl;
 use ringccl_collectives::wire::Algorithm;
-use ringccl_collectives::{DType, Deadline, Engine, Error, OpDesc, ReduceOp, Request, Transport};
+use ringccl_collectives::{
+    CollectiveKind, DType, Deadline, Engine, Error, OpDesc, ReduceOp, Request, Transport,
+};
 use tracing::warn;
 
 use super::ffi::{Call, DeviceRegion, Progress, RawComm};
@@ -101,15 +103,9 @@ impl Engine for NcclEngine {
             return Ok(()); // NCCL needs no call to move nothing
         }
         let involved = request.peer().map_or(Involved::All, Involved::One);
-        let activity = self.control.clone();
-        if let Some(control) = &activity {
-            control.activity().begin(*op, Algorithm::Device);
-        }
-        let result = self.run_request(op, request, involved, deadline);
-        if let Some(control) = &activity {
-            control.activity().end();
-        }
-        result
+        self.running(op, deadline, |engine| {
+            engine.run_request(op, request, involved, deadline)
+        })
     }
 
     fn failed_peers(&mut self) -> Vec<usize> {
@@ -133,6 +129,37 @@ impl Engine for NcclEngine {
 }
 
 impl NcclEngine {
+    /// Runs `body`, the NCCL side of `op`, publishing it as this rank's activity and,
+    /// for a collective, checking that every rank runs the same one: NCCL does not check
+    /// (ranks that disagree on the op or the element type, with the same count, get
+    /// different results and no error), so each rank sends its description to the next
+    /// rank over the control connections while NCCL runs, and compares the previous
+    /// rank's with its own before it returns.
+    pub(super) fn running(
+        &mut self,
+        op: &OpDesc,
+        deadline: Deadline,
+        body: impl FnOnce(&mut NcclEngine) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let control = self.control.clone();
+        let checked = op.kind != CollectiveKind::SendRecv;
+        if let Some(control) = &control {
+            control.activity().begin(*op, Algorithm::Device);
+            if checked {
+                control.post_fingerprint(*op);
+            }
+        }
+        let predecessor = (self.rank + self.world_size - 1) % self.world_size;
+        let result = body(self).and_then(|()| match &control {
+            Some(control) if checked => control.check_fingerprint(op, predecessor, deadline),
+            _ => Ok(()),
+        });
+        if let Some(control) = &control {
+            control.activity().end();
+        }
+        result
+    }
+
     fn run_request(
         &mut self,
         op: &OpDesc,

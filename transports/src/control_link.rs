@@ -157,6 +157,9 @@ impl Driver {
                 self.flush_for(LEAVE_LIMIT);
                 return;
             }
+            for op in self.control.take_fingerprints() {
+                self.sentinel.fingerprint(op);
+            }
             if now >= next_tick {
                 let mine = self.control.activity().snapshot();
                 self.sentinel.handle_timeout(now, &mine);
@@ -198,6 +201,7 @@ impl Driver {
                 Verdict::Aborted { origin, reason } => {
                     self.control.abort(origin, reason, None);
                 }
+                Verdict::Fingerprint { from, op } => self.control.record_fingerprint(from, op),
             }
         }
     }
@@ -335,5 +339,132 @@ impl Driver {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use ringccl_collectives::{DType, Deadline, Error, OpDesc, ReduceOp};
+
+    use super::*;
+
+    /// `n` ranks' control links over loopback connections, each with its control state.
+    fn links(n: usize) -> Vec<(ControlLink, Arc<GroupControl>)> {
+        let mut conns: Vec<Vec<Option<TcpStream>>> =
+            (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+        for a in 0..n {
+            for b in a + 1..n {
+                let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+                let out = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+                let (inc, _) = listener.accept().unwrap();
+                conns[a][b] = Some(out);
+                conns[b][a] = Some(inc);
+            }
+        }
+        conns
+            .into_iter()
+            .enumerate()
+            .map(|(rank, c)| {
+                let control = GroupControl::new(rank);
+                let link =
+                    ControlLink::start(rank, c, Duration::from_secs(5), Arc::clone(&control))
+                        .unwrap();
+                (link, control)
+            })
+            .collect()
+    }
+
+    fn all_reduce(seq: u64, dtype: DType) -> OpDesc {
+        OpDesc::all_reduce(seq, dtype, 1024, ReduceOp::Sum)
+    }
+
+    #[test]
+    fn fingerprints_agree_and_a_different_dtype_is_a_mismatch() {
+        let group = links(3);
+        let deadline = Deadline::after(Duration::from_secs(20));
+        std::thread::scope(|s| {
+            for (rank, (_, control)) in group.iter().enumerate() {
+                s.spawn(move || {
+                    for seq in 1..=50 {
+                        let op = all_reduce(seq, DType::F32);
+                        control.post_fingerprint(op);
+                        control
+                            .check_fingerprint(&op, (rank + 2) % 3, deadline)
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        // Op #51: rank 1 reduces f64 where the others reduce f32, same count.
+        let outcomes: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = group
+                .iter()
+                .enumerate()
+                .map(|(rank, (_, control))| {
+                    s.spawn(move || {
+                        let dtype = if rank == 1 { DType::F64 } else { DType::F32 };
+                        let op = all_reduce(51, dtype);
+                        control.post_fingerprint(op);
+                        control.check_fingerprint(&op, (rank + 2) % 3, deadline)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(outcomes[0].is_ok(), "rank 0's predecessor (2) agrees");
+        for (rank, peer) in [(1, 0), (2, 1)] {
+            match &outcomes[rank] {
+                Err(Error::CollectiveMismatch {
+                    rank: r,
+                    peer: p,
+                    mine,
+                    theirs,
+                }) => {
+                    assert_eq!((*r, *p), (rank, peer));
+                    assert_ne!(mine.dtype, theirs.dtype);
+                }
+                other => panic!("rank {rank}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_abort_reaches_every_link_and_closes_registered_connections() {
+        struct Flag(std::sync::atomic::AtomicBool);
+        impl ringccl_collectives::Closer for Flag {
+            fn close(&self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let group = links(4);
+        let flags: Vec<Arc<Flag>> = group
+            .iter()
+            .map(|(_, control)| {
+                let flag = Arc::new(Flag(AtomicBool::new(false)));
+                control.add_closer(Arc::clone(&flag) as Arc<dyn ringccl_collectives::Closer>);
+                flag
+            })
+            .collect();
+        let started = Instant::now();
+        group[2]
+            .1
+            .abort(2, "op #17 all_reduce: testing".into(), None);
+        for (rank, (_, control)) in group.iter().enumerate() {
+            let record = control
+                .wait_for_abort(Duration::from_secs(10))
+                .unwrap_or_else(|| panic!("rank {rank} never heard of the abort"));
+            assert_eq!(record.origin, 2);
+            assert!(record.reason.contains("op #17"));
+        }
+        let heard = started.elapsed();
+        let until = Instant::now() + Duration::from_secs(10);
+        while !flags.iter().all(|f| f.0.load(Ordering::SeqCst)) {
+            assert!(Instant::now() < until, "connections not closed everywhere");
+            thread::sleep(Duration::from_millis(5));
+        }
+        eprintln!("abort heard by every rank after {heard:?}");
+        assert!(heard < Duration::from_secs(2), "{heard:?}");
     }
 }

@@ -2,6 +2,7 @@
 //! rank is doing, whether the group was aborted (by whom, why), and how to close the
 //! data connections so whatever waits on them wakes.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::Activity;
 use crate::transport::Closer;
-use crate::Error;
+use crate::{Deadline, Error, OpDesc};
 
 /// Who aborted the group, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,6 +29,10 @@ struct AbortState {
     /// Wakes the control thread, which tells the peers and then closes the connections.
     link: Option<Arc<dyn Fn() + Send + Sync>>,
     closers: Vec<Arc<dyn Closer>>,
+    /// This rank's ops for the control thread to fingerprint to the successor.
+    outgoing: VecDeque<OpDesc>,
+    /// The predecessor's fingerprints not yet checked, oldest first.
+    incoming: VecDeque<(usize, OpDesc)>,
 }
 
 /// Shared by everything that runs one rank's group. See the module documentation.
@@ -152,6 +157,90 @@ impl GroupControl {
             let left = until.map_or(within, |u| u.saturating_duration_since(Instant::now()));
             if left.is_zero() {
                 return None;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Sends `op` to the successor in rank order (through the control thread), for
+    /// [`GroupControl::check_fingerprint`] there.
+    pub fn post_fingerprint(&self, op: OpDesc) {
+        let mut state = self.lock();
+        state.outgoing.push_back(op);
+        let link = state.link.clone();
+        drop(state);
+        if let Some(wake) = link {
+            wake();
+        }
+    }
+
+    /// The ops posted since the last call, for the control thread.
+    pub fn take_fingerprints(&self) -> Vec<OpDesc> {
+        self.lock().outgoing.drain(..).collect()
+    }
+
+    /// Records the predecessor's fingerprint (the control thread calls this).
+    pub fn record_fingerprint(&self, from: usize, op: OpDesc) {
+        self.lock().incoming.push_back((from, op));
+        self.changed.notify_all();
+    }
+
+    /// Waits, until `deadline`, for the fingerprint of collective number `mine.seq` from
+    /// `predecessor` (the previous rank in rank order) and compares it with `mine`: a
+    /// disagreement is [`Error::CollectiveMismatch`]. Without a control thread (a group
+    /// of one) there is nobody to compare with, and it agrees at once.
+    pub fn check_fingerprint(
+        &self,
+        mine: &OpDesc,
+        predecessor: usize,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        let mut state = self.lock();
+        if state.link.is_none() {
+            return Ok(());
+        }
+        loop {
+            while let Some(&(peer, theirs)) = state.incoming.front() {
+                if theirs.seq < mine.seq {
+                    state.incoming.pop_front();
+                    continue;
+                }
+                if theirs.seq > mine.seq {
+                    break;
+                }
+                state.incoming.pop_front();
+                return if theirs == *mine {
+                    Ok(())
+                } else {
+                    Err(Error::CollectiveMismatch {
+                        rank: self.rank,
+                        mine: *mine,
+                        peer,
+                        theirs,
+                    })
+                };
+            }
+            if state.record.is_some() {
+                return Err(Error::GroupBroken {
+                    rank: self.rank,
+                    cause: "aborted while checking that every rank runs the same collective".into(),
+                });
+            }
+            let left = deadline.remaining();
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    peer: predecessor,
+                    op: *mine,
+                    moved: 0,
+                    expected: 0,
+                    timeout: deadline.timeout(),
+                    gone: Vec::new(),
+                });
             }
             state = self
                 .changed

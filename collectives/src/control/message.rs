@@ -9,6 +9,7 @@
 //! | 2    | `Ask`     | u32 nonce, snapshot                                       |
 //! | 3    | `Status`  | u32 nonce, snapshot                                       |
 //! | 4    | `Leaving` | nothing                                                   |
+//! | 5    | `Fingerprint` | the op, as a 32-byte frame header (payload length zero) |
 //!
 //! A snapshot is a flags byte (bit 0: an op is running, bit 1: it is blocked), then the
 //! running op as a 32-byte frame header (payload length zero) if bit 0, then the u32 rank
@@ -19,7 +20,8 @@ use std::fmt;
 use bytes::{Buf, BufMut};
 
 use super::Snapshot;
-use crate::wire::{FrameHeader, WireError, FRAME_HEADER_LEN};
+use crate::wire::{Algorithm, FrameHeader, WireError, FRAME_HEADER_LEN};
+use crate::OpDesc;
 
 /// Longest body a control message may have; anything longer is refused unread.
 pub const MAX_CONTROL_BODY: usize = 4096;
@@ -31,6 +33,7 @@ const ABORT: u8 = 1;
 const ASK: u8 = 2;
 const STATUS: u8 = 3;
 const LEAVING: u8 = 4;
+const FINGERPRINT: u8 = 5;
 
 const RUNNING: u8 = 1;
 const BLOCKED: u8 = 2;
@@ -62,6 +65,13 @@ pub enum ControlMessage {
     },
     /// The sender dropped its group in an orderly way; it sends nothing more.
     Leaving,
+    /// The collective the sender is running, for an engine that cannot check frames
+    /// itself (NCCL): each rank tells its successor in rank order, and checks its
+    /// predecessor's against its own.
+    Fingerprint {
+        /// The op.
+        op: OpDesc,
+    },
 }
 
 /// Why bytes on a control connection could not be decoded. The connection is then
@@ -191,6 +201,17 @@ impl ControlMessage {
                 put_snapshot(out, snapshot);
             }
             ControlMessage::Leaving => out.put_u8(LEAVING),
+            ControlMessage::Fingerprint { op } => {
+                out.put_u8(FINGERPRINT);
+                out.put_slice(
+                    &FrameHeader {
+                        op: *op,
+                        algorithm: Algorithm::Device,
+                        payload_len: 0,
+                    }
+                    .encode(),
+                );
+            }
         }
         let body = (out.len() - start - PREFIX) as u32;
         out[start..start + 4].copy_from_slice(&body.to_le_bytes());
@@ -236,6 +257,14 @@ impl ControlMessage {
             }
             LEAVING if body.is_empty() => ControlMessage::Leaving,
             LEAVING => return Err(ControlError::Body("a Leaving message has no body".into())),
+            FINGERPRINT => {
+                let raw: [u8; FRAME_HEADER_LEN] = body.try_into().map_err(|_| {
+                    ControlError::Body(format!("a fingerprint of {} bytes", body.len()))
+                })?;
+                ControlMessage::Fingerprint {
+                    op: FrameHeader::decode(&raw)?.op,
+                }
+            }
             other => return Err(ControlError::Kind(other)),
         };
         Ok(Some((message, PREFIX + len)))
@@ -277,6 +306,9 @@ mod tests {
                 },
             },
             ControlMessage::Leaving,
+            ControlMessage::Fingerprint {
+                op: OpDesc::broadcast(9, DType::BF16, 77, 1),
+            },
         ]
     }
 
@@ -336,7 +368,7 @@ mod tests {
             }
             bytes[0] %= 64;
             (bytes[1], bytes[2], bytes[3]) = (0, 0, 0);
-            bytes[4] = 1 + bytes[4] % 4;
+            bytes[4] = 1 + bytes[4] % 5;
             let _ = ControlMessage::decode(&bytes);
         }
     }

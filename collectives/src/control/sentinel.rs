@@ -39,6 +39,13 @@ pub enum Verdict {
         /// Its reason.
         reason: String,
     },
+    /// The predecessor in rank order says it runs `op` (see [`Sentinel::fingerprint`]).
+    Fingerprint {
+        /// The predecessor.
+        from: usize,
+        /// Its op.
+        op: OpDesc,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -120,6 +127,17 @@ impl Sentinel {
         }
         self.aborted = true;
         self.tell_all_but(&[origin], &ControlMessage::Abort { origin, reason });
+    }
+
+    /// This rank runs `op` on an engine that cannot check frames: tell the successor in
+    /// rank order, which compares it with its own (a ring of pairwise checks covers the
+    /// group: if every neighbour agrees, everyone does).
+    pub fn fingerprint(&mut self, op: OpDesc) {
+        if self.world_size > 1 && !self.aborted {
+            let next = (self.rank + 1) % self.world_size;
+            self.transmits
+                .push_back((next, ControlMessage::Fingerprint { op }));
+        }
     }
 
     /// This rank is leaving in an orderly way (its group is being dropped).
@@ -223,6 +241,9 @@ impl Sentinel {
                 if let Some(left) = self.left.get_mut(from) {
                     *left = true;
                 }
+            }
+            ControlMessage::Fingerprint { op } => {
+                self.verdicts.push_back(Verdict::Fingerprint { from, op });
             }
         }
     }
