@@ -21,14 +21,12 @@ use ringccl_transports::ControlLink;
 fn mesh(n: usize) -> std::io::Result<Vec<Vec<Option<TcpStream>>>> {
     let mut conns: Vec<Vec<Option<TcpStream>>> =
         (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
-    for a in 0..n {
-        for b in a + 1..n {
-            let listener = TcpListener::bind("127.0.0.1:0")?;
-            let out = TcpStream::connect(listener.local_addr()?)?;
-            let (inc, _) = listener.accept()?;
-            conns[a][b] = Some(out);
-            conns[b][a] = Some(inc);
-        }
+    for (a, b) in (0..n).flat_map(|a| (a + 1..n).map(move |b| (a, b))) {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let out = TcpStream::connect(listener.local_addr()?)?;
+        let (inc, _) = listener.accept()?;
+        conns[a][b] = Some(out);
+        conns[b][a] = Some(inc);
     }
     Ok(conns)
 }
