@@ -108,3 +108,60 @@ fn a_mismatch_breaks_the_group_on_the_rank_that_sees_it() {
         "{errors:?}"
     );
 }
+
+/// An engine whose every call panics, for the runner's panic path.
+#[derive(Debug)]
+struct Panicking;
+
+impl crate::Engine for Panicking {
+    fn execute(
+        &mut self,
+        _op: &crate::OpDesc,
+        _request: crate::Request<'_>,
+        _deadline: Deadline,
+    ) -> Result<(), Error> {
+        panic!("kernel exploded");
+    }
+}
+
+#[test]
+fn a_panic_inside_a_call_aborts_the_group_and_still_unwinds() {
+    let runner = crate::GroupRunner::with_engine("test", 0, 2, Duration::from_secs(5), Panicking);
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.barrier(soon())));
+    assert!(unwound.is_err(), "the panic must reach the caller");
+    let record = runner.control().aborted().expect("the group is aborted");
+    assert_eq!(record.origin, 0);
+    assert!(
+        record.reason.contains("kernel exploded"),
+        "{}",
+        record.reason
+    );
+    // No poisoned lock: the next call fails cleanly, quoting the panic.
+    match runner.barrier(soon()) {
+        Err(Error::GroupBroken { cause, .. }) => assert!(cause.contains("kernel exploded")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_peers_abort_fails_the_next_call_naming_it_and_backend_abort_breaks_the_group() {
+    let mut ranks = group(2);
+    let b = ranks.pop().unwrap();
+    b.control()
+        .abort(0, "op #3 all_reduce: mismatch".into(), None);
+    match b.barrier(soon()) {
+        Err(e @ Error::GroupAborted { rank: 1, by: 0, .. }) => {
+            assert!(
+                e.to_string().starts_with("rank 0 aborted the group: op #3"),
+                "{e}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let a = ranks.pop().unwrap();
+    a.abort("queued call timed out");
+    match a.barrier(soon()) {
+        Err(Error::GroupBroken { cause, .. }) => assert!(cause.contains("queued call timed out")),
+        other => panic!("{other:?}"),
+    }
+}
