@@ -225,7 +225,9 @@ mod tests {
 
     /// An in-memory store shared by threads (or by a test playing a hostile rank).
     #[derive(Clone, Default)]
-    struct MemoryStore(Arc<(Mutex<HashMap<String, Vec<u8>>>, Condvar)>);
+    struct MemoryStore(Arc<(Mutex<Keys>, Condvar)>);
+
+    type Keys = HashMap<String, Vec<u8>>;
 
     #[derive(Debug)]
     enum StoreError {

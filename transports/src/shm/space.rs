@@ -40,6 +40,7 @@ pub(super) struct Space {
 }
 
 /// What `statvfs(2)` says about the file system holding `path`.
+#[allow(clippy::useless_conversion)] // the fields are u64 here but narrower on some targets
 pub(super) fn space(path: &Path) -> io::Result<Space> {
     let c_path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
