@@ -217,6 +217,9 @@ fn check(meta: &Metadata, ticket: &Ticket, owner: u32) -> Result<(), String> {
 
 fn cannot_open(path: &Path, e: &io::Error) -> String {
     let hint = match e.kind() {
+        io::ErrorKind::NotFound if !Path::new("/proc/self/fd").is_dir() => {
+            " (/proc is not mounted here, and shared memory needs it)"
+        }
         io::ErrorKind::NotFound => " (that rank's process, or its inbox, is gone)",
         io::ErrorKind::PermissionDenied => {
             " (every rank must run as the same user, in one PID namespace, and must not \

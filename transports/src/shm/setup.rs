@@ -53,8 +53,8 @@ impl std::fmt::Debug for SharedRings {
 /// (every rank then sees `None`, logs why, and keeps TCP); with `required`, those cases
 /// are errors that say why. Inboxes never have a name in `/dev/shm`, and their space is
 /// reserved here, so a full `/dev/shm` is an error now rather than a SIGBUS later; no
-/// process can open them once this returns, and the kernel frees them when the last
-/// rank unmaps them, even if a process is killed (see the [module](super) docs).
+/// descriptor on them is left open once this returns, and the kernel frees them when
+/// the last rank unmaps them, even if a process is killed (see the [module](super) docs).
 ///
 /// `job` only labels the log lines: inboxes are found through the store.
 ///
