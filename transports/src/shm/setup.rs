@@ -95,17 +95,14 @@ pub fn set_up<S: SetupStore + ?Sized>(
     deadline: Instant,
     required: bool,
 ) -> Result<Option<SharedRings>, S::Error> {
-    let decline = |reason: String| -> Result<Option<SharedRings>, S::Error> {
-        if required {
-            return Err(S::Error::from(ShmUnavailable { rank, reason }));
-        }
-        warn!(
-            rank,
-            job = format_args!("{job:016x}"),
-            "shared memory cannot be used, so this job runs over TCP: {reason}"
-        );
-        Ok(None)
+    let group = Group {
+        rank,
+        n,
+        job,
+        deadline,
+        required,
     };
+    let decline = |store: &mut S, reason: String| group.decline(store, reason);
     // 1. Every rank on this host?
     let me = host_identity();
     store.set(&format!("ringccl/host/{rank}"), me.as_bytes())?;
@@ -120,7 +117,7 @@ pub fn set_up<S: SetupStore + ?Sized>(
                 String::from_utf8_lossy(&theirs)
             );
             if required {
-                return decline(reason);
+                return decline(store, reason);
             }
             info!(rank, "ranks on several hosts: using TCP");
             return Ok(None);
@@ -135,10 +132,10 @@ pub fn set_up<S: SetupStore + ?Sized>(
     };
     let tickets = match agree(store, "created", rank, n, outcome, deadline)? {
         Ok(tickets) => tickets,
-        Err(reason) => return decline(reason), // `created` drops: its memory is freed
+        Err(reason) => return decline(store, reason), // `created` drops: its memory is freed
     };
     let Ok(own) = created else {
-        return decline("this rank could not create its inbox".into());
+        return decline(store, "this rank could not create its inbox".into());
     };
     // 3. Map every other rank's inbox, once it has passed the checks.
     let mut inboxes = Vec::with_capacity(n);
@@ -167,7 +164,7 @@ pub fn set_up<S: SetupStore + ?Sized>(
     // Every peer has opened this rank's inbox (or given up): close it to everyone else.
     let own = own.into_mapping();
     if let Err(reason) = all_mapped? {
-        return decline(reason);
+        return decline(store, reason);
     }
     inboxes.push((rank, own));
     inboxes.sort_by_key(|(r, _)| *r);
@@ -175,6 +172,58 @@ pub fn set_up<S: SetupStore + ?Sized>(
         ring_bytes,
         inboxes: inboxes.into_iter().map(|(_, m)| m).collect(),
     })))
+}
+
+/// The facts of the job that giving up needs.
+struct Group {
+    rank: usize,
+    n: usize,
+    job: u64,
+    deadline: Instant,
+    required: bool,
+}
+
+impl Group {
+    /// Gives up on shared memory, as every rank does at this same step. Not required:
+    /// logs why and keeps TCP (start-up goes on, and `Mesh::finish` keeps the store up
+    /// until everyone is done with it). Required: the error, once rank 0 has seen every
+    /// rank come this far — its failing start-up takes the store away, and a rank still
+    /// reading the outcome would get "connection closed" instead of the reason.
+    fn decline<S: SetupStore + ?Sized>(
+        &self,
+        store: &mut S,
+        reason: String,
+    ) -> Result<Option<SharedRings>, S::Error> {
+        let rank = self.rank;
+        if !self.required {
+            warn!(
+                rank,
+                job = format_args!("{:016x}", self.job),
+                "shared memory cannot be used, so this job runs over TCP: {reason}"
+            );
+            return Ok(None);
+        }
+        let error = ShmUnavailable { rank, reason };
+        // Best effort: the error to report is the reason, whatever the store says.
+        if store
+            .set(&format!("ringccl/shm/declined/{rank}"), b"1")
+            .is_ok()
+            && rank == 0
+        {
+            for peer in 1..self.n {
+                let key = format!("ringccl/shm/declined/{peer}");
+                if store
+                    .wait(&key, self.deadline, &|| {
+                        format!("rank {peer} to give up too")
+                    })
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+        Err(S::Error::from(error))
+    }
 }
 
 /// Publishes this rank's outcome of a set-up step (a payload, or why it failed) and
@@ -327,6 +376,7 @@ mod tests {
             .set("ringccl/shm/created/1", format!("ok:{ticket}").as_bytes())
             .unwrap();
         store.set("ringccl/shm/mapped/1", b"ok:").unwrap();
+        store.set("ringccl/shm/declined/1", b"1").unwrap();
         set_up(&mut store, 0, 2, 1, RING, soon(), required)
     }
 
@@ -371,6 +421,7 @@ mod tests {
                 b"err:creating its inbox: /dev/shm is full: ...",
             )
             .unwrap();
+        store.set("ringccl/shm/declined/1", b"1").unwrap();
         let err = match set_up(&mut store, 0, 2, 1, RING, soon(), true) {
             Err(StoreError::Unavailable(e)) => e,
             other => panic!("{:?}", other.map(|r| r.is_some())),
@@ -381,6 +432,45 @@ mod tests {
                 .contains("rank 1 failed: creating its inbox: /dev/shm is full"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn rank_0_keeps_the_store_until_every_rank_has_the_reason() {
+        // Rank 1 reports a failure, then takes its time to read everyone's outcome;
+        // rank 0 (which hosts the store) must not return before rank 1 has given up too.
+        let mut store = MemoryStore::default();
+        store
+            .set("ringccl/host/1", host_identity().as_bytes())
+            .unwrap();
+        store
+            .set("ringccl/shm/created/1", b"err:creating its inbox: full")
+            .unwrap();
+        let started = Instant::now();
+        let mut rank_1 = store.clone();
+        let slow = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            rank_1.set("ringccl/shm/declined/1", b"1").unwrap();
+        });
+        let err = set_up(&mut store, 0, 2, 1, RING, soon(), true);
+        let waited = started.elapsed();
+        slow.join().unwrap();
+        assert!(matches!(err, Err(StoreError::Unavailable(_))), "{err:?}");
+        assert!(waited >= Duration::from_millis(300), "{waited:?}");
+        assert!(waited < Duration::from_secs(10), "{waited:?}");
+        // A rank that never comes: rank 0 still reports the reason, by the deadline.
+        let mut store = MemoryStore::default();
+        store
+            .set("ringccl/host/1", host_identity().as_bytes())
+            .unwrap();
+        store
+            .set("ringccl/shm/created/1", b"err:creating its inbox: full")
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_millis(300);
+        match set_up(&mut store, 0, 2, 1, RING, deadline, true) {
+            Err(StoreError::Unavailable(e)) => assert!(e.reason.contains("full"), "{e}"),
+            other => panic!("{:?}", other.map(|r| r.is_some())),
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(5));
     }
 
     #[test]
