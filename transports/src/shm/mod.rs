@@ -1,6 +1,6 @@
 //! The same-host shared-memory transport.
 //!
-//! Every rank owns an *inbox*: a file under `/dev/shm` holding one futex "doorbell" word
+//! Every rank owns an *inbox*: a segment of `/dev/shm` holding one futex "doorbell" word
 //! and, for every other rank, a single-producer/single-consumer byte ring that rank writes
 //! into. A writer copies into the ring, publishes the new head, then rings the reader's
 //! bell; a reader copies out, publishes the new tail, then rings the writer's bell (space
@@ -8,12 +8,60 @@
 //! check the peers' TCP connections, which stay open as the liveness channel: a process
 //! that dies closes them, and its peers report it instead of waiting for the deadline.
 //!
-//! The inbox files are unlinked as soon as every rank has mapped every inbox, so nothing
-//! is left in `/dev/shm` once the group is up, even if a process is killed later.
+//! # Segments: unnamed, reserved, owner-only
+//!
+//! An inbox is an *unnamed* file in `/dev/shm` (`O_TMPFILE | O_EXCL`, mode `0600`,
+//! every byte reserved with `posix_fallocate`). Its owner publishes a ticket — pid,
+//! descriptor, device, inode, size — through the rendezvous store; peers open
+//! `/proc/<pid>/fd/<fd>` and map the file only after checking that it is a regular file
+//! with exactly that device and inode, owned by the user they run as, with no group or
+//! other permission bits, no name, that size, and every byte allocated. Once every rank
+//! has mapped every inbox, the owner closes its descriptor: from then on the memory is
+//! reachable only through the ranks' mappings, and the kernel frees it when the last one
+//! goes (`shm/inbox.rs` has the details).
+//!
+//! Why this design rather than (a) random names created with `O_CREAT | O_EXCL |
+//! O_NOFOLLOW` or (b) `memfd_create` passed with `SCM_RIGHTS`:
+//!
+//! - **Nothing is ever left behind.** A named segment outlives a process SIGKILLed
+//!   between creating it and unlinking it (a) and then needs a sweep at the next start;
+//!   an unnamed one is freed by the kernel with its last descriptor or mapping.
+//! - **Nothing to find, guess, plant or follow.** No name ever appears in `/dev/shm`, so
+//!   a stranger listing it sees nothing, cannot pre-create a file or a symlink where a
+//!   rank will look, and there is no path lookup in `/dev/shm` to trick; the peer's path
+//!   is built from two integers under `/proc`, and what it reaches is checked before use.
+//! - **The container's limit still applies.** The file lives in `/dev/shm`, so it counts
+//!   against `docker run --shm-size` like before, and reserving it at creation turns a
+//!   full `/dev/shm` into a set-up error naming the bytes needed and free — never a
+//!   SIGBUS in the middle of a collective. A memfd (b) would live outside that limit and
+//!   needs a Unix socket per pair beside the TCP mesh, for the same protection.
+//!
+//! # What is protected, and what is not
+//!
+//! - **Another user** (not root) can neither read nor write a job's rings: the segment's
+//!   mode is `0600`, and `/proc/<pid>/fd` of another user's process cannot be opened.
+//!   Nor can he make a rank map a file of his: peers refuse a file not owned by their
+//!   own user. With `RINGCCL_AUTH_TOKEN` set he cannot publish a forged ticket either,
+//!   since the store refuses him; without it, a forged ticket still only names files that
+//!   fail the checks above.
+//! - **The same user, and root, are trusted.** A process of the same user can open the
+//!   segment through `/proc/<pid>/fd` while set-up runs, and can read the ranks' memory
+//!   with `ptrace` or `/proc/<pid>/mem` at any time (unless Yama forbids it): no
+//!   shared-memory design keeps out someone who can read the process. In a container
+//!   where every process runs as root, every process there is trusted. Run untrusted
+//!   code as another user, or force `RINGCCL_TRANSPORT=tcp` with a token — which guards
+//!   the connections, not memory.
+//! - **Requirements.** Every rank must run as one user, in one PID namespace (it is part
+//!   of the host identity, so `auto` falls back to TCP otherwise), and must be dumpable
+//!   (no `prctl(PR_SET_DUMPABLE, 0)`, no set-uid launcher). `auto` falls back to TCP,
+//!   with a logged warning saying why, when any of this or the space is missing; a forced
+//!   `RINGCCL_TRANSPORT=shm` fails with that reason instead.
 
+mod inbox;
 mod mapping;
 mod ring;
 mod setup;
+mod space;
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};

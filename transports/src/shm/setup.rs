@@ -1,26 +1,25 @@
 //! Setting up shared memory, collectively: every rank on one host? every inbox created?
-//! every inbox mapped? Each step's outcome is published through the rendezvous store, so
-//! every rank takes the same decision.
+//! every inbox mapped? Each step's outcome — and, when it failed, why — is published
+//! through the rendezvous store, so every rank takes the same decision and can say why.
 
-use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
 use std::time::Instant;
 
-use super::mapping::Mapping;
+use tracing::{info, warn};
+
+use super::inbox::{open_peer, OwnInbox, Ticket};
 use super::ring::{inbox_len, Rings};
 use crate::SetupStore;
 
-fn inbox_path(job_id: u64, rank: usize) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/ringccl-{job_id:016x}-{rank}"))
-}
-
-/// This machine's identity: ranks with equal identities share memory.
+/// This machine's identity, as far as sharing memory goes: ranks with equal identities
+/// share memory. The PID namespace is part of it, because peers open each other's
+/// inboxes through `/proc/<pid>/fd`.
 fn host_identity() -> String {
     let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let pid_namespace = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     format!(
-        "{}/{}",
+        "{}/{}/{pid_namespace}",
         read("/proc/sys/kernel/hostname").trim(),
         read("/proc/sys/kernel/random/boot_id").trim()
     )
@@ -28,11 +27,11 @@ fn host_identity() -> String {
 
 /// Shared memory was required (`RINGCCL_TRANSPORT=shm`) but cannot be set up.
 #[derive(Debug, thiserror::Error)]
-#[error("rank {rank}: shared-memory transport: {reason}; use RINGCCL_TRANSPORT=tcp")]
+#[error("rank {rank}: shared-memory transport: {reason}; or use RINGCCL_TRANSPORT=tcp")]
 pub struct ShmUnavailable {
     /// The rank that reports it.
     pub rank: usize,
-    /// Why (another host, a file that could not be created or mapped).
+    /// Why (another host, an inbox that could not be created, reserved or mapped).
     pub reason: String,
 }
 
@@ -51,9 +50,41 @@ impl std::fmt::Debug for SharedRings {
 
 /// Sets up shared memory between the `n` ranks of job `job`, collectively: every rank
 /// must call it. `Ok(None)` when some rank is on another host or could not set it up
-/// (every rank then sees `None` and keeps TCP); with `required`, those cases are errors
-/// that say why. The inbox files are unlinked before this returns, so nothing is left
-/// in `/dev/shm` even if a process is killed later.
+/// (every rank then sees `None`, logs why, and keeps TCP); with `required`, those cases
+/// are errors that say why. Inboxes never have a name in `/dev/shm`, and their space is
+/// reserved here, so a full `/dev/shm` is an error now rather than a SIGBUS later; no
+/// descriptor on them is left open once this returns, and the kernel frees them when
+/// the last rank unmaps them, even if a process is killed (see the [module](super) docs).
+///
+/// `job` only labels the log lines: inboxes are found through the store.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::time::{Duration, Instant};
+/// use ringccl_transports::{shm, SetupStore};
+///
+/// /// A store for a group of one (ringccl passes its rendezvous store).
+/// #[derive(Default)]
+/// struct OneRank(HashMap<String, Vec<u8>>);
+///
+/// impl SetupStore for OneRank {
+///     type Error = shm::ShmUnavailable;
+///     fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Self::Error> {
+///         self.0.insert(key.into(), value.into());
+///         Ok(())
+///     }
+///     fn wait(&mut self, key: &str, _: Instant, what: &dyn Fn() -> String)
+///         -> Result<Vec<u8>, Self::Error> {
+///         self.0.get(key).cloned().ok_or_else(|| shm::ShmUnavailable { rank: 0, reason: what() })
+///     }
+/// }
+///
+/// let deadline = Instant::now() + Duration::from_secs(10);
+/// // Not required: `None`, and a logged warning saying why, where it cannot work.
+/// let rings = shm::set_up(&mut OneRank::default(), 0, 1, 7, 4096, deadline, false)?;
+/// println!("{}", if rings.is_some() { "shared memory" } else { "TCP" });
+/// # Ok::<(), shm::ShmUnavailable>(())
+/// ```
 #[allow(clippy::too_many_arguments)] // every argument is one fact of the job; a struct would only rename them
 pub fn set_up<S: SetupStore + ?Sized>(
     store: &mut S,
@@ -64,7 +95,14 @@ pub fn set_up<S: SetupStore + ?Sized>(
     deadline: Instant,
     required: bool,
 ) -> Result<Option<SharedRings>, S::Error> {
-    let fail = |reason: String| S::Error::from(ShmUnavailable { rank, reason });
+    let group = Group {
+        rank,
+        n,
+        job,
+        deadline,
+        required,
+    };
+    let decline = |store: &mut S, reason: String| group.decline(store, reason);
     // 1. Every rank on this host?
     let me = host_identity();
     store.set(&format!("ringccl/host/{rank}"), me.as_bytes())?;
@@ -73,109 +111,378 @@ pub fn set_up<S: SetupStore + ?Sized>(
             format!("rank {peer} to report its host")
         })?;
         if theirs != me.as_bytes() {
+            let reason = format!(
+                "it needs every rank on one host (and in one PID namespace), but rank {peer} \
+                 runs on {:?} and this rank on {me:?}",
+                String::from_utf8_lossy(&theirs)
+            );
             if required {
-                return Err(fail(format!(
-                    "it needs every rank on one host, but rank {peer} runs on {:?} and this rank on {me:?}",
-                    String::from_utf8_lossy(&theirs)
-                )));
+                return decline(store, reason);
             }
+            info!(rank, "ranks on several hosts: using TCP");
             return Ok(None);
         }
     }
-    // 2. Create this rank's inbox.
+    // 2. Create this rank's inbox, reserving its space; publish where peers find it.
     let len = inbox_len(n, ring_bytes);
-    let own_path = inbox_path(job, rank);
-    let unlink_own = || {
-        let _ = std::fs::remove_file(&own_path);
+    let created = OwnInbox::create(len, n);
+    let outcome = match &created {
+        Ok(own) => Ok(own.ticket().encode()),
+        Err(reason) => Err(format!("creating its inbox: {reason}")),
     };
-    let created = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&own_path)
-        .and_then(|file| {
-            file.set_len(len as u64)?;
-            Mapping::new(&file, len)
-        });
-    let own_error = created
-        .as_ref()
-        .err()
-        .map(|e| format!("creating {}: {e}", own_path.display()));
-    if !agree(store, "created", rank, n, created.is_ok(), deadline)? {
-        unlink_own();
-        return match (required, own_error) {
-            (true, Some(e)) => Err(fail(e)),
-            (true, None) => Err(fail("another rank could not create its inbox".into())),
-            (false, _) => Ok(None),
-        };
-    }
-    // 3. Map every other rank's inbox.
-    let mut own = created.ok();
+    let tickets = match agree(store, "created", rank, n, outcome, deadline)? {
+        Ok(tickets) => tickets,
+        Err(reason) => return decline(store, reason), // `created` drops: its memory is freed
+    };
+    let Ok(own) = created else {
+        return decline(store, "this rank could not create its inbox".into());
+    };
+    // 3. Map every other rank's inbox, once it has passed the checks.
     let mut inboxes = Vec::with_capacity(n);
     let mut map_error = None;
-    for peer in 0..n {
+    for (peer, ticket) in tickets.iter().enumerate() {
         if peer == rank {
-            inboxes.extend(own.take());
             continue;
         }
-        let path = inbox_path(job, peer);
-        let mapped = File::options()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .and_then(|file| {
-                let actual = file.metadata()?.len();
-                if actual != len as u64 {
-                    return Err(io::Error::other(format!(
-                        "it has {actual} bytes, expected {len} (same ringccl version everywhere?)"
-                    )));
-                }
-                Mapping::new(&file, len)
-            });
+        let mapped = match Ticket::decode(ticket) {
+            Some(ticket) => open_peer(&ticket, len, own.owner())
+                .map_err(|e| format!("rank {peer}'s inbox ({}): {e}", ticket.path().display())),
+            None => Err(format!(
+                "rank {peer} published an unreadable inbox ticket {ticket:?}"
+            )),
+        };
         match mapped {
-            Ok(mapping) => inboxes.push(mapping),
+            Ok(mapping) => inboxes.push((peer, mapping)),
             Err(e) => {
-                map_error = Some(format!("mapping {}: {e}", path.display()));
+                map_error = Some(format!("mapping {e}"));
                 break;
             }
         }
     }
-    let all_mapped = agree(store, "mapped", rank, n, map_error.is_none(), deadline);
-    unlink_own();
-    if !all_mapped? {
-        return match (required, map_error) {
-            (true, Some(e)) => Err(fail(e)),
-            (true, None) => Err(fail("another rank could not map the inboxes".into())),
-            (false, _) => Ok(None),
-        };
+    let outcome = map_error.map_or(Ok(String::new()), Err);
+    let all_mapped = agree(store, "mapped", rank, n, outcome, deadline);
+    // Every peer has opened this rank's inbox (or given up): close it to everyone else.
+    let own = own.into_mapping();
+    if let Err(reason) = all_mapped? {
+        return decline(store, reason);
     }
+    inboxes.push((rank, own));
+    inboxes.sort_by_key(|(r, _)| *r);
     Ok(Some(SharedRings(Rings {
         ring_bytes,
-        inboxes,
+        inboxes: inboxes.into_iter().map(|(_, m)| m).collect(),
     })))
 }
 
-/// Publishes this rank's outcome of a set-up step and learns everyone's: `Ok(true)`
-/// when every rank succeeded.
+/// The facts of the job that giving up needs.
+struct Group {
+    rank: usize,
+    n: usize,
+    job: u64,
+    deadline: Instant,
+    required: bool,
+}
+
+impl Group {
+    /// Gives up on shared memory, as every rank does at this same step. Not required:
+    /// logs why and keeps TCP (start-up goes on, and `Mesh::finish` keeps the store up
+    /// until everyone is done with it). Required: the error, once rank 0 has seen every
+    /// rank come this far — its failing start-up takes the store away, and a rank still
+    /// reading the outcome would get "connection closed" instead of the reason.
+    fn decline<S: SetupStore + ?Sized>(
+        &self,
+        store: &mut S,
+        reason: String,
+    ) -> Result<Option<SharedRings>, S::Error> {
+        let rank = self.rank;
+        if !self.required {
+            warn!(
+                rank,
+                job = format_args!("{:016x}", self.job),
+                "shared memory cannot be used, so this job runs over TCP: {reason}"
+            );
+            return Ok(None);
+        }
+        let error = ShmUnavailable { rank, reason };
+        // Best effort: the error to report is the reason, whatever the store says.
+        if store
+            .set(&format!("ringccl/shm/declined/{rank}"), b"1")
+            .is_ok()
+            && rank == 0
+        {
+            for peer in 1..self.n {
+                let key = format!("ringccl/shm/declined/{peer}");
+                if store
+                    .wait(&key, self.deadline, &|| {
+                        format!("rank {peer} to give up too")
+                    })
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+        Err(S::Error::from(error))
+    }
+}
+
+/// Publishes this rank's outcome of a set-up step (a payload, or why it failed) and
+/// learns everyone's. `Ok(Ok(payloads))`, by rank, when every rank succeeded; else
+/// `Ok(Err(why))` naming the first rank that failed — the same answer on every rank.
 fn agree<S: SetupStore + ?Sized>(
     store: &mut S,
     step: &str,
     rank: usize,
     n: usize,
-    ok: bool,
+    outcome: Result<String, String>,
     deadline: Instant,
-) -> Result<bool, S::Error> {
-    store.set(
-        &format!("ringccl/shm/{step}/{rank}"),
-        if ok { b"1" } else { b"0" },
-    )?;
-    let mut all = true;
+) -> Result<Result<Vec<String>, String>, S::Error> {
+    let published = match &outcome {
+        Ok(payload) => format!("ok:{payload}"),
+        Err(reason) => format!("err:{reason}"),
+    };
+    store.set(&format!("ringccl/shm/{step}/{rank}"), published.as_bytes())?;
+    let mut payloads = Vec::with_capacity(n);
+    let mut failure = None;
     for peer in 0..n {
-        let outcome = store.wait(&format!("ringccl/shm/{step}/{peer}"), deadline, &|| {
+        let value = store.wait(&format!("ringccl/shm/{step}/{peer}"), deadline, &|| {
             format!("rank {peer} to finish setting up shared memory ({step})")
         })?;
-        all &= outcome == b"1";
+        let value = String::from_utf8_lossy(&value).into_owned();
+        if let Some(payload) = value.strip_prefix("ok:") {
+            payloads.push(payload.to_string());
+            continue;
+        }
+        if failure.is_none() {
+            failure = Some(match (peer == rank, value.strip_prefix("err:")) {
+                (true, Some(reason)) => reason.to_string(),
+                (false, Some(reason)) => format!("rank {peer} failed: {reason}"),
+                (_, None) => format!("rank {peer} published an unreadable outcome {value:?}"),
+            });
+        }
+        payloads.push(String::new());
     }
-    Ok(all)
+    Ok(failure.map_or(Ok(payloads), Err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::Duration;
+
+    /// An in-memory store shared by threads (or by a test playing a hostile rank).
+    #[derive(Clone, Default)]
+    struct MemoryStore(Arc<(Mutex<Keys>, Condvar)>);
+
+    type Keys = HashMap<String, Vec<u8>>;
+
+    #[derive(Debug)]
+    enum StoreError {
+        Unavailable(ShmUnavailable),
+        Timeout(String),
+    }
+
+    impl From<ShmUnavailable> for StoreError {
+        fn from(e: ShmUnavailable) -> StoreError {
+            StoreError::Unavailable(e)
+        }
+    }
+
+    impl SetupStore for MemoryStore {
+        type Error = StoreError;
+
+        fn set(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+            let (map, changed) = &*self.0;
+            map.lock().unwrap().insert(key.into(), value.into());
+            changed.notify_all();
+            Ok(())
+        }
+
+        fn wait(
+            &mut self,
+            key: &str,
+            deadline: Instant,
+            waiting_for: &dyn Fn() -> String,
+        ) -> Result<Vec<u8>, StoreError> {
+            let (map, changed) = &*self.0;
+            let mut map = map.lock().unwrap();
+            loop {
+                if let Some(v) = map.get(key) {
+                    return Ok(v.clone());
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(StoreError::Timeout(waiting_for()));
+                }
+                map = changed.wait_timeout(map, left).unwrap().0;
+            }
+        }
+    }
+
+    const RING: usize = 4096;
+
+    fn have_shm() -> bool {
+        let ok = std::path::Path::new(super::super::inbox::SHM_DIR).is_dir();
+        if !ok {
+            eprintln!("skipped: no /dev/shm on this machine");
+        }
+        ok
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(20)
+    }
+
+    #[test]
+    fn ranks_set_up_and_share_their_rings() {
+        if !have_shm() {
+            return;
+        }
+        let store = MemoryStore::default();
+        let started = Instant::now();
+        let rings: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..3)
+                .map(|rank| {
+                    let mut store = store.clone();
+                    s.spawn(move || set_up(&mut store, rank, 3, 1, RING, soon(), true))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap().unwrap())
+                .collect()
+        });
+        assert!(started.elapsed() < Duration::from_secs(20));
+        // Rank 0 writes to rank 2; rank 2 reads it from its own inbox.
+        let sent = rings[0].0.write(0, 2, &[std::io::IoSlice::new(b"ring")]);
+        assert_eq!(sent, 4);
+        let mut got = [0u8; 4];
+        let read = rings[2]
+            .0
+            .read(2, 0, &mut [std::io::IoSliceMut::new(&mut got)]);
+        assert_eq!((read, &got), (4, b"ring"));
+    }
+
+    /// Plays rank 1 of a two-rank job that publishes `ticket` as its inbox, and runs
+    /// rank 0's set-up against it.
+    fn rank_0_against(ticket: &str, required: bool) -> Result<Option<SharedRings>, StoreError> {
+        let mut store = MemoryStore::default();
+        store
+            .set("ringccl/host/1", host_identity().as_bytes())
+            .unwrap();
+        store
+            .set("ringccl/shm/created/1", format!("ok:{ticket}").as_bytes())
+            .unwrap();
+        store.set("ringccl/shm/mapped/1", b"ok:").unwrap();
+        store.set("ringccl/shm/declined/1", b"1").unwrap();
+        set_up(&mut store, 0, 2, 1, RING, soon(), required)
+    }
+
+    #[test]
+    fn a_forged_ticket_is_refused_and_auto_falls_back() {
+        if !have_shm() {
+            return;
+        }
+        let len = inbox_len(2, RING);
+        let cases = [
+            ("garbage", "unreadable inbox ticket".to_string()),
+            ("1 2 3 4 5", "expected".to_string()),
+            (
+                // This process's stdin, at the right length: not an inbox.
+                &*format!("{} 0 0 0 {len}", std::process::id()),
+                "rank 1's inbox (/proc/".to_string(),
+            ),
+        ];
+        for (ticket, why) in &cases {
+            let started = Instant::now();
+            match rank_0_against(ticket, true) {
+                Err(StoreError::Unavailable(e)) => {
+                    assert!(e.to_string().contains(why.as_str()), "{ticket}: {e}");
+                    assert!(e.to_string().contains("RINGCCL_TRANSPORT=tcp"), "{e}");
+                }
+                other => panic!("{ticket}: {:?}", other.map(|r| r.is_some())),
+            }
+            assert!(started.elapsed() < Duration::from_secs(10));
+            assert!(matches!(rank_0_against(ticket, false), Ok(None)));
+        }
+    }
+
+    #[test]
+    fn every_rank_learns_why_another_could_not_create_its_inbox() {
+        let mut store = MemoryStore::default();
+        store
+            .set("ringccl/host/1", host_identity().as_bytes())
+            .unwrap();
+        store
+            .set(
+                "ringccl/shm/created/1",
+                b"err:creating its inbox: /dev/shm is full: ...",
+            )
+            .unwrap();
+        store.set("ringccl/shm/declined/1", b"1").unwrap();
+        let err = match set_up(&mut store, 0, 2, 1, RING, soon(), true) {
+            Err(StoreError::Unavailable(e)) => e,
+            other => panic!("{:?}", other.map(|r| r.is_some())),
+        };
+        assert_eq!(err.rank, 0);
+        assert!(
+            err.reason
+                .contains("rank 1 failed: creating its inbox: /dev/shm is full"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn rank_0_keeps_the_store_until_every_rank_has_the_reason() {
+        // Rank 1 reports a failure, then takes its time to read everyone's outcome;
+        // rank 0 (which hosts the store) must not return before rank 1 has given up too.
+        let mut store = MemoryStore::default();
+        store
+            .set("ringccl/host/1", host_identity().as_bytes())
+            .unwrap();
+        store
+            .set("ringccl/shm/created/1", b"err:creating its inbox: full")
+            .unwrap();
+        let started = Instant::now();
+        let mut rank_1 = store.clone();
+        let slow = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            rank_1.set("ringccl/shm/declined/1", b"1").unwrap();
+        });
+        let err = set_up(&mut store, 0, 2, 1, RING, soon(), true);
+        let waited = started.elapsed();
+        slow.join().unwrap();
+        assert!(matches!(err, Err(StoreError::Unavailable(_))), "{err:?}");
+        assert!(waited >= Duration::from_millis(300), "{waited:?}");
+        assert!(waited < Duration::from_secs(10), "{waited:?}");
+        // A rank that never comes: rank 0 still reports the reason, by the deadline.
+        let mut store = MemoryStore::default();
+        store
+            .set("ringccl/host/1", host_identity().as_bytes())
+            .unwrap();
+        store
+            .set("ringccl/shm/created/1", b"err:creating its inbox: full")
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_millis(300);
+        match set_up(&mut store, 0, 2, 1, RING, deadline, true) {
+            Err(StoreError::Unavailable(e)) => assert!(e.reason.contains("full"), "{e}"),
+            other => panic!("{:?}", other.map(|r| r.is_some())),
+        }
+        assert!(Instant::now() < deadline + Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_silent_rank_ends_set_up_at_the_deadline() {
+        let mut store = MemoryStore::default();
+        let started = Instant::now();
+        let deadline = started + Duration::from_millis(300);
+        let err = set_up(&mut store, 0, 2, 1, RING, deadline, false).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Timeout(w) if w.contains("rank 1")),
+            "{err:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
 }
