@@ -62,7 +62,27 @@ impl Scratch {
 }
 
 impl Drop for Scratch {
+    /// Removes the directory, after killing what is left in the process groups of the
+    /// ranks it recorded (nothing, unless the test failed).
     fn drop(&mut self) {
+        let groups = fs::read_dir(&self.0)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("rank."))
+            .filter_map(|e| {
+                fs::read_to_string(e.path())
+                    .ok()?
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+            });
+        for group in groups {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{group}")])
+                .stderr(Stdio::null())
+                .status();
+        }
         let _ = fs::remove_dir_all(&self.0);
     }
 }
@@ -282,12 +302,8 @@ fn ranks_die_with_ringrun_even_without_the_watchdog() {
         GONE_WITHIN,
         "ranks after SIGKILL to ringrun (PDEATHSIG)",
     );
-    // Without the watchdog nobody stops the ranks' children: clean them up here.
-    for bg in [pids[1], pids[3]] {
-        let _ = Command::new("kill")
-            .args(["-KILL", &bg.to_string()])
-            .status();
-    }
+    // Without the watchdog nobody stops what the ranks started: `scratch` kills their
+    // groups when dropped.
     eprintln!("PDEATHSIG alone: ranks {ranks:?} gone {took:?} after ringrun died");
 }
 
@@ -355,6 +371,41 @@ fn sighup_is_forwarded_to_every_rank() {
     let took = sent.elapsed();
     assert!(took < GONE_WITHIN, "ringrun exited {took:?} after SIGHUP");
     eprintln!("SIGHUP: both ranks trapped it, ringrun exited {took:?} after the signal");
+}
+
+/// Started with SIGHUP ignored (as `nohup` does), ringrun and its ranks keep ignoring it.
+#[test]
+fn an_ignored_sighup_stays_ignored_as_under_nohup() {
+    let scratch = Scratch::new("nohup");
+    let started = Instant::now();
+    let mut command = Command::new("sh");
+    command
+        .args([
+            "-c",
+            "trap '' HUP && exec \"$0\" \"$@\"",
+            RINGRUN,
+            "--nproc-per-node",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            &format!("{RECORD}p rank.$RANK $$; while [ ! -e $D/hup-sent ]; do sleep 0.05; done; sleep 0.5; echo survived"),
+        ])
+        .env("D", &scratch.0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = command.spawn().expect("start ringrun under trap '' HUP");
+    scratch.pid("rank.0", LIMIT);
+    scratch.pid("rank.1", LIMIT);
+    signal(child.id(), "HUP");
+    fs::write(scratch.0.join("hup-sent"), "").expect("write marker");
+    let (out, elapsed) = finish(child, started);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for r in 0..2 {
+        assert!(stdout.contains(&format!("[rank {r}] survived")), "{stdout}");
+    }
+    assert!(elapsed < GONE_WITHIN, "took {elapsed:?}");
 }
 
 #[test]

@@ -17,14 +17,29 @@ extern "C" fn remember(signal: libc::c_int) {
 }
 
 /// Installs the handler that remembers SIGINT, SIGTERM and SIGHUP for [`take_pending`].
+/// A signal that ringrun was started with ignored stays ignored, for ringrun and its
+/// ranks: `nohup ringrun ...` survives a hang-up, and a job started in the background by
+/// a script ignores Ctrl-C, as any program would.
 pub(crate) fn install() {
     for signal in FORWARDED {
+        if is_ignored(signal) {
+            continue;
+        }
         // SAFETY: `remember` only stores to an atomic, which is async-signal-safe, and has
         // the `extern "C" fn(c_int)` signature that `signal` expects.
         unsafe {
             libc::signal(signal, remember as *const () as libc::sighandler_t);
         }
     }
+}
+
+/// Whether `signal`'s disposition is SIG_IGN (inherited from whoever started ringrun).
+fn is_ignored(signal: libc::c_int) -> bool {
+    // SAFETY: an all-zero sigaction is a valid value to be overwritten.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a null new action only queries; `current` is a valid place for the answer.
+    let queried = unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) } == 0;
+    queried && current.sa_sigaction == libc::SIG_IGN
 }
 
 /// Makes this process deaf to SIGINT, SIGTERM and SIGHUP (the watchdog acts only on
