@@ -373,6 +373,55 @@ fn sighup_is_forwarded_to_every_rank() {
     eprintln!("SIGHUP: both ranks trapped it, ringrun exited {took:?} after the signal");
 }
 
+/// Ranks that trap SIGTERM and go on would get the whole grace period; a second signal
+/// to ringrun cuts it short with SIGKILL (the second Ctrl-C of an impatient user).
+#[test]
+fn a_second_signal_kills_the_ranks_at_once() {
+    let scratch = Scratch::new("second");
+    let started = Instant::now();
+    let mut child = ringrun_sh(
+        &scratch.0,
+        &["--nproc-per-node", "2"],
+        "p rank.$RANK $$; trap 'echo got-term' TERM; echo ready; while :; do sleep 0.1; done",
+    )
+    .spawn()
+    .expect("start ringrun");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut ready = 0;
+    while ready < 2 {
+        let line = rx.recv_timeout(LIMIT).expect("ranks did not start");
+        ready += usize::from(line.ends_with("] ready"));
+    }
+    let first = Instant::now();
+    signal(child.id(), "TERM");
+    let mut got = 0;
+    while got < 2 {
+        let line = rx
+            .recv_timeout(GONE_WITHIN)
+            .expect("ranks did not get SIGTERM");
+        got += usize::from(line.ends_with("] got-term"));
+    }
+    signal(child.id(), "TERM");
+    let (out, _) = finish(child, started);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 15), "{stderr}");
+    assert!(
+        stderr.contains("got SIGTERM: sending SIGKILL to rank(s) 0 (process group"),
+        "{stderr}"
+    );
+    let pids = [scratch.pid("rank.0", LIMIT), scratch.pid("rank.1", LIMIT)];
+    wait_gone(&pids, Duration::from_secs(1), "after ringrun exited");
+    let took = first.elapsed();
+    assert!(took < GONE_WITHIN, "took {took:?}");
+    eprintln!("second signal: ranks killed, ringrun exited {took:?} after the first signal");
+}
+
 /// Started with SIGHUP ignored (as `nohup` does), ringrun and its ranks keep ignoring it.
 #[test]
 fn an_ignored_sighup_stays_ignored_as_under_nohup() {

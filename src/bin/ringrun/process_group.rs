@@ -38,23 +38,42 @@ pub(crate) fn group_of(pid: Pid) -> Option<Pid> {
 /// Whether group `pgid` still has a member that is not a zombie. Zombies are left out:
 /// they have exited and only wait to be reaped (possibly by a PID 1 that never reaps).
 pub(crate) fn has_live_members(pgid: Pid) -> bool {
-    if pgid <= 1 {
-        return false;
+    !live_groups(&[pgid]).is_empty()
+}
+
+/// Those of `groups` that still have a member that is not a zombie, reading `/proc` at
+/// most once whatever the number of groups.
+pub(crate) fn live_groups(groups: &[Pid]) -> Vec<Pid> {
+    // The kernel answers "no such group" cheaply; only groups it still knows need /proc.
+    let known: Vec<Pid> = groups
+        .iter()
+        .copied()
+        .filter(|&pgid| pgid > 1 && group_exists(pgid))
+        .collect();
+    if known.is_empty() {
+        return known;
     }
-    // SAFETY: signal 0 only checks that the group exists; nothing is delivered.
-    let exists = unsafe { libc::kill(-pgid, 0) == 0 };
-    if !exists && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
-        return false;
-    }
-    // The group exists (or is not ours to signal): look for a member that is not a zombie.
     let Ok(entries) = fs::read_dir("/proc") else {
-        return true; // no /proc: the kernel's answer is all we have
+        return known; // no /proc: the kernel's answer is all we have
     };
-    entries
+    let mut live: Vec<Pid> = entries
         .filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<Pid>().ok())
         .filter_map(process_state)
-        .any(|(state, group)| group == pgid && state != 'Z' && state != 'X')
+        .filter(|&(state, group)| state != 'Z' && state != 'X' && known.contains(&group))
+        .map(|(_, group)| group)
+        .collect();
+    live.sort_unstable();
+    live.dedup();
+    live
+}
+
+/// Whether the kernel still knows group `pgid` (members alive or zombie, or not ours to
+/// signal).
+fn group_exists(pgid: Pid) -> bool {
+    // SAFETY: signal 0 only checks that the group exists; nothing is delivered.
+    let found = unsafe { libc::kill(-pgid, 0) == 0 };
+    found || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// The state letter and process group of `pid`, from `/proc/PID/stat`.
@@ -79,6 +98,7 @@ mod tests {
         let group = group_of(pid).expect("own group");
         assert_eq!(process_state(pid).map(|(_, g)| g), Some(group));
         assert!(has_live_members(group));
+        assert_eq!(live_groups(&[0, group, -1, 1]), [group]);
         assert!(!signal_group(1, 0) && !signal_group(0, 0) && !signal_group(-5, 0));
     }
 }

@@ -4,6 +4,7 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::process_group::{self, Pid};
 use crate::signals;
 use crate::spawn::Rank;
 use crate::watchdog::Watchdog;
@@ -74,7 +75,7 @@ enum Wait {
 fn wait_until_gone(ranks: &mut [Rank], limit: Duration, escalate: bool) -> Wait {
     let deadline = Instant::now() + limit;
     loop {
-        if ranks.iter_mut().all(Rank::is_gone) {
+        if all_gone(ranks) {
             return Wait::Gone;
         }
         if escalate {
@@ -87,6 +88,15 @@ fn wait_until_gone(ranks: &mut [Rank], limit: Duration, escalate: bool) -> Wait 
         }
         thread::sleep(POLL);
     }
+}
+
+/// Whether every rank is reaped and its group empty (one look at `/proc` for all).
+fn all_gone(ranks: &mut [Rank]) -> bool {
+    if ranks.iter_mut().any(|r| r.poll().is_none()) {
+        return false;
+    }
+    let groups: Vec<Pid> = ranks.iter().map(|r| r.pgid).collect();
+    process_group::live_groups(&groups).is_empty()
 }
 
 /// "1 (process group 1234), 3 (process group 1240)".

@@ -107,10 +107,8 @@ pub(crate) fn run() -> ExitCode {
             groups.remove(&pgid);
         }
     }
-    let alive: Vec<Pid> = groups
-        .into_iter()
-        .filter(|&pgid| process_group::has_live_members(pgid))
-        .collect();
+    let groups: Vec<Pid> = groups.into_iter().collect();
+    let alive = process_group::live_groups(&groups);
     if alive.is_empty() {
         return ExitCode::SUCCESS;
     }
@@ -122,11 +120,7 @@ pub(crate) fn run() -> ExitCode {
     }
     let deadline = Instant::now() + KILL_WAIT;
     loop {
-        let left: Vec<Pid> = alive
-            .iter()
-            .copied()
-            .filter(|&pgid| process_group::has_live_members(pgid))
-            .collect();
+        let left = process_group::live_groups(&alive);
         if left.is_empty() {
             return ExitCode::SUCCESS;
         }
