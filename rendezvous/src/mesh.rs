@@ -15,7 +15,7 @@ use ringccl_transports::poll::{wait_any, Interest};
 use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, AuthToken, Role};
-use crate::deadline_io::{read_exact_by, write_all_by};
+use crate::deadline_io::{deadline_after, read_exact_by, write_all_by};
 use crate::hello::{Channel, PeerHello, PEER_HELLO_LEN};
 use crate::store::{resolve, StoreClient, StoreListener, StoreServer};
 
@@ -179,7 +179,7 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
     } = config;
     let own_listener = config.store_listener.take();
     let master = config.master.as_str();
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline_after(timeout);
     let server = if rank == 0 {
         let listener = match own_listener {
             Some(listener) => listener,

@@ -13,7 +13,7 @@ use super::protocol::{
     RESPONSE_HEADER_LEN,
 };
 use crate::auth::{authenticate, mismatch_reason, AuthToken, Role};
-use crate::deadline_io::{read_exact_by, write_all_by};
+use crate::deadline_io::{deadline_after, read_exact_by, write_all_by};
 
 /// Longest single connection attempt; a rank retries until its deadline.
 const CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
@@ -47,7 +47,7 @@ impl StoreClient {
         timeout: Duration,
         token: Option<AuthToken>,
     ) -> Result<StoreClient, SetupError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let mut backoff = Duration::from_millis(5);
         let mut last_error = String::from("no attempt made");
         loop {
@@ -172,7 +172,7 @@ impl StoreClient {
                 value.len()
             )));
         }
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         let message = encode_request(op, key.as_bytes(), value);
         let mut header = [0u8; RESPONSE_HEADER_LEN];
         write_all_by(&self.stream, &message, deadline)
