@@ -218,7 +218,7 @@ pub(crate) fn settle(backend: &dyn Backend, refusal: Refusal) -> Error {
         tracing::warn!(rank = backend.rank(), %cause, "aborting the process group");
         backend.abort(cause);
     }
-    refusal.error
+    *refusal.error
 }
 
 impl fmt::Debug for ProcessGroup {

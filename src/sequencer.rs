@@ -56,7 +56,8 @@ impl State {
 /// broke the group (the caller passes it to `Backend::abort`, outside the lock).
 #[derive(Debug)]
 pub(crate) struct Refusal {
-    pub(crate) error: Error,
+    /// Boxed: refusals are rare, and the `Result`s that carry them stay small.
+    pub(crate) error: Box<Error>,
     pub(crate) abort: Option<String>,
 }
 
@@ -113,7 +114,7 @@ impl Sequencer {
     fn take_ticket(&self, state: &mut State, op: &'static str) -> Result<u64, Refusal> {
         if let Some(cause) = &state.broken {
             return Err(Refusal {
-                error: self.broken_error(cause),
+                error: Box::new(self.broken_error(cause)),
                 abort: None,
             });
         }
@@ -130,7 +131,7 @@ impl Sequencer {
                 let cause = error.to_string();
                 state.broken = Some(cause.clone());
                 return Err(Refusal {
-                    error,
+                    error: Box::new(error),
                     abort: Some(cause),
                 });
             }
@@ -190,7 +191,7 @@ impl Sequencer {
                 // Given up by its `Work`, which already reported why.
                 let cause = state.broken.as_deref().unwrap_or("the call was abandoned");
                 return Err(Refusal {
-                    error: self.broken_error(cause),
+                    error: Box::new(self.broken_error(cause)),
                     abort: None,
                 });
             };
@@ -199,7 +200,10 @@ impl Sequencer {
                     let error = self.broken_error(cause);
                     state.advance();
                     self.notify(&state);
-                    return Err(Refusal { error, abort: None });
+                    return Err(Refusal {
+                        error: Box::new(error),
+                        abort: None,
+                    });
                 }
                 state.pending[0].started = true;
                 return Ok(Turn {
@@ -249,7 +253,10 @@ impl Sequencer {
         if let Some(cause) = &abort {
             state.broken = Some(cause.clone());
         }
-        Refusal { error, abort }
+        Refusal {
+            error: Box::new(error),
+            abort,
+        }
     }
 
     /// At the deadline of an asynchronous call: gives it up if it is still queued
@@ -370,7 +377,7 @@ mod tests {
         let text = refusal.error.to_string();
         assert!(
             matches!(
-                refusal.error,
+                *refusal.error,
                 Error::QueueTimeout {
                     rank: 3,
                     call: 2,
@@ -388,7 +395,7 @@ mod tests {
         assert!(matches!(running.finish(), Err(Error::GroupBroken { .. })));
         // The abandoned ticket is skipped; the later one gets its turn and is refused.
         let refusal = seq.turn(later, Deadline::after(LONG)).unwrap_err();
-        assert!(matches!(refusal.error, Error::GroupBroken { .. }));
+        assert!(matches!(*refusal.error, Error::GroupBroken { .. }));
         assert!(refusal.abort.is_none(), "the group is aborted once");
         assert!(seq.issue("barrier", |t| t).is_err());
     }
@@ -408,7 +415,7 @@ mod tests {
             .unwrap();
         let text = refusal.error.to_string();
         assert!(
-            matches!(refusal.error, Error::ConcurrentUse { rank: 1, .. }),
+            matches!(*refusal.error, Error::ConcurrentUse { rank: 1, .. }),
             "{text}"
         );
         for needle in [
@@ -451,7 +458,10 @@ mod tests {
         let first = seq.issue("all_reduce", |t| t).unwrap();
         let second = seq.issue("barrier", |t| t).unwrap();
         let refusal = seq.give_up(first, Deadline::after(Duration::ZERO)).unwrap();
-        assert!(matches!(refusal.error, Error::QueueTimeout { call: 1, .. }));
+        assert!(matches!(
+            *refusal.error,
+            Error::QueueTimeout { call: 1, .. }
+        ));
         assert!(seq.turn(first, Deadline::after(LONG)).is_err());
         // The group is broken, so the next call is refused at its turn, without waiting.
         let started = Instant::now();
