@@ -115,21 +115,25 @@ impl<T> Work<T> {
         if self.taken {
             return Some(Err(self.already_taken()));
         }
-        let now = Instant::now();
-        let until = now
-            .checked_add(timeout)
-            .map_or(self.queued.deadline.at(), |t| {
-                t.min(self.queued.deadline.at())
-            });
-        let result = match self.result.recv_deadline(until) {
+        let until = Instant::now().checked_add(timeout);
+        let deadline = self.queued.deadline.at();
+        let first = until.map_or(deadline, |until| until.min(deadline));
+        let mut outcome = self.result.recv_deadline(first);
+        if matches!(outcome, Err(RecvTimeoutError::Timeout)) && self.queued.deadline.has_passed() {
+            if let Some(error) = self.give_up() {
+                self.taken = true;
+                return Some(Err(error));
+            }
+            // Running (bounded by its own deadline): wait out the rest of `timeout`.
+            outcome = match until {
+                Some(until) => self.result.recv_deadline(until),
+                None => self.result.recv().map_err(RecvTimeoutError::from),
+            };
+        }
+        let result = match outcome {
             Ok(result) => result,
             Err(RecvTimeoutError::Disconnected) => Err(self.worker_gone()),
-            Err(RecvTimeoutError::Timeout) => {
-                if !self.queued.deadline.has_passed() {
-                    return None;
-                }
-                Err(self.give_up()?)
-            }
+            Err(RecvTimeoutError::Timeout) => return None,
         };
         self.taken = true;
         Some(result)
