@@ -164,9 +164,11 @@ fn two_threads_issuing_at_once_get_an_error_never_mixed_data() {
 
 /// The issue's own scenario, free-running: both ranks' threads start together and call
 /// until they get an error. The overlap is caught and the group aborted on both ranks.
-/// What cannot be promised here: the very first calls may pair up crosswise and finish
-/// on a rank before any rank has seen two threads' calls pending at once (see
-/// docs/reliability.md); the count of such results is printed, not asserted.
+/// What cannot be promised here: until some rank sees two threads' calls pending at
+/// once, each rank just runs one thread's calls after the other, and the ranks may pair
+/// them crosswise (rank 0's "a" with rank 1's "b"): those results are mixed and nothing
+/// local can tell (it looks exactly like one thread issuing calls in different orders on
+/// different ranks). Their count is printed, not asserted.
 #[test]
 fn threads_racing_from_the_start_are_caught_and_abort_both_ranks() {
     let _guard = heavy_lock();
