@@ -51,10 +51,9 @@ impl ProcessGroup {
     /// A group over NCCL, whose device-buffer methods go straight to it.
     #[cfg(feature = "nccl")]
     pub(crate) fn from_nccl(nccl: Arc<ringccl_nccl::NcclBackend>) -> ProcessGroup {
-        ProcessGroup {
-            nccl: Some(Arc::clone(&nccl)),
-            ..ProcessGroup::around(nccl.group())
-        }
+        let mut group = ProcessGroup::around(nccl.group());
+        group.nccl = Some(nccl);
+        group
     }
 
     fn around(backend: Arc<dyn Backend>) -> ProcessGroup {
@@ -219,6 +218,23 @@ pub(crate) fn settle(backend: &dyn Backend, refusal: Refusal) -> Error {
         backend.abort(cause);
     }
     *refusal.error
+}
+
+/// Dropping a group with operations still pending (queued `*_async` calls whose `Work`
+/// was dropped, or a call still running) aborts it: those operations would otherwise run
+/// on, unobserved, while the peers wait for this rank; instead every peer is told at once.
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        let pending = self.sequencer.pending();
+        if !pending.is_empty() {
+            self.backend.abort(&format!(
+                "rank {} dropped its ProcessGroup with {} operation(s) still pending ({})",
+                self.rank(),
+                pending.len(),
+                pending.join(", ")
+            ));
+        }
+    }
 }
 
 impl fmt::Debug for ProcessGroup {

@@ -96,6 +96,16 @@ impl Sequencer {
         }
     }
 
+    /// The names of the operations issued but not finished, in issue order.
+    pub(crate) fn pending(&self) -> Vec<&'static str> {
+        self.lock()
+            .pending
+            .iter()
+            .filter(|p| !p.abandoned)
+            .map(|p| p.op)
+            .collect()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update of the state is complete before the lock is released (nothing in
         // between can panic): a poisoned lock still holds consistent values.
