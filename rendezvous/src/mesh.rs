@@ -16,7 +16,7 @@ use crate::{MeshConfig, SetupError};
 use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, AuthToken, Role};
-use crate::deadline_io::{read_exact_by, write_all_by};
+use crate::deadline_io::{read_exact_by, read_some_by, write_all_by};
 use crate::fd_limit;
 use crate::hello::{Channel, PeerHello, PEER_HELLO_LEN};
 use crate::job::{addr_key, rank_key, this_process, JobRecord, JOB_KEY};
@@ -77,7 +77,7 @@ impl Mesh {
     /// the store it hosts outlives every start-up reader. Returns the connections, still
     /// blocking, `None` at this rank's own index, and the store, which the group keeps
     /// for its lifetime.
-    pub fn finish(self, deadline: Instant) -> Result<(MeshConnections, KeptStore), SetupError> {
+    pub fn finish(mut self, deadline: Instant) -> Result<(MeshConnections, KeptStore), SetupError> {
         let rank = self.rank;
         let failed = |peer: usize, e: io::Error| SetupError::Io {
             rank,
@@ -98,14 +98,20 @@ impl Mesh {
                     )
                 })
         };
-        if rank != 0 {
-            write_all_by(connection(0)?, &[1], deadline).map_err(|e| failed(0, e))?;
+        let done = if rank != 0 {
+            connection(0).and_then(|c| write_all_by(c, &[1], deadline).map_err(|e| failed(0, e)))
         } else {
-            for peer in 1..self.world_size {
+            (1..self.world_size).try_for_each(|peer| {
                 let mut byte = [0u8; 1];
-                read_exact_by(connection(peer)?, &mut byte, deadline)
-                    .map_err(|e| failed(peer, e))?;
+                read_exact_by(connection(peer)?, &mut byte, deadline).map_err(|e| failed(peer, e))
+            })
+        };
+        if let Err(e) = done {
+            let e = abandoned_instead(&mut self.store, e);
+            if let Some(server) = &self._server {
+                linger_until_heard(server, &e);
             }
+            return Err(e);
         }
         let store = KeptStore {
             _client: self.store,
@@ -227,13 +233,52 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
             _server: server,
         }),
         Err(e) => {
-            if matches!(e, SetupError::DescriptorsExhausted { .. }) {
+            let e = match e {
                 // Tell the others, who would otherwise wait for this rank until their
                 // deadline (the abort needs no new descriptor).
-                let _ = store.abort(&e.to_string());
+                SetupError::DescriptorsExhausted { .. } => {
+                    let _ = store.abort(&e.to_string());
+                    e
+                }
+                own @ (SetupError::DuplicateRank { .. }
+                | SetupError::RendezvousAborted { .. }
+                | SetupError::AttemptMismatch { .. }) => own,
+                other => abandoned_instead(&mut store, other),
+            };
+            let e = own_store_failure(e);
+            if let Some(server) = &server {
+                linger_until_heard(server, &e);
             }
-            Err(own_store_failure(e))
+            Err(e)
         }
+    }
+}
+
+/// How long rank 0 keeps an aborted store up for the ranks still to hear why.
+const ABORT_LINGER: Duration = Duration::from_secs(3);
+
+/// On rank 0, when start-up was abandoned for everyone, keeps the store up until every
+/// connected rank has heard why (at most [`ABORT_LINGER`]): taking it away at once would
+/// leave them "connection closed" instead of the reason.
+fn linger_until_heard(server: &StoreServer, error: &SetupError) {
+    let abandoned = matches!(
+        error,
+        SetupError::RendezvousAborted { .. }
+            | SetupError::DuplicateRank { .. }
+            | SetupError::DescriptorsExhausted { .. }
+    );
+    if abandoned && !server.await_abort_heard(Instant::now() + ABORT_LINGER) {
+        debug!("some ranks had not heard why start-up was abandoned when rank 0 gave up");
+    }
+}
+
+/// `error`, unless start-up was abandoned meanwhile: then the reason published in the
+/// store, which is the cause (a rank that gave up closes its connections right after
+/// publishing why, so its peers usually see the closed connection first).
+fn abandoned_instead(store: &mut StoreClient, error: SetupError) -> SetupError {
+    match store.check() {
+        Err(aborted @ SetupError::RendezvousAborted { .. }) => aborted,
+        _ => error,
     }
 }
 
@@ -478,8 +523,10 @@ fn connect_lower(
             }
         };
         let mut raw = [0u8; PEER_HELLO_LEN];
-        let exchanged = write_all_by(&stream, &me.encode(), deadline)
-            .and_then(|()| read_exact_by(&stream, &mut raw, deadline));
+        let exchanged = match write_all_by(&stream, &me.encode(), deadline) {
+            Ok(()) => read_answer(&stream, &mut raw, deadline, store)?,
+            Err(e) => Err(e),
+        };
         match exchanged {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::TimedOut => {
@@ -509,4 +556,31 @@ fn connect_lower(
         }
         return Ok(stream);
     }
+}
+
+/// Reads a lower rank's answer to this rank's hello by `deadline`, asking the store every
+/// [`ABORT_CHECK`] meanwhile whether start-up was abandoned (a rank that ran out of
+/// descriptors never accepts, and says so only through the store). The outer error is
+/// the abandonment; the inner one the connection's.
+fn read_answer(
+    stream: &TcpStream,
+    raw: &mut [u8],
+    deadline: Instant,
+    store: &mut StoreClient,
+) -> Result<io::Result<()>, SetupError> {
+    let mut done = 0;
+    while done < raw.len() {
+        let slice_end = deadline.min(Instant::now() + ABORT_CHECK);
+        match read_some_by(stream, &mut raw[done..], slice_end) {
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                if Instant::now() >= deadline {
+                    return Ok(Err(e));
+                }
+                store.check()?;
+            }
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+    Ok(Ok(()))
 }

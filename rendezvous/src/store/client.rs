@@ -84,6 +84,8 @@ impl StoreClient {
         let deadline = Instant::now() + timeout;
         let mut backoff = Duration::from_millis(5);
         let mut last_error = String::from("no attempt made");
+        // The address whose last connection was accepted but left unanswered, if any.
+        let mut silent = None;
         loop {
             for &addr in addrs {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -105,6 +107,7 @@ impl StoreClient {
                             Ok(()) => return Ok(client),
                             Err(Greeting::Failed(e)) => return Err(e),
                             Err(Greeting::Unanswered(why)) => {
+                                silent = Some(addr);
                                 last_error = format!("{addr}: {why}");
                             }
                         }
@@ -116,10 +119,23 @@ impl StoreClient {
                             &e,
                         ));
                     }
-                    Err(e) => last_error = format!("{addr}: {e}"),
+                    Err(e) => {
+                        silent = None;
+                        last_error = format!("{addr}: {e}");
+                    }
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
+            if let (true, Some(addr)) = (left.is_zero(), silent) {
+                // Something accepts connections there but does not answer as a store.
+                return Err(SetupError::RendezvousTimeout {
+                    rank,
+                    waiting_for: format!(
+                        "the rendezvous store at {addr} to answer ({last_error}; is something other than rank 0 listening there?)"
+                    ),
+                    timeout,
+                });
+            }
             if left.is_zero() {
                 return Err(SetupError::StoreUnreachable {
                     rank,
@@ -144,8 +160,8 @@ impl StoreClient {
             .and_then(|()| read_exact_by(&self.stream, &mut reply, deadline))
             .map_err(|e| {
                 Greeting::Unanswered(if e.kind() == io::ErrorKind::TimedOut {
-                    "the store accepted the connection but did not answer its hello in time \
-                     (is rank 0 overloaded, or out of file descriptors: see its RLIMIT_NOFILE?)"
+                    "the connection was accepted but the hello went unanswered \
+                     (if rank 0 is there, is it overloaded or out of file descriptors: see its RLIMIT_NOFILE?)"
                         .to_string()
                 } else {
                     format!("the store closed the connection before answering its hello ({e})")

@@ -51,6 +51,9 @@ struct Shared {
     pending: PendingConnections,
     /// Connections past their hello.
     introduced: AtomicUsize,
+    /// Connections past their hello that have not yet been told the store was aborted
+    /// (answered `Aborted`, or asked for the abort themselves).
+    unaware: AtomicUsize,
     /// Why the store ran out of descriptors, once it has.
     exhausted: Mutex<Option<String>>,
 }
@@ -127,6 +130,7 @@ impl StoreServer {
                 format!("the rendezvous store on {addr}"),
             ),
             introduced: AtomicUsize::new(0),
+            unaware: AtomicUsize::new(0),
             exhausted: Mutex::new(None),
         });
         let thread_shared = Arc::clone(&shared);
@@ -165,6 +169,34 @@ impl StoreServer {
     /// ```
     pub fn descriptors_exhausted(&self) -> Option<String> {
         locked(&self.shared.exhausted).clone()
+    }
+}
+
+impl StoreServer {
+    /// Once the store has been aborted, waits until every connected client has been told
+    /// (answered with the reason, or has asked for the abort itself) or has gone, or until
+    /// `until`; returns whether all were told. Rank 0 calls it before it gives up, so that
+    /// taking the store away does not hide the reason from ranks still waiting.
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, StoreListener};
+    /// let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// client.abort("giving up")?;
+    /// assert!(server.await_abort_heard(Instant::now() + Duration::from_secs(5)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn await_abort_heard(&self, until: Instant) -> bool {
+        loop {
+            if self.shared.unaware.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
@@ -288,12 +320,36 @@ impl From<ProtocolError> for ClientError {
     }
 }
 
-/// Counts a connection among the introduced ones while it lives.
-struct Introduced<'a>(&'a AtomicUsize);
+/// Counts a connection among the introduced ones, and among those not yet told of an
+/// abort, while it lives.
+struct Introduced<'a> {
+    shared: &'a Shared,
+    told: bool,
+}
+
+impl<'a> Introduced<'a> {
+    fn new(shared: &'a Shared) -> Introduced<'a> {
+        shared.introduced.fetch_add(1, Ordering::SeqCst);
+        shared.unaware.fetch_add(1, Ordering::SeqCst);
+        Introduced {
+            shared,
+            told: false,
+        }
+    }
+
+    /// This client now knows the store was aborted.
+    fn told(&mut self) {
+        if !self.told {
+            self.told = true;
+            self.shared.unaware.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
 
 impl Drop for Introduced<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.told();
+        self.shared.introduced.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -364,8 +420,7 @@ fn introduce(stream: &TcpStream, admission: &Admission, shared: &Shared) -> Resu
 fn serve(stream: &TcpStream, admission: Admission, shared: &Shared) -> Result<(), ClientError> {
     introduce(stream, &admission, shared)?;
     admission.introduced();
-    shared.introduced.fetch_add(1, Ordering::SeqCst);
-    let _introduced = Introduced(&shared.introduced);
+    let mut introduced = Introduced::new(shared);
     let mut header = [0u8; REQUEST_HEADER_LEN];
     loop {
         // Wait for the first byte of the next request without a deadline on idleness,
@@ -397,9 +452,13 @@ fn serve(stream: &TcpStream, admission: Admission, shared: &Shared) -> Result<()
         read_exact_by(stream, &mut key, deadline)?;
         let mut value = vec![0u8; request.value_len];
         read_exact_by(stream, &mut value, deadline)?;
-        let (status, body) = apply(shared, request.op, key, value);
+        let op = request.op;
+        let (status, body) = apply(shared, op, key, value);
         let response = encode_response(status, &body);
         write_all_by(stream, &response, Instant::now() + CLIENT_STALL_LIMIT)?;
+        if status == Status::Aborted || op == Op::Abort {
+            introduced.told();
+        }
     }
 }
 
