@@ -19,9 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::{heavy_lock, run_threads_on};
 use ringccl::core::store::StoreClient;
-use ringccl::{
-    init_process_group, Error, InitOptions, ReduceOp, StoreListener, TransportKind,
-};
+use ringccl::{init_process_group, Error, InitOptions, ReduceOp, StoreListener, TransportKind};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// Deadline of the ranks in the tests where some rank must fail: short enough to wait
@@ -144,7 +142,13 @@ impl Children {
 
     /// Starts rank `rank` of `world`; `port` is the store's (none: the child hosts it).
     /// Returns the child's index.
-    fn spawn(&mut self, rank: usize, world: usize, port: Option<u16>, env: &[(&str, String)]) -> usize {
+    fn spawn(
+        &mut self,
+        rank: usize,
+        world: usize,
+        port: Option<u16>,
+        env: &[(&str, String)],
+    ) -> usize {
         let exe = std::env::current_exe().expect("test binary");
         let mut command = Command::new(exe);
         command
@@ -152,7 +156,10 @@ impl Children {
             .env(CHILD_VAR, self.test)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", world.to_string())
-            .env("RINGCCL_TEST_TIMEOUT", FAILING_TIMEOUT.as_secs().to_string())
+            .env(
+                "RINGCCL_TEST_TIMEOUT",
+                FAILING_TIMEOUT.as_secs().to_string(),
+            )
             .env_remove("MASTER_PORT")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -193,7 +200,11 @@ impl Children {
                 .unwrap_or_else(|_| panic!("no {mark:?} line from the children within {within:?}"));
             // libtest may print "test NAME ... " on the same line first.
             if let Some(at) = line.text.find(mark) {
-                return (line.child, line.at, line.text[at + mark.len()..].to_string());
+                return (
+                    line.child,
+                    line.at,
+                    line.text[at + mark.len()..].to_string(),
+                );
             }
         }
     }
@@ -360,10 +371,19 @@ fn silent_strangers_leave_no_descriptors_behind() {
     );
     // At most 16 silent connections from one address wait at once (each with the
     // registry's duplicate): the rest were cut off as they came.
-    assert!(flooded <= before + ours + 2 * 16 + 8, "{flooded} open after the flood (before: {before})");
-    assert!(refused <= before + ours + 4, "{refused} open past the hello limit (before: {before})");
+    assert!(
+        flooded <= before + ours + 2 * 16 + 8,
+        "{flooded} open after the flood (before: {before})"
+    );
+    assert!(
+        refused <= before + ours + 4,
+        "{refused} open past the hello limit (before: {before})"
+    );
     assert!(refused_after < HELLO_LIMIT + SLACK, "{refused_after:?}");
-    assert!(after <= before + 4, "{after} open after the strangers left (before: {before})");
+    assert!(
+        after <= before + 4,
+        "{after} open after the strangers left (before: {before})"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -388,18 +408,29 @@ fn a_rank_out_of_file_descriptors_names_rlimit_nofile() {
     let others: Vec<_> = (1..3)
         .map(|rank| start_thread(rank, 3, addr.clone(), FAILING_TIMEOUT))
         .collect();
-    let (at, outcome) = ranks.results(1, FAILING_TIMEOUT + SLACK)[0].clone().unwrap();
+    let (at, outcome) = ranks.results(1, FAILING_TIMEOUT + SLACK)[0]
+        .clone()
+        .unwrap();
     if let Some(why) = outcome.strip_prefix("skipped ") {
         eprintln!("skipped: cannot lower RLIMIT_NOFILE: {why}");
         return;
     }
-    eprintln!("rank 0 (6 spare descriptors), after {:?}: {outcome}", at - started);
-    assert!(outcome.starts_with("err ") && outcome.contains("RLIMIT_NOFILE"), "{outcome}");
+    eprintln!(
+        "rank 0 (6 spare descriptors), after {:?}: {outcome}",
+        at - started
+    );
+    assert!(
+        outcome.starts_with("err ") && outcome.contains("RLIMIT_NOFILE"),
+        "{outcome}"
+    );
     assert!(at - started < FAILING_TIMEOUT, "{:?}", at - started);
     for (rank, other) in (1..).zip(others) {
         let (at, outcome) = other.join().unwrap();
         eprintln!("rank {rank}, after {:?}: {outcome:?}", at - started);
-        assert!(outcome.is_err(), "rank {rank} formed a group without rank 0");
+        assert!(
+            outcome.is_err(),
+            "rank {rank} formed a group without rank 0"
+        );
         assert!(at - started < FAILING_TIMEOUT + SLACK, "{:?}", at - started);
     }
 
@@ -418,15 +449,30 @@ fn a_rank_out_of_file_descriptors_names_rlimit_nofile() {
     let mut ranks = Children::new(NAME);
     ranks.spawn(1, 3, Some(store_addr.port()), &spare(6));
     let rank2 = start_thread(2, 3, store_addr.to_string(), FAILING_TIMEOUT);
-    let (at, outcome) = ranks.results(1, FAILING_TIMEOUT + SLACK)[0].clone().unwrap();
-    eprintln!("rank 1 (6 spare descriptors), after {:?}: {outcome}", at - started);
-    assert!(outcome.starts_with("err ") && outcome.contains("RLIMIT_NOFILE"), "{outcome}");
+    let (at, outcome) = ranks.results(1, FAILING_TIMEOUT + SLACK)[0]
+        .clone()
+        .unwrap();
+    eprintln!(
+        "rank 1 (6 spare descriptors), after {:?}: {outcome}",
+        at - started
+    );
+    assert!(
+        outcome.starts_with("err ") && outcome.contains("RLIMIT_NOFILE"),
+        "{outcome}"
+    );
     for (rank, other) in [(0, rank0), (2, rank2)] {
         let (at, outcome) = other.join().unwrap();
         eprintln!("rank {rank}, after {:?}: {outcome:?}", at - started);
         let text = outcome.expect_err("no group without rank 1");
-        assert!(text.contains("RLIMIT_NOFILE") && text.contains("rank 1"), "rank {rank}: {text}");
-        assert!(at - started < SLACK, "rank {rank} learned after {:?}", at - started);
+        assert!(
+            text.contains("RLIMIT_NOFILE") && text.contains("rank 1"),
+            "rank {rank}: {text}"
+        );
+        assert!(
+            at - started < SLACK,
+            "rank {rank} learned after {:?}",
+            at - started
+        );
     }
 }
 
@@ -453,7 +499,10 @@ fn a_rank_started_twice_fails_both_claimants_naming_it() {
     for (child, result) in results.iter().enumerate() {
         let (at, outcome) = result.clone().unwrap();
         let rank = usize::from(child == first || child == second);
-        eprintln!("child {child} (rank {rank}) after {:?}: {outcome}", at - both_started);
+        eprintln!(
+            "child {child} (rank {rank}) after {:?}: {outcome}",
+            at - both_started
+        );
         assert!(
             outcome.starts_with("err ") && outcome.contains("rank 1 was started twice (by "),
             "rank {rank}: {outcome}"
@@ -478,7 +527,9 @@ fn a_process_of_another_attempt_cannot_join() {
     let listener = StoreListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let rank0 = {
-        let opts = options(0, 2, &addr, TIMEOUT).attempt(1).store_listener(listener);
+        let opts = options(0, 2, &addr, TIMEOUT)
+            .attempt(1)
+            .store_listener(listener);
         thread::spawn(move || {
             let pg = init_process_group("gloo", opts)?;
             let mut x = [1i64];

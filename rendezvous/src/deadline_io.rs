@@ -35,7 +35,11 @@ pub(crate) fn read_exact_by(
 
 /// Reads at least one byte into `buf` from `stream` (which must not be empty), or fails
 /// with `TimedOut` once `deadline` passes. A closed connection is `UnexpectedEof`.
-pub(crate) fn read_some_by(stream: &TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<usize> {
+pub(crate) fn read_some_by(
+    stream: &TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> io::Result<usize> {
     loop {
         stream.set_read_timeout(Some(remaining(deadline)?))?;
         match (&*stream).read(buf) {

@@ -101,7 +101,13 @@ mod tests {
             .unwrap_or_default()
             .lines()
             .find(|l| l.starts_with("Max open files"))
-            .map(|l| l.split_whitespace().skip(3).take(2).collect::<Vec<_>>().join(" "));
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(3)
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            });
         if let Some(proc_line) = proc_line {
             assert_eq!(proc_line, format!("{soft} {hard}"));
         }

@@ -103,9 +103,6 @@ mod tests {
     #[test]
     fn this_process_names_host_and_pid() {
         let me = this_process();
-        assert!(
-            me.ends_with(&format!(":{}", std::process::id())),
-            "{me}"
-        );
+        assert!(me.ends_with(&format!(":{}", std::process::id())), "{me}");
     }
 }

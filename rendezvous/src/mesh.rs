@@ -209,18 +209,16 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
     };
     let connected =
         StoreClient::connect_authenticated(&store_addrs, rank, timeout, config.auth_token.clone());
-    let own_store_failure = |e: SetupError| match server
-        .as_ref()
-        .and_then(StoreServer::descriptors_exhausted)
-    {
-        // Rank 0's own store ran out of descriptors: that is the cause, whatever the symptom.
-        Some(detail) => SetupError::DescriptorsExhausted {
-            rank,
-            during: "accepting connections to the rendezvous store it hosts".into(),
-            detail,
-        },
-        None => e,
-    };
+    let own_store_failure =
+        |e: SetupError| match server.as_ref().and_then(StoreServer::descriptors_exhausted) {
+            // Rank 0's own store ran out of descriptors: that is the cause, whatever the symptom.
+            Some(detail) => SetupError::DescriptorsExhausted {
+                rank,
+                during: "accepting connections to the rendezvous store it hosts".into(),
+                detail,
+            },
+            None => e,
+        };
     let mut store = connected.map_err(own_store_failure)?;
     match join(&config, &mut store, deadline) {
         Ok((job_id, connections)) => Ok(Mesh {
@@ -334,7 +332,10 @@ fn join(
         return Err(duplicate(
             store,
             rank,
-            format!("the process listening on {}", String::from_utf8_lossy(&first)),
+            format!(
+                "the process listening on {}",
+                String::from_utf8_lossy(&first)
+            ),
         ));
     }
     debug!(rank, %listen_addr, attempt, "listening for the higher ranks' connections");
@@ -400,7 +401,13 @@ fn join(
         }
     }
     drop(acceptor);
-    info!(rank, world_size, job_id = job.job_id, attempt, "TCP mesh connected");
+    info!(
+        rank,
+        world_size,
+        job_id = job.job_id,
+        attempt,
+        "TCP mesh connected"
+    );
     Ok((job.job_id, MeshConnections { data, control }))
 }
 

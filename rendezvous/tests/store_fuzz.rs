@@ -1,7 +1,9 @@
 //! Fuzzing the rendezvous store's decoders: random bytes never panic or allocate by a
 //! stranger's number (lengths above the limits are refused at the header), accepted
 //! headers are canonical, and the regression corpus in `tests/corpus/store_*` is
-//! replayed. A live store is also fed random byte streams and must keep serving.
+//! replayed. A live store is also fed random byte streams and must keep serving, answers
+//! random sequences of set / set-if-absent / get as a map would, gives a racing
+//! set-if-absent exactly one winner, and once aborted answers everything with the reason.
 
 use std::fs;
 use std::io::Write;
@@ -117,7 +119,8 @@ fn set_if_absent_has_exactly_one_winner() {
         let racers: Vec<_> = (0..8u8)
             .map(|i| {
                 scope.spawn(move || {
-                    let mut client = StoreClient::connect(&[addr], 0, Duration::from_secs(30)).unwrap();
+                    let mut client =
+                        StoreClient::connect(&[addr], 0, Duration::from_secs(30)).unwrap();
                     client.set_if_absent("ringccl/rank/1", &[i]).unwrap()
                 })
             })
@@ -127,7 +130,10 @@ fn set_if_absent_has_exactly_one_winner() {
     let winners: Vec<usize> = (0..8).filter(|&i| answers[i].is_none()).collect();
     assert_eq!(winners.len(), 1, "{answers:?}");
     let winner = [winners[0] as u8];
-    assert!(answers.iter().flatten().all(|v| v.as_slice() == winner), "{answers:?}");
+    assert!(
+        answers.iter().flatten().all(|v| v.as_slice() == winner),
+        "{answers:?}"
+    );
 }
 
 /// Once aborted, the store answers every request with the first reason, on every
@@ -148,7 +154,9 @@ fn an_aborted_store_answers_everything_with_the_first_reason() {
         waiter.get("k").unwrap_err(),
         waiter.set("k", b"w").unwrap_err(),
         waiter.set_if_absent("new", b"w").unwrap_err(),
-        waiter.wait("never", deadline, &|| "nobody".into()).unwrap_err(),
+        waiter
+            .wait("never", deadline, &|| "nobody".into())
+            .unwrap_err(),
         StoreClient::connect(&[addr], 3, Duration::from_secs(30))
             .unwrap()
             .get("k")

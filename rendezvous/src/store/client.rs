@@ -221,7 +221,11 @@ impl StoreClient {
     /// assert_eq!(client.set_if_absent("owner", b"second")?, Some(b"first".to_vec()));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn set_if_absent(&mut self, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>, SetupError> {
+    pub fn set_if_absent(
+        &mut self,
+        key: &str,
+        value: &[u8],
+    ) -> Result<Option<Vec<u8>>, SetupError> {
         match self.request(Op::SetIfAbsent, key, value)? {
             (Status::Ok, _) => Ok(None),
             (Status::Exists, existing) => Ok(Some(existing)),

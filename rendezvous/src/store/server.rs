@@ -68,7 +68,9 @@ struct Data {
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while holding these locks; recover the state regardless.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A running rendezvous store. Stops when dropped: pending connections are cut off at
@@ -374,7 +376,11 @@ fn serve_client(stream: TcpStream, peer: SocketAddr, admission: Admission, share
 
 /// The hello (and challenge–response) of a pending connection; `CutOff` if the registry
 /// cut it off meanwhile.
-fn introduce(stream: &TcpStream, admission: &Admission, shared: &Shared) -> Result<(), ClientError> {
+fn introduce(
+    stream: &TcpStream,
+    admission: &Admission,
+    shared: &Shared,
+) -> Result<(), ClientError> {
     let cut_off = |e: ClientError| {
         if admission.was_cut_off() {
             ClientError::CutOff
