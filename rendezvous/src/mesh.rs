@@ -220,8 +220,20 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
             None => e,
         };
     let mut store = connected.map_err(own_store_failure)?;
-    match join(&config, &mut store, deadline) {
-        Ok((job_id, connections)) => Ok(Mesh {
+    // Owned here, so that on failure they are closed only after the others were told why.
+    let mut connections = MeshConnections {
+        data: (0..config.world_size).map(|_| None).collect(),
+        control: (0..config.world_size).map(|_| None).collect(),
+    };
+    let mut acceptor = None;
+    match join(
+        &config,
+        &mut store,
+        &mut connections,
+        &mut acceptor,
+        deadline,
+    ) {
+        Ok(job_id) => Ok(Mesh {
             rank,
             world_size: config.world_size,
             job_id,
@@ -281,12 +293,16 @@ fn abandoned_instead(store: &mut StoreClient, error: SetupError) -> SetupError {
 }
 
 /// Everything after the store connection: the job record, the rank's claim, its address,
-/// the connections to lower ranks and from higher ones.
+/// the connections to lower ranks and from higher ones. The connections and the data
+/// listener live in the caller's `connections` and `acceptor`, so that on failure they
+/// stay open until the others have been told why.
 fn join(
     config: &MeshConfig,
     store: &mut StoreClient,
+    connections: &mut MeshConnections,
+    acceptor: &mut Option<PeerAcceptor>,
     deadline: Instant,
-) -> Result<(u64, MeshConnections), SetupError> {
+) -> Result<u64, SetupError> {
     let MeshConfig {
         rank,
         world_size,
@@ -327,7 +343,12 @@ fn join(
     let listen_addr = listener
         .local_addr()
         .map_err(|e| io_error("local address of the data listener".into(), e))?;
-    let mut acceptor = PeerAcceptor::new(listener, me, config.auth_token.clone(), deadline)?;
+    let acceptor = acceptor.insert(PeerAcceptor::new(
+        listener,
+        me,
+        config.auth_token.clone(),
+        deadline,
+    )?);
     if let Some(first) = store.set_if_absent(&addr_key(rank), listen_addr.to_string().as_bytes())? {
         return Err(duplicate(
             store,
@@ -357,8 +378,7 @@ fn join(
                 })?;
         lower_addrs.push(addr);
     }
-    let mut data: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
-    let mut control: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
+    let MeshConnections { data, control } = connections;
     for (peer, addr) in lower_addrs.into_iter().enumerate() {
         for channel in [Channel::Data, Channel::Control] {
             let hello = PeerHello { channel, ..me };
@@ -377,13 +397,13 @@ fn join(
             .collect()
     };
     let mut next_check = Instant::now() + ABORT_CHECK;
-    while !missing(&data, &control).is_empty() {
+    while !missing(data, control).is_empty() {
         if Instant::now() >= next_check {
             store.check()?;
             next_check = Instant::now() + ABORT_CHECK;
         }
         if Instant::now() >= deadline {
-            let missing: Vec<String> = missing(&data, &control)
+            let missing: Vec<String> = missing(data, control)
                 .into_iter()
                 .map(|p| p.to_string())
                 .collect();
@@ -400,7 +420,6 @@ fn join(
             }
         }
     }
-    drop(acceptor);
     info!(
         rank,
         world_size,
@@ -408,7 +427,7 @@ fn join(
         attempt,
         "TCP mesh connected"
     );
-    Ok((job.job_id, MeshConnections { data, control }))
+    Ok(job.job_id)
 }
 
 /// Rank 0 writes the job's record (once); every other rank reads it and checks that the

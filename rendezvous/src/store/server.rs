@@ -1,8 +1,10 @@
 //! The store server: a small accept loop on rank 0, one thread per client connection.
 //!
-//! A connection that has not finished its hello is *pending* ([`PendingConnections`]):
-//! at most [`PENDING_PER_SOURCE`] per address and [`PENDING_TOTAL`] in all, the oldest
-//! cut off to make room, and each dropped after [`CLIENT_STALL_LIMIT`] of silence. The
+//! A connection that has not yet sent a well-formed hello is *pending*
+//! ([`PendingConnections`]): at most [`PENDING_PER_SOURCE`] per address and
+//! [`PENDING_TOTAL`] in all, the oldest cut off to make room, and each dropped after
+//! [`CLIENT_STALL_LIMIT`] of silence. Past its hello a connection counts against
+//! [`MAX_CONNECTIONS`] instead, and is never cut off. The
 //! server keeps no descriptor of its own for a connection: each is closed by its thread
 //! when it ends. Running out of descriptors (`EMFILE`) aborts the store with a reason
 //! naming `RLIMIT_NOFILE`, so the ranks already connected learn why at once.
@@ -33,7 +35,7 @@ use ringccl_transports::poll::{wait_any, Interest};
 const CLIENT_STALL_LIMIT: Duration = Duration::from_secs(10);
 /// How often idle threads look at the stop flag.
 const STOP_CHECK: Duration = Duration::from_millis(100);
-/// Most simultaneous client connections that have introduced themselves; more are refused.
+/// Most simultaneous client connections past their hello; more are refused.
 const MAX_CONNECTIONS: usize = 4096;
 /// Most connections from one address still to send their hello.
 const PENDING_PER_SOURCE: usize = 16;
@@ -374,40 +376,37 @@ fn serve_client(stream: TcpStream, peer: SocketAddr, admission: Admission, share
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// The hello (and challenge–response) of a pending connection; `CutOff` if the registry
-/// cut it off meanwhile.
-fn introduce(
-    stream: &TcpStream,
-    admission: &Admission,
-    shared: &Shared,
-) -> Result<(), ClientError> {
-    let cut_off = |e: ClientError| {
+/// Reads a pending connection's hello; `CutOff` if the registry cut it off meanwhile.
+/// Another version's hello is answered with ours before the error, so that the client
+/// can say what differs too.
+fn read_hello(stream: &TcpStream, admission: &Admission, ours: bool) -> Result<Hello, ClientError> {
+    let mut hello = [0u8; HELLO_LEN];
+    read_exact_by(stream, &mut hello, Instant::now() + CLIENT_STALL_LIMIT).map_err(|e| {
         if admission.was_cut_off() {
             ClientError::CutOff
         } else {
-            e
+            e.into()
         }
-    };
-    let mut hello = [0u8; HELLO_LEN];
-    read_exact_by(stream, &mut hello, Instant::now() + CLIENT_STALL_LIMIT)
-        .map_err(|e| cut_off(e.into()))?;
-    let ours = shared.token.is_some();
-    let theirs = Hello::decode(&hello).inspect_err(|e| {
+    })?;
+    Ok(Hello::decode(&hello).inspect_err(|e| {
         if matches!(e, ProtocolError::Version(_)) {
-            // Another ringccl version: answer, so that the client can say so too.
             let _ = write_all_by(
                 stream,
                 &Hello::current(ours).encode(),
                 Instant::now() + STOP_CHECK,
             );
         }
-    })?;
+    })?)
+}
+
+/// Answers the client's hello and, with a token, runs the challenge–response.
+fn answer_hello(stream: &TcpStream, theirs: Hello, shared: &Shared) -> Result<(), ClientError> {
+    let ours = shared.token.is_some();
     write_all_by(
         stream,
         &Hello::current(ours).encode(),
         Instant::now() + CLIENT_STALL_LIMIT,
-    )
-    .map_err(|e| cut_off(e.into()))?;
+    )?;
     if let Some(reason) = mismatch_reason(ours, theirs.authenticated) {
         return Err(ClientError::Auth(reason));
     }
@@ -418,15 +417,18 @@ fn introduce(
             Role::Acceptor,
             Instant::now() + CLIENT_STALL_LIMIT,
         )
-        .map_err(|reason| cut_off(ClientError::Auth(reason)))?;
+        .map_err(ClientError::Auth)?;
     }
     Ok(())
 }
 
 fn serve(stream: &TcpStream, admission: Admission, shared: &Shared) -> Result<(), ClientError> {
-    introduce(stream, &admission, shared)?;
+    let theirs = read_hello(stream, &admission, shared.token.is_some())?;
+    // A well-formed hello ends the time during which the connection may be cut off: a
+    // client that has read our answer must be able to count on the connection.
     admission.introduced();
     let mut introduced = Introduced::new(shared);
+    answer_hello(stream, theirs, shared)?;
     let mut header = [0u8; REQUEST_HEADER_LEN];
     loop {
         // Wait for the first byte of the next request without a deadline on idleness,
