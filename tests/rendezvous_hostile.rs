@@ -343,8 +343,9 @@ fn silent_strangers_leave_no_descriptors_behind() {
                 } // else: goes away at once
             }
             let ours = silent.len();
-            thread::sleep(Duration::from_millis(500));
-            let flooded = open_fds();
+            // At most 16 silent connections from one address wait at once (each with the
+            // registry's duplicate): the rest are cut off, their threads gone in moments.
+            let flooded = fds_settle_to(before + ours + 2 * 16 + 8, SLACK);
             // Past the hello limit the store has closed its end of every silent one,
             // while the strangers still hold theirs.
             let refused = fds_settle_to(before + ours + 4, HELLO_LIMIT + SLACK);
@@ -369,8 +370,6 @@ fn silent_strangers_leave_no_descriptors_behind() {
          ({:.1} s); {after} after the strangers left",
         refused_after.as_secs_f64()
     );
-    // At most 16 silent connections from one address wait at once (each with the
-    // registry's duplicate): the rest were cut off as they came.
     assert!(
         flooded <= before + ours + 2 * 16 + 8,
         "{flooded} open after the flood (before: {before})"
@@ -433,7 +432,11 @@ fn a_rank_out_of_file_descriptors_names_rlimit_nofile() {
             outcome.is_err(),
             "rank {rank} formed a group without rank 0"
         );
-        assert!(at - started < FAILING_TIMEOUT / 2 + SLACK, "{:?}", at - started);
+        assert!(
+            at - started < FAILING_TIMEOUT / 2 + SLACK,
+            "{:?}",
+            at - started
+        );
     }
 
     // Rank 1 with 6 to spare: enough for the store, its data listener and its two
