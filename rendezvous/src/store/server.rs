@@ -76,7 +76,7 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A running rendezvous store. Stops when dropped: pending connections are cut off at
-/// once, introduced ones are closed by their threads within [`STOP_CHECK`] when idle.
+/// once, introduced ones are closed by their threads within 100 ms when idle.
 pub struct StoreServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
