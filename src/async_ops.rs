@@ -23,7 +23,7 @@ impl ProcessGroup {
         op: ReduceOp,
     ) -> Result<Work<Vec<T>>, Error> {
         validate_reduce(T::DTYPE, op)?;
-        self.queue(move |b, d| {
+        self.queue("all_reduce", move |b, d| {
             b.all_reduce(BufferMut::from_slice(&mut buf), op, d)
                 .map(|()| buf)
         })
@@ -35,7 +35,7 @@ impl ProcessGroup {
         mut buf: Vec<T>,
         root: usize,
     ) -> Result<Work<Vec<T>>, Error> {
-        self.queue(move |b, d| {
+        self.queue("broadcast", move |b, d| {
             b.broadcast(BufferMut::from_slice(&mut buf), root, d)
                 .map(|()| buf)
         })
@@ -43,6 +43,6 @@ impl ProcessGroup {
 
     /// Starts a barrier in the background.
     pub fn barrier_async(&self) -> Result<Work<()>, Error> {
-        self.queue(|b, d| b.barrier(d))
+        self.queue("barrier", |b, d| b.barrier(d))
     }
 }

@@ -11,17 +11,21 @@ impl ProcessGroup {
     /// Reduces `buf` element-wise across all ranks with `op`; every rank ends with the
     /// bit-identical result. `Avg` works on float types only.
     pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<(), Error> {
-        self.in_order(|b, d| b.all_reduce(BufferMut::from_slice(buf), op, d))
+        self.in_order("all_reduce", |b, d| {
+            b.all_reduce(BufferMut::from_slice(buf), op, d)
+        })
     }
 
     /// Copies rank `root`'s `buf` into every rank's `buf`.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<(), Error> {
-        self.in_order(|b, d| b.broadcast(BufferMut::from_slice(buf), root, d))
+        self.in_order("broadcast", |b, d| {
+            b.broadcast(BufferMut::from_slice(buf), root, d)
+        })
     }
 
     /// Returns once every rank has called `barrier`.
     pub fn barrier(&self) -> Result<(), Error> {
-        self.in_order(|b, d| b.barrier(d))
+        self.in_order("barrier", |b, d| b.barrier(d))
     }
 
     /// [`ProcessGroup::all_reduce`] with its own deadline (the group's, from
@@ -39,7 +43,7 @@ impl ProcessGroup {
         op: ReduceOp,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.in_order_within(timeout, |b, d| {
+        self.in_order_within("all_reduce", timeout, |b, d| {
             b.all_reduce(BufferMut::from_slice(buf), op, d)
         })
     }
@@ -51,14 +55,14 @@ impl ProcessGroup {
         root: usize,
         timeout: Duration,
     ) -> Result<(), Error> {
-        self.in_order_within(timeout, |b, d| {
+        self.in_order_within("broadcast", timeout, |b, d| {
             b.broadcast(BufferMut::from_slice(buf), root, d)
         })
     }
 
     /// [`ProcessGroup::barrier`] with its own deadline.
     pub fn barrier_with_timeout(&self, timeout: Duration) -> Result<(), Error> {
-        self.in_order_within(timeout, |b, d| b.barrier(d))
+        self.in_order_within("barrier", timeout, |b, d| b.barrier(d))
     }
 
     /// Reduces `buf` across all ranks into rank `root`'s `buf`. The other ranks' `buf`
@@ -69,13 +73,15 @@ impl ProcessGroup {
         op: ReduceOp,
         root: usize,
     ) -> Result<(), Error> {
-        self.in_order(|b, d| b.reduce(BufferMut::from_slice(buf), op, root, d))
+        self.in_order("reduce", |b, d| {
+            b.reduce(BufferMut::from_slice(buf), op, root, d)
+        })
     }
 
     /// Concatenates every rank's `input`, in rank order, into every rank's `output`
     /// (`output.len() == world_size * input.len()`).
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
-        self.in_order(|b, d| {
+        self.in_order("all_gather", |b, d| {
             b.all_gather(
                 BufferRef::from_slice(input),
                 BufferMut::from_slice(output),
@@ -93,7 +99,7 @@ impl ProcessGroup {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.in_order(|b, d| {
+        self.in_order("reduce_scatter", |b, d| {
             b.reduce_scatter(
                 BufferRef::from_slice(input),
                 BufferMut::from_slice(output),
@@ -106,7 +112,7 @@ impl ProcessGroup {
     /// Exchanges blocks: block `q` of this rank's `input` becomes block `rank` of rank
     /// `q`'s `output`. Both buffers hold `world_size` equal blocks.
     pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<(), Error> {
-        self.in_order(|b, d| {
+        self.in_order("all_to_all", |b, d| {
             b.all_to_all(
                 BufferRef::from_slice(input),
                 BufferMut::from_slice(output),
@@ -119,11 +125,15 @@ impl ProcessGroup {
     /// rank, the same tag, length and type; messages between two ranks are received in
     /// the order they were sent (a different tag or size is reported as an error).
     pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<(), Error> {
-        self.in_order(|b, d| b.send(BufferRef::from_slice(buf), dst, tag, d))
+        self.in_order("send", |b, d| {
+            b.send(BufferRef::from_slice(buf), dst, tag, d)
+        })
     }
 
     /// Receives into `buf` the next message from rank `src`, which must carry `tag`.
     pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<(), Error> {
-        self.in_order(|b, d| b.recv(BufferMut::from_slice(buf), src, tag, d))
+        self.in_order("recv", |b, d| {
+            b.recv(BufferMut::from_slice(buf), src, tag, d)
+        })
     }
 }

@@ -49,7 +49,9 @@ impl Communicator for ProcessGroup {
     }
 
     fn broadcast(&self, buf: BufferMut<'_>, root: usize) -> Result<(), RuntimeError> {
-        Ok(self.in_order(|backend, deadline| backend.broadcast(buf, root, deadline))?)
+        Ok(self.in_order("broadcast", |backend, deadline| {
+            backend.broadcast(buf, root, deadline)
+        })?)
     }
 
     fn all_gather_i64(&self, input: &[i64], output: &mut [i64]) -> Result<(), RuntimeError> {

@@ -95,7 +95,7 @@ impl ProcessGroup {
         op: ReduceOp,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_, d| nccl.all_reduce_device(buf, op, d)),
+            Some(nccl) => self.in_order("all_reduce", |_, d| nccl.all_reduce_device(buf, op, d)),
             None => {
                 validate_reduce(T::DTYPE, op)?;
                 through_host(self.rank(), "all_reduce", buf, true, |host| {
@@ -113,7 +113,7 @@ impl ProcessGroup {
         root: usize,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_, d| nccl.broadcast_device(buf, root, d)),
+            Some(nccl) => self.in_order("broadcast", |_, d| nccl.broadcast_device(buf, root, d)),
             None => through_host(self.rank(), "broadcast", buf, self.rank() != root, |host| {
                 self.broadcast(host, root)
             }),
@@ -128,7 +128,7 @@ impl ProcessGroup {
         root: usize,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_, d| nccl.reduce_device(buf, op, root, d)),
+            Some(nccl) => self.in_order("reduce", |_, d| nccl.reduce_device(buf, op, root, d)),
             None => through_host(self.rank(), "reduce", buf, self.rank() == root, |host| {
                 self.reduce(host, op, root)
             }),
@@ -142,7 +142,9 @@ impl ProcessGroup {
         output: &mut CudaSlice<T>,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_, d| nccl.all_gather_device(input, output, d)),
+            Some(nccl) => self.in_order("all_gather", |_, d| {
+                nccl.all_gather_device(input, output, d)
+            }),
             None => {
                 let rank = self.rank();
                 let host_input = input_on_host(rank, "all_gather", input)?;
@@ -161,7 +163,9 @@ impl ProcessGroup {
         op: ReduceOp,
     ) -> Result<(), Error> {
         match &self.nccl {
-            Some(nccl) => self.in_order(|_, d| nccl.reduce_scatter_device(input, output, op, d)),
+            Some(nccl) => self.in_order("reduce_scatter", |_, d| {
+                nccl.reduce_scatter_device(input, output, op, d)
+            }),
             None => {
                 let rank = self.rank();
                 let host_input = input_on_host(rank, "reduce_scatter", input)?;
@@ -187,9 +191,11 @@ impl ProcessGroup {
         match &self.nccl {
             Some(nccl) => {
                 let nccl = nccl.clone();
-                self.queue(move |_, d| nccl.all_reduce_device(&mut buf, op, d).map(|()| buf))
+                self.queue("all_reduce", move |_, d| {
+                    nccl.all_reduce_device(&mut buf, op, d).map(|()| buf)
+                })
             }
-            None => self.queue(move |backend, d| {
+            None => self.queue("all_reduce", move |backend, d| {
                 through_host(rank, "all_reduce", &mut buf, true, |host| {
                     Ok(backend.all_reduce(BufferMut::from_slice(host), op, d)?)
                 })

@@ -59,6 +59,53 @@ ringccl_rendezvous::setup_error_variants! {
             reason: String,
         },
 
+        /// A call's deadline passed while it was still queued on this rank behind an
+        /// earlier call of the same group. This rank never started it while its peers may
+        /// have, so the group was aborted.
+        #[error(
+            "rank {rank}: {op} (call #{call} on this group) timed out after {timeout:?} while \
+             still queued behind {behind}; it never started on this rank while its peers may \
+             have started it, so the group is now broken: create a new process group. The \
+             earlier call is probably waiting for a peer that is dead, stuck or in a different \
+             collective"
+        )]
+        QueueTimeout {
+            /// The rank.
+            rank: usize,
+            /// The operation that timed out (`"barrier"`, `"all_reduce"`, …).
+            op: &'static str,
+            /// Its number among the calls issued on this group on this rank (from 1).
+            call: u64,
+            /// The deadline that passed.
+            timeout: Duration,
+            /// The earlier call it was waiting for, e.g. `all_reduce (call #4), which is
+            /// still running`.
+            behind: String,
+        },
+
+        /// Two threads issued calls on one group at the same time. The other ranks may
+        /// have paired the calls differently, so the call was refused and the group aborted.
+        #[error(
+            "rank {rank}: {thread} issued {op} while {pending}, issued by {other_thread}, is \
+             still pending on this process group. Calls from two threads at once can be \
+             paired with the other ranks' calls in a different order and silently mix their \
+             buffers, so this call was refused and the group is now broken: create a new \
+             one. Give each thread its own process group, or issue every call from one thread \
+             (another thread may take over once the calls it issued have finished)"
+        )]
+        ConcurrentUse {
+            /// The rank.
+            rank: usize,
+            /// The refused operation.
+            op: &'static str,
+            /// The thread that issued it, e.g. `thread "loader" (ThreadId(7))`.
+            thread: String,
+            /// The other thread's pending call, e.g. `all_reduce (call #12)`.
+            pending: String,
+            /// The thread that issued the pending call.
+            other_thread: String,
+        },
+
         /// A device-side collective (NCCL) did not finish before its deadline. NCCL has no
         /// deadline of its own, so the communicator was aborted to get control back.
         #[error(
@@ -97,7 +144,13 @@ impl Error {
     /// Whether this error leaves the group's connections in an unknown state.
     pub fn breaks_group(&self) -> bool {
         self.runtime_variant_breaks_group()
-            || matches!(self, Error::DeviceTimeout { .. } | Error::Device { .. })
+            || matches!(
+                self,
+                Error::DeviceTimeout { .. }
+                    | Error::Device { .. }
+                    | Error::QueueTimeout { .. }
+                    | Error::ConcurrentUse { .. }
+            )
     }
 }
 

@@ -12,17 +12,24 @@ use ringccl_collectives::{Backend, Deadline};
 use ringccl_rendezvous::KeptStore;
 
 use crate::fusion::FusionPool;
-use crate::sequencer::Sequencer;
-use crate::work::Work;
-use crate::worker::{Job, Worker};
+use crate::sequencer::{Refusal, Sequencer};
+use crate::work::{Queued, Work};
+use crate::worker::{Job, RunOnBackend, Worker};
 use crate::Error;
 
 /// One rank's handle on a group of processes that run collectives together.
 ///
-/// `Send + Sync`: it can be shared between threads. Every operation — blocking or
-/// `*_async` — runs in the order it was issued on this rank, one at a time. Every
-/// collective must be issued by all ranks in the same order with matching arguments; a
-/// rank that disagrees gets [`Error::CollectiveMismatch`] instead of a hang.
+/// `Send + Sync`: it can be moved or shared between threads, but calls are issued by
+/// one thread at a time. Every operation — blocking or `*_async` — runs in the order it
+/// was issued on this rank, one at a time. Every collective must be issued by all ranks
+/// in the same order with matching arguments; a rank that disagrees gets
+/// [`Error::CollectiveMismatch`] instead of a hang.
+///
+/// A thread may issue a call while calls it issued itself are pending, and may take over
+/// from another thread once that thread's calls have finished. A call issued while
+/// another thread's calls are still pending (queued or running) fails with
+/// [`Error::ConcurrentUse`] and aborts the group: the other ranks could have paired the
+/// two threads' calls the other way round. Give each thread its own group instead.
 pub struct ProcessGroup {
     backend: Arc<dyn Backend>,
     /// The same backend as `backend` when it is NCCL, for the device-buffer methods.
@@ -44,18 +51,17 @@ impl ProcessGroup {
     /// A group over NCCL, whose device-buffer methods go straight to it.
     #[cfg(feature = "nccl")]
     pub(crate) fn from_nccl(nccl: Arc<ringccl_nccl::NcclBackend>) -> ProcessGroup {
-        ProcessGroup {
-            nccl: Some(Arc::clone(&nccl)),
-            ..ProcessGroup::around(nccl.group())
-        }
+        let mut group = ProcessGroup::around(nccl.group());
+        group.nccl = Some(nccl);
+        group
     }
 
     fn around(backend: Arc<dyn Backend>) -> ProcessGroup {
         ProcessGroup {
+            sequencer: Arc::new(Sequencer::new(backend.rank())),
             backend,
             #[cfg(feature = "nccl")]
             nccl: None,
-            sequencer: Arc::default(),
             worker: Mutex::new(None),
             fusion_buffers: FusionPool::default(),
             _store: None,
@@ -89,21 +95,25 @@ impl ProcessGroup {
         &*self.backend
     }
 
-    /// Runs `op` on the calling thread once every earlier operation has finished, with
-    /// the group's deadline counted from now.
+    /// Runs `op` (named `name` in messages) on the calling thread once every earlier
+    /// operation has finished, with the group's deadline counted from now.
     pub(crate) fn in_order<R, E>(
         &self,
+        name: &'static str,
         op: impl FnOnce(&dyn Backend, Deadline) -> Result<R, E>,
     ) -> Result<R, Error>
     where
         Error: From<E>,
     {
-        self.in_order_within(self.backend.timeout(), op)
+        self.in_order_within(name, self.backend.timeout(), op)
     }
 
-    /// [`ProcessGroup::in_order`] with a deadline `timeout` from now.
+    /// [`ProcessGroup::in_order`] with a deadline `timeout` from now. The deadline covers
+    /// the wait for earlier operations too: a call still queued when it passes fails
+    /// with [`Error::QueueTimeout`] and aborts the group.
     pub(crate) fn in_order_within<R, E>(
         &self,
+        name: &'static str,
         timeout: Duration,
         op: impl FnOnce(&dyn Backend, Deadline) -> Result<R, E>,
     ) -> Result<R, Error>
@@ -111,15 +121,23 @@ impl ProcessGroup {
         Error: From<E>,
     {
         let deadline = Deadline::after(timeout);
-        let ticket = self.sequencer.issue(|ticket| ticket);
-        let _turn = self.sequencer.turn(ticket);
-        Ok(op(&*self.backend, deadline)?)
+        let turn = self
+            .sequencer
+            .issue_and_wait(name, deadline)
+            .map_err(|refusal| settle(&*self.backend, refusal))?;
+        let result = op(&*self.backend, deadline);
+        let aborted_meanwhile = turn.finish();
+        let value = result?;
+        aborted_meanwhile?;
+        Ok(value)
     }
 
-    /// Queues `op` on the background worker, behind every earlier operation, with the
-    /// group's deadline counted from now (time spent queued counts).
+    /// Queues `op` (named `name` in messages) on the background worker, behind every
+    /// earlier operation, with the group's deadline counted from now (time spent queued
+    /// counts).
     pub(crate) fn queue<T: Send + 'static, E>(
         &self,
+        name: &'static str,
         op: impl FnOnce(&dyn Backend, Deadline) -> Result<T, E> + Send + 'static,
     ) -> Result<Work<T>, Error>
     where
@@ -139,32 +157,83 @@ impl ProcessGroup {
             )?),
         };
         let (done, result) = crossbeam_channel::bounded(1);
-        let submitted = self.sequencer.issue(|ticket| {
-            worker.submit(Job {
-                ticket,
-                run: Box::new(move |backend| {
-                    let result = panic::catch_unwind(AssertUnwindSafe(|| {
-                        op(backend, deadline).map_err(Error::from)
-                    }))
-                    .unwrap_or_else(|_| {
-                        Err(Error::GroupBroken {
-                            rank,
-                            cause: "an operation panicked in the background worker".into(),
-                        })
-                    });
-                    // The Work may have been dropped: the result is then discarded.
-                    let _ = done.send(result);
-                }),
-            })
+        let run: RunOnBackend = Box::new(move |turn| {
+            let result = turn.and_then(|(backend, turn)| {
+                let result = panic::catch_unwind(AssertUnwindSafe(|| {
+                    op(backend, deadline).map_err(Error::from)
+                }))
+                .unwrap_or_else(|_| {
+                    Err(Error::GroupBroken {
+                        rank,
+                        cause: "an operation panicked in the background worker".into(),
+                    })
+                });
+                // The turn passes on before the result is handed over, so that a thread
+                // that waited for this call may issue the next one at once.
+                let aborted_meanwhile = turn.finish();
+                let value = result?;
+                aborted_meanwhile?;
+                Ok(value)
+            });
+            // The Work may have been dropped: the result is then discarded.
+            let _ = done.send(result);
         });
-        if let Err(job) = submitted {
+        let submitted = self
+            .sequencer
+            .issue(name, |ticket| {
+                worker
+                    .submit(Job {
+                        ticket,
+                        deadline,
+                        run,
+                    })
+                    .map(|()| ticket)
+            })
+            .map_err(|refusal| settle(&*self.backend, refusal))?;
+        let ticket = submitted.map_err(|job| {
             self.sequencer.skip(job.ticket);
-            return Err(Error::GroupBroken {
+            Error::GroupBroken {
                 rank,
                 cause: "the group's background worker has stopped".into(),
-            });
+            }
+        })?;
+        Ok(Work::new(
+            result,
+            rank,
+            Queued {
+                ticket,
+                deadline,
+                sequencer: Arc::clone(&self.sequencer),
+                backend: Arc::clone(&self.backend),
+            },
+        ))
+    }
+}
+
+/// Turns a refused call into its error, first aborting the group when the refusal broke
+/// it (the peers are told; a call running on this rank is woken).
+pub(crate) fn settle(backend: &dyn Backend, refusal: Refusal) -> Error {
+    if let Some(cause) = &refusal.abort {
+        tracing::warn!(rank = backend.rank(), %cause, "aborting the process group");
+        backend.abort(cause);
+    }
+    *refusal.error
+}
+
+/// Dropping a group with operations still pending (queued `*_async` calls whose `Work`
+/// was dropped, or a call still running) aborts it: those operations would otherwise run
+/// on, unobserved, while the peers wait for this rank; instead every peer is told at once.
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        let pending = self.sequencer.pending();
+        if !pending.is_empty() {
+            self.backend.abort(&format!(
+                "rank {} dropped its ProcessGroup with {} operation(s) still pending ({})",
+                self.rank(),
+                pending.len(),
+                pending.join(", ")
+            ));
         }
-        Ok(Work::new(result, rank))
     }
 }
 

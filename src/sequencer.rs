@@ -1,69 +1,342 @@
 //! Issue order: every operation of a process group, synchronous or asynchronous, runs in
 //! the order it was issued, because every rank must run the same operations in the same
-//! order.
+//! order. A call waits for its turn only until its own deadline, and calls from two
+//! threads at once are refused rather than left to pair up differently on other ranks.
 
+use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
+use std::thread::{self, Thread};
 
-#[derive(Debug, Default)]
-struct Counters {
-    next_ticket: u64,
-    now_serving: u64,
+use ringccl_collectives::Deadline;
+
+use crate::Error;
+
+/// One issued operation that has not finished.
+#[derive(Debug)]
+struct Pending {
+    /// Its name, for messages (`"all_reduce"`).
+    op: &'static str,
+    /// It holds the turn: it is running.
+    started: bool,
+    /// Its caller gave up while it was queued: it is passed over when its turn comes.
+    abandoned: bool,
 }
 
-/// A ticket lock: `issue` hands out tickets in order, `turn` waits for a ticket's turn.
 #[derive(Debug, Default)]
+struct State {
+    /// The ticket of `pending[0]`; every lower ticket has finished or was passed over.
+    now_serving: u64,
+    /// Every issued operation that has not finished, in ticket order.
+    pending: VecDeque<Pending>,
+    /// The thread that issued the pending operations (only ever one at a time).
+    issuer: Option<Thread>,
+    /// Threads waiting for a turn; passing the turn on wakes them only if there are any.
+    waiting: usize,
+    /// Why this rank aborted the group, once it did: later calls are refused.
+    broken: Option<String>,
+}
+
+impl State {
+    fn next_ticket(&self) -> u64 {
+        self.now_serving + self.pending.len() as u64
+    }
+
+    /// Retires the operation at the front and passes over any abandoned ones behind it.
+    fn advance(&mut self) {
+        self.pending.pop_front();
+        self.now_serving += 1;
+        while self.pending.front().is_some_and(|p| p.abandoned) {
+            self.pending.pop_front();
+            self.now_serving += 1;
+        }
+    }
+}
+
+/// A call the sequencer refused, and the cause to abort the group with when refusing it
+/// broke the group (the caller passes it to `Backend::abort`, outside the lock).
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    /// Boxed: refusals are rare, and the `Result`s that carry them stay small.
+    pub(crate) error: Box<Error>,
+    pub(crate) abort: Option<String>,
+}
+
+/// A ticket lock with deadlines: `issue` hands out tickets in order, `turn` waits for a
+/// ticket's turn until the call's deadline.
+#[derive(Debug)]
 pub(crate) struct Sequencer {
-    counters: Mutex<Counters>,
+    rank: usize,
+    state: Mutex<State>,
     turn_changed: Condvar,
 }
 
-/// Holding this means it is this ticket's turn; dropping it passes the turn on.
+/// Holding this means it is this ticket's turn; [`Turn::finish`] (or dropping it) passes
+/// the turn on.
 #[derive(Debug)]
 pub(crate) struct Turn<'a> {
     sequencer: &'a Sequencer,
+    passed: bool,
+}
+
+/// `thread "name" (ThreadId(7))`, or `an unnamed thread (ThreadId(7))`.
+fn describe(thread: &Thread) -> String {
+    match thread.name() {
+        Some(name) => format!("thread {name:?} ({:?})", thread.id()),
+        None => format!("an unnamed thread ({:?})", thread.id()),
+    }
 }
 
 impl Sequencer {
-    fn lock(&self) -> MutexGuard<'_, Counters> {
-        // The counters are plain integers updated in one step: a poisoned lock still
-        // holds consistent values.
-        self.counters.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Takes the next ticket and, while no other ticket can be taken, calls `enqueue`
-    /// with it (so tickets reach the worker's queue in ticket order).
-    pub(crate) fn issue<R>(&self, enqueue: impl FnOnce(u64) -> R) -> R {
-        let mut counters = self.lock();
-        let ticket = counters.next_ticket;
-        counters.next_ticket += 1;
-        enqueue(ticket)
-    }
-
-    /// Blocks until every earlier ticket has finished. Earlier operations end by their
-    /// own deadlines, so this wait is bounded by theirs.
-    pub(crate) fn turn(&self, ticket: u64) -> Turn<'_> {
-        let mut counters = self.lock();
-        while counters.now_serving != ticket {
-            counters = self
-                .turn_changed
-                .wait(counters)
-                .unwrap_or_else(|p| p.into_inner());
+    /// The issue order of rank `rank`'s group.
+    pub(crate) fn new(rank: usize) -> Sequencer {
+        Sequencer {
+            rank,
+            state: Mutex::default(),
+            turn_changed: Condvar::new(),
         }
-        Turn { sequencer: self }
+    }
+
+    /// The names of the operations issued but not finished, in issue order.
+    pub(crate) fn pending(&self) -> Vec<&'static str> {
+        self.lock()
+            .pending
+            .iter()
+            .filter(|p| !p.abandoned)
+            .map(|p| p.op)
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update of the state is complete before the lock is released (nothing in
+        // between can panic): a poisoned lock still holds consistent values.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn broken_error(&self, cause: &str) -> Error {
+        Error::GroupBroken {
+            rank: self.rank,
+            cause: cause.to_string(),
+        }
+    }
+
+    /// Takes a ticket for `op` issued by the calling thread, or refuses it: when the
+    /// group is broken, or when another thread's calls are still pending (which breaks it).
+    fn take_ticket(&self, state: &mut State, op: &'static str) -> Result<u64, Refusal> {
+        if let Some(cause) = &state.broken {
+            return Err(Refusal {
+                error: Box::new(self.broken_error(cause)),
+                abort: None,
+            });
+        }
+        let me = thread::current();
+        match (&state.issuer, state.pending.back()) {
+            (Some(issuer), Some(last)) if issuer.id() != me.id() => {
+                let error = Error::ConcurrentUse {
+                    rank: self.rank,
+                    op,
+                    thread: describe(&me),
+                    pending: format!("{} (call #{})", last.op, state.next_ticket()),
+                    other_thread: describe(issuer),
+                };
+                let cause = error.to_string();
+                state.broken = Some(cause.clone());
+                return Err(Refusal {
+                    error: Box::new(error),
+                    abort: Some(cause),
+                });
+            }
+            (Some(issuer), _) if issuer.id() == me.id() => {}
+            _ => state.issuer = Some(me),
+        }
+        let ticket = state.next_ticket();
+        state.pending.push_back(Pending {
+            op,
+            started: false,
+            abandoned: false,
+        });
+        Ok(ticket)
+    }
+
+    /// Takes the next ticket for `op` and, while no other ticket can be taken, calls
+    /// `enqueue` with it (so tickets reach the worker's queue in ticket order).
+    pub(crate) fn issue<R>(
+        &self,
+        op: &'static str,
+        enqueue: impl FnOnce(u64) -> R,
+    ) -> Result<R, Refusal> {
+        let mut state = self.lock();
+        let ticket = self.take_ticket(&mut state, op)?;
+        Ok(enqueue(ticket))
+    }
+
+    /// Issues `op` and waits for its turn until `deadline` (a blocking call).
+    pub(crate) fn issue_and_wait(
+        &self,
+        op: &'static str,
+        deadline: Deadline,
+    ) -> Result<Turn<'_>, Refusal> {
+        let mut state = self.lock();
+        let ticket = self.take_ticket(&mut state, op)?;
+        self.wait_for(state, ticket, deadline)
+    }
+
+    /// Waits until every earlier ticket has finished, or until `deadline`: a call still
+    /// queued then is abandoned (passed over when its turn comes) and breaks the group.
+    pub(crate) fn turn(&self, ticket: u64, deadline: Deadline) -> Result<Turn<'_>, Refusal> {
+        self.wait_for(self.lock(), ticket, deadline)
+    }
+
+    fn wait_for<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        ticket: u64,
+        deadline: Deadline,
+    ) -> Result<Turn<'a>, Refusal> {
+        loop {
+            let Some(index) = ticket
+                .checked_sub(state.now_serving)
+                .and_then(|i| usize::try_from(i).ok())
+                .filter(|&i| state.pending.get(i).is_some_and(|p| !p.abandoned))
+            else {
+                // Given up by its `Work`, which already reported why.
+                let cause = state.broken.as_deref().unwrap_or("the call was abandoned");
+                return Err(Refusal {
+                    error: Box::new(self.broken_error(cause)),
+                    abort: None,
+                });
+            };
+            if index == 0 {
+                if let Some(cause) = &state.broken {
+                    let error = self.broken_error(cause);
+                    state.advance();
+                    self.notify(&state);
+                    return Err(Refusal {
+                        error: Box::new(error),
+                        abort: None,
+                    });
+                }
+                state.pending[0].started = true;
+                return Ok(Turn {
+                    sequencer: self,
+                    passed: false,
+                });
+            }
+            if deadline.has_passed() {
+                return Err(self.abandon(&mut state, index, ticket, deadline));
+            }
+            state.waiting += 1;
+            let (guard, _) = self
+                .turn_changed
+                .wait_timeout(state, deadline.remaining())
+                .unwrap_or_else(|p| p.into_inner());
+            state = guard;
+            state.waiting -= 1;
+        }
+    }
+
+    /// Gives up the queued call at `index` (ticket `ticket`) whose deadline passed: it
+    /// will be passed over, and the group is broken since the peers may run it.
+    fn abandon(&self, state: &mut State, index: usize, ticket: u64, deadline: Deadline) -> Refusal {
+        let front = &state.pending[0];
+        let behind = if front.started {
+            format!(
+                "{} (call #{}), which is still running",
+                front.op,
+                state.now_serving + 1
+            )
+        } else {
+            format!(
+                "earlier calls that have not finished (the next one: {}, call #{})",
+                front.op,
+                state.now_serving + 1
+            )
+        };
+        let error = Error::QueueTimeout {
+            rank: self.rank,
+            op: state.pending[index].op,
+            call: ticket + 1,
+            timeout: deadline.timeout(),
+            behind,
+        };
+        state.pending[index].abandoned = true;
+        let abort = state.broken.is_none().then(|| error.to_string());
+        if let Some(cause) = &abort {
+            state.broken = Some(cause.clone());
+        }
+        Refusal {
+            error: Box::new(error),
+            abort,
+        }
+    }
+
+    /// At the deadline of an asynchronous call: gives it up if it is still queued
+    /// (breaking the group); `None` if it is running or done, when its own result comes.
+    pub(crate) fn give_up(&self, ticket: u64, deadline: Deadline) -> Option<Refusal> {
+        let mut state = self.lock();
+        let index = usize::try_from(ticket.checked_sub(state.now_serving)?).ok()?;
+        let pending = state.pending.get(index)?;
+        if pending.started || pending.abandoned {
+            return None;
+        }
+        let refusal = self.abandon(&mut state, index, ticket, deadline);
+        if index == 0 {
+            state.advance();
+            self.notify(&state);
+        }
+        Some(refusal)
     }
 
     /// Passes over a ticket that will never run (its job could not be queued).
     pub(crate) fn skip(&self, ticket: u64) {
-        drop(self.turn(ticket));
+        let mut state = self.lock();
+        let Some(index) = ticket
+            .checked_sub(state.now_serving)
+            .and_then(|i| usize::try_from(i).ok())
+        else {
+            return;
+        };
+        if let Some(pending) = state.pending.get_mut(index) {
+            pending.abandoned = true;
+            if index == 0 {
+                state.advance();
+                self.notify(&state);
+            }
+        }
+    }
+
+    fn notify(&self, state: &State) {
+        if state.waiting > 0 {
+            self.turn_changed.notify_all();
+        }
+    }
+
+    /// Retires the running call; `Err` if the group was aborted on this rank meanwhile.
+    fn pass_on(&self) -> Result<(), Error> {
+        let mut state = self.lock();
+        state.advance();
+        self.notify(&state);
+        match &state.broken {
+            Some(cause) => Err(self.broken_error(cause)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Turn<'_> {
+    /// Passes the turn on. `Err` if this rank aborted the group while the call ran (a
+    /// call queued behind it timed out, or another thread issued a call): then its
+    /// result cannot be trusted to match the peers' and must not be reported as a success.
+    pub(crate) fn finish(mut self) -> Result<(), Error> {
+        self.passed = true;
+        self.sequencer.pass_on()
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        let mut counters = self.sequencer.lock();
-        counters.now_serving += 1;
-        drop(counters);
-        self.sequencer.turn_changed.notify_all();
+        if !self.passed {
+            let _ = self.sequencer.pass_on();
+        }
     }
 }
 
@@ -71,20 +344,24 @@ impl Drop for Turn<'_> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    const LONG: Duration = Duration::from_secs(60);
 
     #[test]
     fn turns_follow_ticket_order_across_threads() {
-        let seq = Arc::new(Sequencer::default());
+        let seq = Arc::new(Sequencer::new(0));
         let log = Arc::new(Mutex::new(Vec::new()));
-        let tickets: Vec<u64> = (0..8).map(|_| seq.issue(|t| t)).collect();
+        let tickets: Vec<u64> = (0..8).map(|_| seq.issue("op", |t| t).unwrap()).collect();
         let handles: Vec<_> = tickets
             .into_iter()
             .rev()
             .map(|t| {
                 let (seq, log) = (Arc::clone(&seq), Arc::clone(&log));
                 std::thread::spawn(move || {
-                    let _turn = seq.turn(t);
+                    let turn = seq.turn(t, Deadline::after(LONG)).unwrap();
                     log.lock().unwrap().push(t);
+                    turn.finish().unwrap();
                 })
             })
             .collect();
@@ -92,5 +369,116 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(*log.lock().unwrap(), (0..8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_queued_call_gives_up_at_its_deadline_and_is_passed_over() {
+        let seq = Sequencer::new(3);
+        let running = seq
+            .issue_and_wait("all_reduce", Deadline::after(LONG))
+            .unwrap();
+        let queued = seq.issue("barrier", |t| t).unwrap();
+        let later = seq.issue("broadcast", |t| t).unwrap();
+        let started = Instant::now();
+        let refusal = seq
+            .turn(queued, Deadline::after(Duration::from_millis(50)))
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let text = refusal.error.to_string();
+        assert!(
+            matches!(
+                *refusal.error,
+                Error::QueueTimeout {
+                    rank: 3,
+                    call: 2,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("all_reduce (call #1), which is still running"),
+            "{text}"
+        );
+        assert_eq!(refusal.abort.as_deref(), Some(text.as_str()));
+        // The running call's success is not reported: the group was aborted meanwhile.
+        assert!(matches!(running.finish(), Err(Error::GroupBroken { .. })));
+        // The abandoned ticket is skipped; the later one gets its turn and is refused.
+        let refusal = seq.turn(later, Deadline::after(LONG)).unwrap_err();
+        assert!(matches!(*refusal.error, Error::GroupBroken { .. }));
+        assert!(refusal.abort.is_none(), "the group is aborted once");
+        assert!(seq.issue("barrier", |t| t).is_err());
+    }
+
+    #[test]
+    fn a_second_thread_issuing_while_calls_are_pending_is_refused_by_name() {
+        let seq = Arc::new(Sequencer::new(1));
+        let turn = seq
+            .issue_and_wait("all_reduce", Deadline::after(LONG))
+            .unwrap();
+        let other = Arc::clone(&seq);
+        let refusal = std::thread::Builder::new()
+            .name("loader".into())
+            .spawn(move || other.issue("broadcast", |t| t).unwrap_err())
+            .unwrap()
+            .join()
+            .unwrap();
+        let text = refusal.error.to_string();
+        assert!(
+            matches!(*refusal.error, Error::ConcurrentUse { rank: 1, .. }),
+            "{text}"
+        );
+        for needle in [
+            "thread \"loader\"",
+            "broadcast",
+            "all_reduce (call #1)",
+            "own process group",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        assert!(refusal.abort.is_some());
+        assert!(
+            turn.finish().is_err(),
+            "the pending call's result is not trusted"
+        );
+    }
+
+    #[test]
+    fn threads_taking_turns_one_after_the_other_are_fine() {
+        let seq = Arc::new(Sequencer::new(0));
+        for _ in 0..3 {
+            let seq = Arc::clone(&seq);
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    let turn = seq
+                        .issue_and_wait("barrier", Deadline::after(LONG))
+                        .unwrap();
+                    turn.finish().unwrap();
+                }
+            })
+            .join()
+            .unwrap();
+        }
+        assert_eq!(seq.issue("barrier", |t| t).unwrap(), 30);
+    }
+
+    #[test]
+    fn giving_up_an_async_call_at_the_front_lets_the_next_one_run() {
+        let seq = Sequencer::new(0);
+        let first = seq.issue("all_reduce", |t| t).unwrap();
+        let second = seq.issue("barrier", |t| t).unwrap();
+        let refusal = seq.give_up(first, Deadline::after(Duration::ZERO)).unwrap();
+        assert!(matches!(
+            *refusal.error,
+            Error::QueueTimeout { call: 1, .. }
+        ));
+        assert!(seq.turn(first, Deadline::after(LONG)).is_err());
+        // The group is broken, so the next call is refused at its turn, without waiting.
+        let started = Instant::now();
+        assert!(seq.turn(second, Deadline::after(LONG)).is_err());
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(seq
+            .give_up(second, Deadline::after(Duration::ZERO))
+            .is_none());
     }
 }

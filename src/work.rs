@@ -1,10 +1,24 @@
 //! Handles on operations running in the background.
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use crate::Error;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
+use ringccl_collectives::{Backend, Deadline};
+
+use crate::process_group::settle;
+use crate::sequencer::Sequencer;
+use crate::Error;
+
+/// Where a queued operation stands in its group's issue order, so that its `Work` can
+/// give it up at its deadline.
+pub(crate) struct Queued {
+    pub(crate) ticket: u64,
+    pub(crate) deadline: Deadline,
+    pub(crate) sequencer: Arc<Sequencer>,
+    pub(crate) backend: Arc<dyn Backend>,
+}
 
 /// A handle on an operation queued with one of the `*_async` methods of
 /// [`ProcessGroup`](crate::ProcessGroup). It owns the result — for data-carrying
@@ -20,15 +34,30 @@ pub struct Work<T> {
     result: Receiver<Result<T, Error>>,
     taken: bool,
     rank: usize,
+    queued: Queued,
 }
 
 impl<T> Work<T> {
-    pub(crate) fn new(result: Receiver<Result<T, Error>>, rank: usize) -> Work<T> {
+    pub(crate) fn new(result: Receiver<Result<T, Error>>, rank: usize, queued: Queued) -> Work<T> {
         Work {
             result,
             taken: false,
             rank,
+            queued,
         }
+    }
+
+    /// At the operation's deadline: if it is still queued behind an earlier one, gives it
+    /// up (aborting the group) and returns why; `None` if it is running or done.
+    fn give_up(&self) -> Option<Error> {
+        let Queued {
+            ticket,
+            deadline,
+            sequencer,
+            backend,
+        } = &self.queued;
+        let refusal = sequencer.give_up(*ticket, *deadline)?;
+        Some(settle(&**backend, refusal))
     }
 
     fn worker_gone(&self) -> Error {
@@ -43,12 +72,29 @@ impl<T> Work<T> {
     }
 
     /// Waits for the operation and returns its result (the buffer, for data-carrying
-    /// operations). Returns within the operation's deadline (plus the deadlines of the
-    /// operations queued before it).
+    /// operations). Returns within the operation's deadline, counted from when it was
+    /// queued: if it is still queued behind an earlier operation then, it fails with
+    /// [`Error::QueueTimeout`] (and the group is aborted).
+    ///
+    /// ```
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let work = pg.barrier_async()?;
+    /// work.wait()?;
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
     pub fn wait(self) -> Result<T, Error> {
         if self.taken {
             return Err(self.already_taken());
         }
+        match self.result.recv_deadline(self.queued.deadline.at()) {
+            Ok(result) => return result,
+            Err(RecvTimeoutError::Disconnected) => return Err(self.worker_gone()),
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if let Some(error) = self.give_up() {
+            return Err(error);
+        }
+        // Running (bounded by its own deadline) or just finished.
         self.result
             .recv()
             .unwrap_or_else(|_| Err(self.worker_gone()))
@@ -56,21 +102,41 @@ impl<T> Work<T> {
 
     /// Waits at most `timeout`. `None` means the operation is still running (the `Work`
     /// stays valid); `Some` carries its result, after which the `Work` is spent.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut work = pg.barrier_async()?;
+    /// let result = work.wait_timeout(Duration::from_secs(30));
+    /// assert!(matches!(result, Some(Ok(()))));
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<T, Error>> {
         if self.taken {
             return Some(Err(self.already_taken()));
         }
-        match self.result.recv_timeout(timeout) {
-            Ok(result) => {
+        let until = Instant::now().checked_add(timeout);
+        let deadline = self.queued.deadline.at();
+        let first = until.map_or(deadline, |until| until.min(deadline));
+        let mut outcome = self.result.recv_deadline(first);
+        if matches!(outcome, Err(RecvTimeoutError::Timeout)) && self.queued.deadline.has_passed() {
+            if let Some(error) = self.give_up() {
                 self.taken = true;
-                Some(result)
+                return Some(Err(error));
             }
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => {
-                self.taken = true;
-                Some(Err(self.worker_gone()))
-            }
+            // Running (bounded by its own deadline): wait out the rest of `timeout`.
+            outcome = match until {
+                Some(until) => self.result.recv_deadline(until),
+                None => self.result.recv().map_err(RecvTimeoutError::from),
+            };
         }
+        let result = match outcome {
+            Ok(result) => result,
+            Err(RecvTimeoutError::Disconnected) => Err(self.worker_gone()),
+            Err(RecvTimeoutError::Timeout) => return None,
+        };
+        self.taken = true;
+        Some(result)
     }
 
     /// Whether the operation has finished (successfully or not). Never blocks.

@@ -5,18 +5,22 @@ use std::sync::Arc;
 use std::thread;
 
 use crossbeam_channel::{Receiver, Sender};
-use ringccl_collectives::Backend;
+use ringccl_collectives::{Backend, Deadline};
 
+use crate::process_group::settle;
+use crate::sequencer::{Sequencer, Turn};
 use crate::Error;
 
-use crate::sequencer::Sequencer;
+/// Runs one queued operation on the backend, once it has its turn (or reports why it
+/// will not run), and hands the result to its `Work`.
+pub(crate) type RunOnBackend =
+    Box<dyn for<'a> FnOnce(Result<(&'a dyn Backend, Turn<'a>), Error>) + Send>;
 
-/// Runs one queued operation on the backend and reports its result to its `Work`.
-pub(crate) type RunOnBackend = Box<dyn FnOnce(&dyn Backend) + Send>;
-
-/// A queued operation: its ticket and the closure that runs it.
+/// A queued operation: its ticket, its deadline (fixed when it was issued) and the
+/// closure that runs it.
 pub(crate) struct Job {
     pub(crate) ticket: u64,
+    pub(crate) deadline: Deadline,
     pub(crate) run: RunOnBackend,
 }
 
@@ -52,8 +56,11 @@ impl Worker {
 fn work(backend: &dyn Backend, sequencer: &Sequencer, jobs: &Receiver<Job>) {
     // Ends when the group (the only sender) is dropped and the queue is drained.
     for job in jobs.iter() {
-        let _turn = sequencer.turn(job.ticket);
-        (job.run)(backend);
+        let turn = sequencer
+            .turn(job.ticket, job.deadline)
+            .map(|turn| (backend, turn))
+            .map_err(|refusal| settle(backend, refusal));
+        (job.run)(turn);
     }
 }
 

@@ -153,3 +153,36 @@ fn mismatch_without_frames_n4_broadcast_root1() {
 fn mismatch_without_frames_n5_broadcast_root0() {
     mismatch_without_frames("mismatch_without_frames_n5_broadcast_root0", 5, 0);
 }
+
+/// Dropping a group while an operation is still pending aborts it: the peers hear at once
+/// instead of waiting for their deadline.
+#[test]
+fn dropping_a_group_with_a_pending_operation_aborts_it() {
+    let _guard = heavy_lock();
+    let outcomes = common::run_threads(2, Duration::from_secs(60), |pg| {
+        let mut buf = vec![1.0f32; 1024];
+        if pg.rank() == 1 {
+            // Rank 0 joins only later: this all-reduce stays pending when the group goes.
+            let work = pg.all_reduce_async(buf, ReduceOp::Sum).expect("queued");
+            std::thread::sleep(Duration::from_millis(200));
+            drop(work);
+            drop(pg);
+            None
+        } else {
+            std::thread::sleep(Duration::from_secs(1));
+            let started = Instant::now();
+            let outcome = pg.all_reduce(&mut buf, ReduceOp::Sum);
+            Some((started.elapsed(), outcome))
+        }
+    });
+    let (took, outcome) = outcomes[0].as_ref().expect("rank 0 reports");
+    let err = outcome
+        .as_ref()
+        .expect_err("rank 0's all-reduce cannot succeed");
+    let text = err.to_string();
+    assert!(
+        text.contains("rank 1 aborted the group") && text.contains("dropped its ProcessGroup"),
+        "{text}"
+    );
+    assert!(*took < PROPAGATION_BOUND, "took {took:?}");
+}

@@ -1,8 +1,21 @@
-//! Blocking reads and writes on a `TcpStream` that give up at a deadline.
+//! Blocking reads and writes on a `TcpStream` that give up at a deadline, and the
+//! deadline itself.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+
+/// Stands for "no deadline" when a timeout is too large to add to the clock.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The instant `timeout` from now. A timeout too large to represent (`Duration::MAX`, or
+/// anything past the clock's range) means no deadline: about a century from now.
+pub(crate) fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
+}
 
 fn remaining(deadline: Instant) -> io::Result<Duration> {
     let left = deadline.saturating_duration_since(Instant::now());
@@ -76,4 +89,17 @@ pub(crate) fn write_all_by(stream: &TcpStream, buf: &[u8], deadline: Instant) ->
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_enormous_timeout_is_a_far_deadline_not_a_panic() {
+        let far = deadline_after(Duration::MAX);
+        assert!(far > Instant::now() + Duration::from_secs(365 * 24 * 3600));
+        let near = deadline_after(Duration::from_secs(1));
+        assert!(near <= Instant::now() + Duration::from_secs(1));
+    }
 }

@@ -16,7 +16,7 @@ use crate::{MeshConfig, SetupError};
 use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, AuthToken, Role};
-use crate::deadline_io::{read_exact_by, read_some_by, write_all_by};
+use crate::deadline_io::{deadline_after, read_exact_by, read_some_by, write_all_by};
 use crate::fd_limit;
 use crate::hello::{Channel, PeerHello, PEER_HELLO_LEN};
 use crate::job::{addr_key, rank_key, this_process, JobRecord, JOB_KEY};
@@ -184,7 +184,7 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
     let timeout = config.timeout;
     let own_listener = config.store_listener.take();
     let master = config.master.as_str();
-    let deadline = Instant::now() + timeout;
+    let deadline = deadline_after(timeout);
     let server = if rank == 0 {
         let listener = match own_listener {
             Some(listener) => listener,

@@ -100,30 +100,10 @@ pub(super) fn options_from(lookup: impl Fn(&str) -> Option<String>) -> Result<In
         })?;
     }
     if let Some(value) = lookup("RINGCCL_TIMEOUT") {
-        let secs = value
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .ok_or_else(|| Error::InvalidEnv {
-                var: "RINGCCL_TIMEOUT",
-                value: value.clone(),
-                reason: "expected a positive number of seconds".into(),
-            })?;
-        opts.timeout = Duration::from_secs_f64(secs);
+        opts.timeout = seconds("RINGCCL_TIMEOUT", &value, 0.0, false)?;
     }
     if let Some(value) = lookup("RINGCCL_DEAD_PEER_TIMEOUT") {
-        let secs = value
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s >= 1.0)
-            .ok_or_else(|| Error::InvalidEnv {
-                var: "RINGCCL_DEAD_PEER_TIMEOUT",
-                value: value.clone(),
-                reason: "expected a number of seconds, at least 1".into(),
-            })?;
-        opts.dead_peer_timeout = Duration::from_secs_f64(secs);
+        opts.dead_peer_timeout = seconds("RINGCCL_DEAD_PEER_TIMEOUT", &value, 1.0, true)?;
     }
     if let Some(secret) = lookup("RINGCCL_AUTH_TOKEN") {
         opts.auth_token = Some(AuthToken::new(&secret).ok_or(Error::InvalidEnv {
@@ -133,6 +113,44 @@ pub(super) fn options_from(lookup: impl Fn(&str) -> Option<String>) -> Result<In
         })?);
     }
     Ok(opts)
+}
+
+/// The largest number of seconds a `Duration` holds (about 585 billion years): every
+/// duration setting accepts values up to this, and any value near it means "never".
+const MAX_SECONDS: f64 = u64::MAX as f64;
+
+/// Parses `value` of `var` as a number of seconds above `min` (or equal to it, when
+/// `min_included`) that a `Duration` can hold. Negative, NaN, infinite and out-of-range
+/// values are [`Error::InvalidEnv`] naming the variable, the value and the allowed range.
+fn seconds(
+    var: &'static str,
+    value: &str,
+    min: f64,
+    min_included: bool,
+) -> Result<Duration, Error> {
+    let invalid = |why: &str| Error::InvalidEnv {
+        var,
+        value: value.to_string(),
+        reason: format!(
+            "{why}; expected a number of seconds {} {min} and at most {MAX_SECONDS:e} \
+             (a value that large already means no deadline)",
+            if min_included {
+                "of at least"
+            } else {
+                "greater than"
+            }
+        ),
+    };
+    let secs: f64 = value.trim().parse().map_err(|_| invalid("not a number"))?;
+    let in_range = if min_included {
+        secs >= min
+    } else {
+        secs > min
+    };
+    if !in_range || !secs.is_finite() {
+        return Err(invalid("out of range"));
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| invalid("out of range"))
 }
 
 /// `RINGCCL_ALGO`, if set: the all-reduce algorithm when the code chose none.
@@ -245,6 +263,12 @@ mod tests {
             ("MASTER_PORT", "0"),
             ("LOCAL_RANK", "x"),
             ("RINGCCL_TIMEOUT", "-3"),
+            ("RINGCCL_TIMEOUT", "0"),
+            ("RINGCCL_TIMEOUT", "1e20"),
+            ("RINGCCL_TIMEOUT", "NaN"),
+            ("RINGCCL_TIMEOUT", "inf"),
+            ("RINGCCL_DEAD_PEER_TIMEOUT", "1e300"),
+            ("RINGCCL_DEAD_PEER_TIMEOUT", "-inf"),
         ] {
             let mut set: Vec<_> = GOOD.iter().copied().filter(|p| p.0 != var).collect();
             set.push((var, bad));

@@ -123,3 +123,16 @@ pub fn wait_many(interests: &[Interest], deadline: Instant) -> io::Result<Vec<Re
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_timeouts_round_up_and_saturate() {
+        assert_eq!(millis_rounded_up(Duration::ZERO), 0);
+        assert_eq!(millis_rounded_up(Duration::from_micros(1)), 1);
+        assert_eq!(millis_rounded_up(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis_rounded_up(Duration::MAX), libc::c_int::MAX);
+    }
+}

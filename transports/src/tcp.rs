@@ -68,19 +68,29 @@ impl TcpTransport {
     }
 }
 
+/// The longest keepalive idle time and probe interval Linux accepts (`MAX_TCP_KEEPIDLE`,
+/// `MAX_TCP_KEEPINTVL`: 32767 s); larger values are refused with `EINVAL`.
+const MAX_KEEPALIVE: Duration = Duration::from_secs(32767);
+
+/// The longest `TCP_USER_TIMEOUT` Linux accepts: an `int` of milliseconds (about 24 days).
+const MAX_USER_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
 pub(crate) fn configure(stream: TcpStream, dead_peer: Duration) -> io::Result<Socket> {
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
     let socket = Socket::from(stream);
     socket.set_tcp_nodelay(true)?;
     let second = Duration::from_secs(1);
+    // Saturating and clamped: a huge `dead_peer` (even `Duration::MAX`) means "as
+    // patient as the kernel allows", never an overflow or a refused option.
+    let fifth = dead_peer / 5;
     socket.set_tcp_keepalive(
         &socket2::TcpKeepalive::new()
-            .with_time((dead_peer * 2 / 5).max(second))
-            .with_interval((dead_peer / 5).max(second))
+            .with_time(fifth.saturating_mul(2).clamp(second, MAX_KEEPALIVE))
+            .with_interval(fifth.clamp(second, MAX_KEEPALIVE))
             .with_retries(3),
     )?;
-    socket.set_tcp_user_timeout(Some(dead_peer))?;
+    socket.set_tcp_user_timeout(Some(dead_peer.min(MAX_USER_TIMEOUT)))?;
     socket.set_nonblocking(true)?;
     Ok(socket)
 }
@@ -181,5 +191,23 @@ impl fmt::Debug for TcpTransport {
             .field("world_size", &self.world_size)
             .field("peers", &peers)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn a_huge_dead_peer_timeout_is_clamped_to_what_the_kernel_accepts() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let socket = configure(stream, Duration::MAX).unwrap();
+        assert_eq!(socket.tcp_user_timeout().unwrap(), Some(MAX_USER_TIMEOUT));
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), MAX_KEEPALIVE);
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let socket = configure(stream, Duration::from_secs(5)).unwrap();
+        assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(2));
     }
 }

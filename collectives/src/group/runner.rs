@@ -213,6 +213,8 @@ impl<E: Engine> GroupRunner<E> {
             Error::PeerLost { .. } | Error::Io { .. } => self
                 .control
                 .wait_for_abort(ABORT_NOTICE_GRACE.min(deadline.remaining())),
+            // This rank saw the real cause itself: report it, whatever arrived meanwhile.
+            Error::CollectiveMismatch { .. } | Error::Protocol { .. } => None,
             _ => self.control.aborted(),
         };
         if let Some(record) = record {

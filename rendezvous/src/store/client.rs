@@ -13,7 +13,7 @@ use super::protocol::{
     RESPONSE_HEADER_LEN,
 };
 use crate::auth::{authenticate, mismatch_reason, AuthToken, Role};
-use crate::deadline_io::{read_exact_by, write_all_by};
+use crate::deadline_io::{deadline_after, read_exact_by, write_all_by};
 use crate::fd_limit;
 
 /// Why a connection attempt's greeting did not succeed.
@@ -81,7 +81,7 @@ impl StoreClient {
         timeout: Duration,
         token: Option<AuthToken>,
     ) -> Result<StoreClient, SetupError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = deadline_after(timeout);
         let mut backoff = Duration::from_millis(5);
         let mut last_error = String::from("no attempt made");
         // The address whose last connection was accepted but left unanswered, if any.
@@ -339,7 +339,7 @@ impl StoreClient {
                 value.len()
             )));
         }
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         let message = encode_request(op, key.as_bytes(), value);
         let mut header = [0u8; RESPONSE_HEADER_LEN];
         write_all_by(&self.stream, &message, deadline)

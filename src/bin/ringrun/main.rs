@@ -1,0 +1,220 @@
+//! `ringrun`: starts the ranks of a ringccl (or torch.distributed) job on this node, with
+//! torchrun's environment variables, and cleans up after them.
+//!
+//! ```text
+//! ringrun --nproc-per-node N [--nnodes M --node-rank K --master-addr H --master-port P]
+//!         [--max-restarts R] -- PROGRAM ARGS...
+//! ```
+//!
+//! - **Environment.** Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+//!   GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT and
+//!   TORCHELASTIC_MAX_RESTARTS. Every output line is prefixed with `[rank R]`.
+//! - **Process groups.** Each rank runs in a process group of its own. Stopping a rank
+//!   signals the whole group, so what the rank started (data loaders, `sh -c '... &'`)
+//!   stops with it. Processes that leave the group (`setsid`, daemons) are not followed.
+//! - **Signals.** SIGINT, SIGTERM and SIGHUP are forwarded to every rank's group; whatever
+//!   is still running [`stop::GRACE`] later is SIGKILLed, at once on a second signal.
+//!   ringrun then exits with 128 + the signal's number.
+//! - **Failures.** When a rank fails, the others are stopped and ringrun names the rank
+//!   and its exit status. A rank that cannot be started stops the ranks already started,
+//!   and ringrun exits non-zero naming it and the reason. When every rank succeeds,
+//!   processes they left running are stopped too.
+//! - **Restarts.** With `--max-restarts R` a failed job is stopped and started again, up
+//!   to R times *for the whole job*: each restart uses one from the budget, whichever rank
+//!   failed. TORCHELASTIC_RESTART_COUNT tells the ranks how many restarts came before
+//!   (0 at the first start), as under torchrun. Each node's ringrun counts the restarts of
+//!   the ranks it started; a failure on one node normally fails the ranks of every node
+//!   (their peer is lost), so the nodes' counts move together.
+//! - **ringrun's own death.** The ranks are started with `PR_SET_PDEATHSIG`: if ringrun
+//!   dies, even by SIGKILL, the kernel kills them. A watchdog process (see [`watchdog`])
+//!   then kills whatever they had started.
+
+#![deny(unsafe_code)]
+
+/// Prints a `ringrun: ...` message on stderr. Unlike `eprintln!`, never panics when
+/// stderr is closed.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), "ringrun: {}", format_args!($($arg)*));
+    }};
+}
+pub(crate) use say;
+
+mod args;
+mod output;
+mod process_group;
+mod signals;
+mod spawn;
+mod stop;
+mod supervise;
+mod watchdog;
+
+use std::io;
+use std::net::TcpListener;
+use std::process::ExitCode;
+use std::sync::mpsc;
+
+use clap::Parser;
+
+use args::Args;
+use spawn::{Launch, Rank};
+use supervise::Outcome;
+use watchdog::Watchdog;
+
+/// A job that could not be started whole: the ranks started before the failure.
+struct StartFailure {
+    started: Vec<Rank>,
+    rank: usize,
+    error: io::Error,
+}
+
+fn free_port(addr: &str) -> io::Result<u16> {
+    Ok(TcpListener::bind((addr, 0))?.local_addr()?.port())
+}
+
+/// Starts every rank of this node, in order, forwarding their output; registers each
+/// one's process group with the watchdog. Stops at the first rank that cannot start.
+fn start_ranks(
+    args: &Args,
+    launch: Launch,
+    done: &mpsc::Sender<()>,
+    watchdog: &mut Watchdog,
+) -> Result<Vec<Rank>, StartFailure> {
+    let mut ranks = Vec::with_capacity(args.nproc_per_node);
+    for local in 0..args.nproc_per_node {
+        let mut rank = match spawn::spawn_rank(args, local, launch) {
+            Ok(rank) => rank,
+            Err(error) => {
+                return Err(StartFailure {
+                    started: ranks,
+                    rank: args.global_rank(local),
+                    error,
+                })
+            }
+        };
+        watchdog.watch(rank.pgid);
+        if let Some(out) = rank.child.stdout.take() {
+            output::forward_lines(rank.rank, out, false, done.clone());
+        }
+        if let Some(err) = rank.child.stderr.take() {
+            output::forward_lines(rank.rank, err, true, done.clone());
+        }
+        ranks.push(rank);
+    }
+    Ok(ranks)
+}
+
+/// Runs the job, restarting it as `--max-restarts` allows; returns ringrun's exit code.
+fn run_job(args: &Args, watchdog: &mut Watchdog) -> Result<ExitCode, String> {
+    for restart in 0..=args.max_restarts {
+        let port = match args.master_port {
+            Some(port) => port,
+            None if args.nnodes == 1 => free_port(&args.master_addr)
+                .map_err(|e| format!("finding a free port on {}: {e}", args.master_addr))?,
+            None => 29500,
+        };
+        let (done, streams_done) = mpsc::channel();
+        let launch = Launch { port, restart };
+        let mut ranks = match start_ranks(args, launch, &done, watchdog) {
+            Ok(ranks) => ranks,
+            Err(StartFailure {
+                mut started,
+                rank,
+                error,
+            }) => {
+                if started.is_empty() {
+                    say!("rank {rank} could not be started ({error})");
+                } else {
+                    let list: Vec<String> = started
+                        .iter()
+                        .map(|r| format!("rank {} (pid {})", r.rank, r.pgid))
+                        .collect();
+                    say!(
+                        "rank {rank} could not be started ({error}); stopping the ranks already \
+                         started: {}",
+                        list.join(", ")
+                    );
+                }
+                stop::stop(&mut started, libc::SIGTERM, watchdog);
+                output::drain(2 * started.len(), &streams_done);
+                return Ok(ExitCode::FAILURE);
+            }
+        };
+        let outcome = supervise::supervise(&mut ranks);
+        match outcome {
+            Outcome::Succeeded => {}
+            Outcome::Interrupted(signal) => {
+                say!("got {}, forwarding it to every rank", signals::name(signal))
+            }
+            Outcome::Failed { rank, status } => say!(
+                "rank {rank} failed ({}); stopping the other ranks",
+                supervise::describe(status)
+            ),
+        }
+        let signal = match outcome {
+            Outcome::Interrupted(signal) => signal,
+            _ => libc::SIGTERM,
+        };
+        // Every process of this run is gone before the next run starts or ringrun exits.
+        let interrupted = stop::stop(&mut ranks, signal, watchdog);
+        // Print every rank's last lines before deciding what comes next.
+        output::drain(2 * ranks.len(), &streams_done);
+        // A signal while a failed run was being stopped means: stop, do not restart.
+        let outcome = match (outcome, interrupted) {
+            (Outcome::Failed { .. }, Some(signal)) => Outcome::Interrupted(signal),
+            (outcome, _) => outcome,
+        };
+        match outcome {
+            Outcome::Succeeded => return Ok(ExitCode::SUCCESS),
+            Outcome::Interrupted(signal) => {
+                let code = u8::try_from(signal).map_or(u8::MAX, |s| 128u8.saturating_add(s));
+                return Ok(ExitCode::from(code));
+            }
+            Outcome::Failed { .. } if restart < args.max_restarts => say!(
+                "restarting the job (restart {} of {})",
+                restart + 1,
+                args.max_restarts
+            ),
+            Outcome::Failed { .. } => {
+                if args.max_restarts > 0 {
+                    say!(
+                        "giving up after {} restarts (the budget counts restarts of the whole job)",
+                        args.max_restarts
+                    );
+                }
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+    }
+    Ok(ExitCode::FAILURE)
+}
+
+fn run(args: &Args) -> Result<ExitCode, String> {
+    args.validate()?;
+    signals::install();
+    let mut watchdog = Watchdog::start().map_err(|e| {
+        format!("could not start the watchdog that stops the ranks if ringrun is killed: {e}")
+    })?;
+    let result = run_job(args, &mut watchdog);
+    watchdog.finish();
+    result
+}
+
+fn main() -> ExitCode {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == watchdog::WATCHDOG_ARG)
+    {
+        return watchdog::run();
+    }
+    ringccl::logging::init_from_env();
+    let args = Args::parse();
+    match run(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            say!("{e}");
+            ExitCode::from(2)
+        }
+    }
+}
