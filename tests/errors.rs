@@ -131,7 +131,7 @@ fn strangers_on_the_store_port_do_not_disturb_rendezvous() {
     let _scanner = TcpStream::connect(addr).unwrap(); // connects and says nothing
     let mut oversized = TcpStream::connect(addr).unwrap();
     oversized
-        .write_all(b"RCCLSTOR\x01\x00\x00\x00\x02\xff\xff\xff\xff\xff\xff\xff\xff")
+        .write_all(b"RCCLSTOR\x02\x00\x00\x00\x02\xff\xff\xff\xff\xff\xff\xff\xff")
         .unwrap();
     let sums = run_threads_on(listener, 3, SHORT * 10, |pg| {
         let mut x = [pg.rank() as f32 + 1.0];

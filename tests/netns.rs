@@ -208,12 +208,14 @@ fn strangers_with_garbage_do_not_disturb_the_group() {
     let _heavy = heavy_lock();
     let store = lab.addr(0);
     // Garbage, an HTTP request, an oversized store request, random bytes and a silent
-    // port-scanner connection, from a fifth host on the same network.
+    // port-scanner connection, from a fifth host on the same network. The store closes
+    // a refused connection at once (with unread bytes: a reset), so the stranger's shell
+    // must survive writing to it (SIGPIPE ignored).
     let attack = |port: u16| {
         format!(
-            "t=/dev/tcp/{store}/{port}; \
+            "trap '' PIPE; t=/dev/tcp/{store}/{port}; \
              printf 'GET / HTTP/1.0\\r\\n\\r\\n' > $t; \
-             printf 'RCCLSTOR\\x01\\x00\\x00\\x00\\x01\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff' > $t; \
+             printf 'RCCLSTOR\\x02\\x00\\x00\\x00\\x01\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff' > $t; \
              head -c 65536 /dev/urandom > $t; \
              exec 3<>$t; sleep 0.2; exit 0"
         )

@@ -127,7 +127,16 @@ pub(crate) fn authenticate(
     role: Role,
     deadline: Instant,
 ) -> Result<(), String> {
-    let mine = fresh_nonce().map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
+    let mine = fresh_nonce().map_err(|e| {
+        if crate::fd_limit::is_exhaustion(&e) {
+            format!(
+                "cannot read /dev/urandom: out of file descriptors: {}",
+                crate::fd_limit::explain(&e)
+            )
+        } else {
+            format!("cannot read /dev/urandom: {e}")
+        }
+    })?;
     write_all_by(stream, &mine, deadline).map_err(|e| format!("sending the auth nonce: {e}"))?;
     let mut theirs = [0u8; AUTH_LEN];
     read_exact_by(stream, &mut theirs, deadline)

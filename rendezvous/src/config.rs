@@ -32,11 +32,16 @@ pub struct MeshConfig {
     pub auth_token: Option<AuthToken>,
     /// Rank 0's already bound store listener, instead of binding `master`.
     pub store_listener: Option<StoreListener>,
+    /// Which attempt of a restarted job this process belongs to (`ringrun` and
+    /// `torchrun` set `TORCHELASTIC_RESTART_COUNT`); part of the job's identity, so a
+    /// process left over from an earlier attempt cannot join a later one.
+    pub attempt: u32,
 }
 
 impl MeshConfig {
     /// Rank `rank` of `world_size`, with the store at `master`, start-up bounded by
-    /// `timeout`; the other settings at their defaults (5 s dead-peer timeout, no secret).
+    /// `timeout`; the other settings at their defaults (5 s dead-peer timeout, no secret,
+    /// attempt 0).
     pub fn new(rank: usize, world_size: usize, master: &str, timeout: Duration) -> MeshConfig {
         MeshConfig {
             rank,
@@ -46,6 +51,7 @@ impl MeshConfig {
             dead_peer_timeout: Duration::from_secs(5),
             auth_token: None,
             store_listener: None,
+            attempt: 0,
         }
     }
 

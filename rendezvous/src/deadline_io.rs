@@ -41,21 +41,33 @@ pub(crate) fn read_exact_by(
 ) -> io::Result<()> {
     let mut done = 0;
     while done < buf.len() {
+        done += read_some_by(stream, &mut buf[done..], deadline)?;
+    }
+    Ok(())
+}
+
+/// Reads at least one byte into `buf` from `stream` (which must not be empty), or fails
+/// with `TimedOut` once `deadline` passes. A closed connection is `UnexpectedEof`.
+pub(crate) fn read_some_by(
+    stream: &TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> io::Result<usize> {
+    loop {
         stream.set_read_timeout(Some(remaining(deadline)?))?;
-        match (&*stream).read(&mut buf[done..]) {
-            Ok(0) => {
+        match (&*stream).read(buf) {
+            Ok(0) if !buf.is_empty() => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "connection closed by the other side",
                 ))
             }
-            Ok(n) => done += n,
+            Ok(n) => return Ok(n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if is_timeout(&e) => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(())
 }
 
 /// Writes all of `buf` to `stream`, or fails with `TimedOut` once `deadline` passes.

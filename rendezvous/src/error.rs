@@ -58,6 +58,59 @@ macro_rules! setup_error_variants {
             timeout: ::std::time::Duration,
         },
 
+        /// Two processes claimed the same rank. Both get this error or, on the process
+        /// that claimed first, `RendezvousAborted` quoting it.
+        #[error(
+            "rank {rank} was started twice (by {first} and {second}): every process of a job needs its own RANK; \
+             check the launcher's configuration (two launchers sharing MASTER_ADDR/MASTER_PORT, or a process left over from an earlier run?)"
+        )]
+        DuplicateRank {
+            /// The rank claimed twice.
+            rank: usize,
+            /// The process that claimed it first (`host:pid`).
+            first: String,
+            /// The process that claimed it second (`host:pid`).
+            second: String,
+        },
+
+        /// Another process abandoned start-up (a duplicate rank, a rank out of file
+        /// descriptors, ...) and published why in the rendezvous store.
+        #[error("rank {rank}: rendezvous abandoned: {reason}")]
+        RendezvousAborted {
+            /// The rank that learned of it.
+            rank: usize,
+            /// Why, as published by the process that gave up.
+            reason: String,
+        },
+
+        /// This process and the rendezvous store belong to different attempts of a
+        /// restarted job (`TORCHELASTIC_RESTART_COUNT`).
+        #[error(
+            "rank {rank}: this process is attempt {ours} of a restarted job, but the rendezvous store at {addr} serves attempt {theirs}: \
+             the process of the older attempt is left over from before a restart; stop it (every rank of one attempt shares TORCHELASTIC_RESTART_COUNT)"
+        )]
+        AttemptMismatch {
+            /// The rank that noticed.
+            rank: usize,
+            /// This process's attempt.
+            ours: u32,
+            /// The store's attempt.
+            theirs: u32,
+            /// The store's address.
+            addr: String,
+        },
+
+        /// The process ran out of file descriptors (`EMFILE`, or the system's `ENFILE`).
+        #[error("rank {rank}: out of file descriptors while {during}: {detail}")]
+        DescriptorsExhausted {
+            /// The rank that ran out.
+            rank: usize,
+            /// What it was doing.
+            during: String,
+            /// Which limit was reached (RLIMIT_NOFILE and its values) and how to raise it.
+            detail: String,
+        },
+
         /// A connection failed its handshake (wrong protocol, version, job or world size).
         #[error("rank {rank}: handshake with {peer} failed: {reason}")]
         Handshake {

@@ -21,8 +21,12 @@ mod auth;
 mod config;
 mod deadline_io;
 mod error;
+mod fd_limit;
 mod hello;
+mod job;
 mod mesh;
+mod peer_acceptor;
+mod pending;
 pub mod store;
 
 pub use auth::AuthToken;

@@ -1,42 +1,32 @@
 //! Start-up: rank 0 hosts the store, every rank publishes its listening address, and the
 //! ranks connect into a full mesh, each connection opened with a checked handshake. The
 //! result is a [`Mesh`], whose [`Mesh::finish`] ends start-up.
+//!
+//! Start-up is abandoned for everyone, through the store ([`StoreClient::abort`]), when a
+//! rank is claimed twice or a rank runs out of file descriptors; every rank asks the
+//! store at least every [`ABORT_CHECK`] while it waits, so all learn why within moments.
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::{MeshConfig, SetupError};
-use ringccl_transports::poll::{wait_any, Interest};
 use tracing::{debug, info, warn};
 
 use crate::auth::{authenticate, AuthToken, Role};
-use crate::deadline_io::{deadline_after, read_exact_by, write_all_by};
+use crate::deadline_io::{deadline_after, read_exact_by, read_some_by, write_all_by};
+use crate::fd_limit;
 use crate::hello::{Channel, PeerHello, PEER_HELLO_LEN};
+use crate::job::{addr_key, rank_key, this_process, JobRecord, JOB_KEY};
+use crate::peer_acceptor::PeerAcceptor;
 use crate::store::{resolve, StoreClient, StoreListener, StoreServer};
 
-const JOB_KEY: &str = "ringccl/job";
-/// How long an accepted stranger may take to introduce itself before it is dropped.
-const HELLO_LIMIT: Duration = Duration::from_secs(10);
-
-fn addr_key(rank: usize) -> String {
-    format!("ringccl/addr/{rank}")
-}
-
-fn fresh_job_id() -> u64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u128(
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.write_u32(std::process::id());
-    hasher.finish()
-}
+/// How often a waiting rank asks the store whether start-up was abandoned.
+const ABORT_CHECK: Duration = Duration::from_millis(200);
+/// Longest single connection attempt to a peer; a rank retries until its deadline.
+const CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
 
 /// This rank's handshaken connections to every other rank, and the rendezvous store that
 /// start-up steps after the mesh (shared-memory set-up, the NCCL unique id) still read.
@@ -87,7 +77,7 @@ impl Mesh {
     /// the store it hosts outlives every start-up reader. Returns the connections, still
     /// blocking, `None` at this rank's own index, and the store, which the group keeps
     /// for its lifetime.
-    pub fn finish(self, deadline: Instant) -> Result<(MeshConnections, KeptStore), SetupError> {
+    pub fn finish(mut self, deadline: Instant) -> Result<(MeshConnections, KeptStore), SetupError> {
         let rank = self.rank;
         let failed = |peer: usize, e: io::Error| SetupError::Io {
             rank,
@@ -108,14 +98,20 @@ impl Mesh {
                     )
                 })
         };
-        if rank != 0 {
-            write_all_by(connection(0)?, &[1], deadline).map_err(|e| failed(0, e))?;
+        let done = if rank != 0 {
+            connection(0).and_then(|c| write_all_by(c, &[1], deadline).map_err(|e| failed(0, e)))
         } else {
-            for peer in 1..self.world_size {
+            (1..self.world_size).try_for_each(|peer| {
                 let mut byte = [0u8; 1];
-                read_exact_by(connection(peer)?, &mut byte, deadline)
-                    .map_err(|e| failed(peer, e))?;
+                read_exact_by(connection(peer)?, &mut byte, deadline).map_err(|e| failed(peer, e))
+            })
+        };
+        if let Err(e) = done {
+            let e = abandoned_instead(&mut self.store, e);
+            if let Some(server) = &self._server {
+                linger_until_heard(server, &e);
             }
+            return Err(e);
         }
         let store = KeptStore {
             _client: self.store,
@@ -165,18 +161,27 @@ impl fmt::Debug for Mesh {
 ///
 /// Rank 0 starts the rendezvous store (on `config`'s store listener, or by binding the master
 /// address). Every rank then connects to the store (retrying until the deadline, since
-/// rank 0 may start last), listens on an ephemeral port on the interface it reaches the
-/// store through, publishes that address, connects to every lower rank and accepts every
-/// higher one.
+/// rank 0 may start last), checks that the store serves its attempt of the job, claims its
+/// rank (a rank claimed twice fails both claimants), listens on an ephemeral port on the
+/// interface it reaches the store through, publishes that address, connects to every lower
+/// rank and accepts every higher one.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use ringccl_rendezvous::{connect_mesh, MeshConfig, StoreListener};
+///
+/// let listener = StoreListener::bind("127.0.0.1:0")?;
+/// let mut config = MeshConfig::new(0, 1, &listener.local_addr()?.to_string(), Duration::from_secs(10));
+/// config.store_listener = Some(listener);
+/// let mesh = connect_mesh(config)?;
+/// let (connections, _store) = mesh.finish(Instant::now() + Duration::from_secs(10))?;
+/// assert!(connections.data[0].is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
     config.validate()?;
-    let MeshConfig {
-        rank,
-        world_size,
-        timeout,
-        dead_peer_timeout: dead_peer,
-        ..
-    } = config;
+    let rank = config.rank;
+    let timeout = config.timeout;
     let own_listener = config.store_listener.take();
     let master = config.master.as_str();
     let deadline = deadline_after(timeout);
@@ -202,26 +207,114 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
             last_error: format!("cannot resolve: {e}"),
         })?,
     };
-    let token = config.auth_token.clone();
-    let mut store = StoreClient::connect_authenticated(&store_addrs, rank, timeout, token.clone())?;
-    let job_id = if rank == 0 {
-        let id = fresh_job_id();
-        store.set(JOB_KEY, &id.to_le_bytes())?;
-        id
-    } else {
-        let raw = store.wait(JOB_KEY, deadline, &|| "rank 0 to start the job".into())?;
-        let bytes: [u8; 8] = raw
-            .as_slice()
-            .try_into()
-            .map_err(|_| SetupError::Handshake {
+    let connected =
+        StoreClient::connect_authenticated(&store_addrs, rank, timeout, config.auth_token.clone());
+    let own_store_failure =
+        |e: SetupError| match server.as_ref().and_then(StoreServer::descriptors_exhausted) {
+            // Rank 0's own store ran out of descriptors: that is the cause, whatever the symptom.
+            Some(detail) => SetupError::DescriptorsExhausted {
                 rank,
-                peer: "rendezvous store".into(),
-                reason: format!("job id has {} bytes, expected 8", raw.len()),
-            })?;
-        u64::from_le_bytes(bytes)
+                during: "accepting connections to the rendezvous store it hosts".into(),
+                detail,
+            },
+            None => e,
+        };
+    let mut store = connected.map_err(own_store_failure)?;
+    // Owned here, so that on failure they are closed only after the others were told why.
+    let mut connections = MeshConnections {
+        data: (0..config.world_size).map(|_| None).collect(),
+        control: (0..config.world_size).map(|_| None).collect(),
     };
+    let mut acceptor = None;
+    match join(
+        &config,
+        &mut store,
+        &mut connections,
+        &mut acceptor,
+        deadline,
+    ) {
+        Ok(job_id) => Ok(Mesh {
+            rank,
+            world_size: config.world_size,
+            job_id,
+            dead_peer_timeout: config.dead_peer_timeout,
+            connections,
+            store,
+            _server: server,
+        }),
+        Err(e) => {
+            let e = match e {
+                // Tell the others, who would otherwise wait for this rank until their
+                // deadline (the abort needs no new descriptor).
+                SetupError::DescriptorsExhausted { .. } => {
+                    let _ = store.abort(&e.to_string());
+                    e
+                }
+                own @ (SetupError::DuplicateRank { .. }
+                | SetupError::RendezvousAborted { .. }
+                | SetupError::AttemptMismatch { .. }) => own,
+                other => abandoned_instead(&mut store, other),
+            };
+            let e = own_store_failure(e);
+            if let Some(server) = &server {
+                linger_until_heard(server, &e);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// How long rank 0 keeps an aborted store up for the ranks still to hear why.
+const ABORT_LINGER: Duration = Duration::from_secs(3);
+
+/// On rank 0, when start-up was abandoned for everyone, keeps the store up until every
+/// connected rank has heard why (at most [`ABORT_LINGER`]): taking it away at once would
+/// leave them "connection closed" instead of the reason.
+fn linger_until_heard(server: &StoreServer, error: &SetupError) {
+    let abandoned = matches!(
+        error,
+        SetupError::RendezvousAborted { .. }
+            | SetupError::DuplicateRank { .. }
+            | SetupError::DescriptorsExhausted { .. }
+    );
+    if abandoned && !server.await_abort_heard(Instant::now() + ABORT_LINGER) {
+        debug!("some ranks had not heard why start-up was abandoned when rank 0 gave up");
+    }
+}
+
+/// `error`, unless start-up was abandoned meanwhile: then the reason published in the
+/// store, which is the cause (a rank that gave up closes its connections right after
+/// publishing why, so its peers usually see the closed connection first).
+fn abandoned_instead(store: &mut StoreClient, error: SetupError) -> SetupError {
+    match store.check() {
+        Err(aborted @ SetupError::RendezvousAborted { .. }) => aborted,
+        _ => error,
+    }
+}
+
+/// Everything after the store connection: the job record, the rank's claim, its address,
+/// the connections to lower ranks and from higher ones. The connections and the data
+/// listener live in the caller's `connections` and `acceptor`, so that on failure they
+/// stay open until the others have been told why.
+fn join(
+    config: &MeshConfig,
+    store: &mut StoreClient,
+    connections: &mut MeshConnections,
+    acceptor: &mut Option<PeerAcceptor>,
+    deadline: Instant,
+) -> Result<u64, SetupError> {
+    let MeshConfig {
+        rank,
+        world_size,
+        timeout,
+        attempt,
+        ..
+    } = *config;
+    let token = config.auth_token.as_ref();
+    let job = job_record(config, store, deadline)?;
+    claim_rank(rank, store)?;
     let me = PeerHello {
-        job_id,
+        job_id: job.job_id,
         world_size: world_size as u32,
         rank: rank as u32,
         authenticated: token.is_some(),
@@ -239,13 +332,34 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
         .local_addr()
         .map_err(|e| io_error("local address of the store connection".into(), e))?
         .ip();
-    let listener = TcpListener::bind(SocketAddr::new(local_ip, 0))
-        .map_err(|e| io_error(format!("listening on {local_ip}"), e))?;
+    let listener = TcpListener::bind(SocketAddr::new(local_ip, 0)).map_err(|e| {
+        fd_limit::or_else(
+            rank,
+            || "opening the data listener".into(),
+            e,
+            |e| io_error(format!("listening on {local_ip}"), e),
+        )
+    })?;
     let listen_addr = listener
         .local_addr()
         .map_err(|e| io_error("local address of the data listener".into(), e))?;
-    store.set(&addr_key(rank), listen_addr.to_string().as_bytes())?;
-    debug!(rank, %listen_addr, "listening for the higher ranks' connections");
+    let acceptor = acceptor.insert(PeerAcceptor::new(
+        listener,
+        me,
+        config.auth_token.clone(),
+        deadline,
+    )?);
+    if let Some(first) = store.set_if_absent(&addr_key(rank), listen_addr.to_string().as_bytes())? {
+        return Err(duplicate(
+            store,
+            rank,
+            format!(
+                "the process listening on {}",
+                String::from_utf8_lossy(&first)
+            ),
+        ));
+    }
+    debug!(rank, %listen_addr, attempt, "listening for the higher ranks' connections");
 
     // Fetch every lower rank's address before connecting to any: once rank 0 has all
     // its connections, nobody needs its store any more.
@@ -264,27 +378,11 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
                 })?;
         lower_addrs.push(addr);
     }
-    let mut data: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
-    let mut control: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
+    let MeshConnections { data, control } = connections;
     for (peer, addr) in lower_addrs.into_iter().enumerate() {
         for channel in [Channel::Data, Channel::Control] {
-            let stream = connect_peer(rank, peer, addr, deadline, timeout)?;
             let hello = PeerHello { channel, ..me };
-            let theirs = introduce(&stream, &hello, token.as_ref(), Role::Initiator, deadline)
-                .map_err(|e| SetupError::Handshake {
-                    rank,
-                    peer: format!("rank {peer} at {addr}"),
-                    reason: e,
-                })?;
-            // The acceptor answers before it has read which channel this is, so only
-            // the initiator's hello names the channel.
-            if theirs.rank as usize != peer {
-                return Err(SetupError::Handshake {
-                    rank,
-                    peer: format!("rank {peer} at {addr}"),
-                    reason: format!("it says it is rank {}", theirs.rank),
-                });
-            }
+            let stream = connect_lower(&hello, peer, addr, token, deadline, timeout, store)?;
             match channel {
                 Channel::Data => data[peer] = Some(stream),
                 Channel::Control => control[peer] = Some(stream),
@@ -293,128 +391,222 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
         debug!(rank, peer, %addr, "connected to a lower rank");
     }
 
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io_error("non-blocking listener".into(), e))?;
     let missing = |data: &[Option<TcpStream>], control: &[Option<TcpStream>]| -> Vec<usize> {
         (rank + 1..world_size)
             .filter(|&p| data[p].is_none() || control[p].is_none())
             .collect()
     };
-    while !missing(&data, &control).is_empty() {
-        let (stream, from) = match listener.accept() {
-            Ok(pair) => pair,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                let ready = wait_any(&[Interest::readable(&listener)], deadline)
-                    .map_err(|e| io_error("waiting for peer connections".into(), e))?;
-                if !ready {
-                    let missing: Vec<String> = missing(&data, &control)
-                        .into_iter()
-                        .map(|p| p.to_string())
-                        .collect();
-                    return Err(SetupError::RendezvousTimeout {
-                        rank,
-                        waiting_for: format!("connections from rank(s) {}", missing.join(", ")),
-                        timeout,
-                    });
-                }
-                continue;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                warn!(rank, error = %e, "accepting a peer connection failed; retrying");
-                thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        let hello_deadline = deadline.min(Instant::now() + HELLO_LIMIT);
-        let accepted = stream
-            .set_nonblocking(false)
-            .map_err(|e| e.to_string())
-            .and_then(|()| introduce(&stream, &me, token.as_ref(), Role::Acceptor, hello_deadline))
-            .and_then(|theirs| {
-                let peer = theirs.rank as usize;
-                let slot = match theirs.channel {
-                    Channel::Data => &data,
-                    Channel::Control => &control,
-                };
-                if peer <= rank || slot[peer].is_some() {
-                    Err(format!(
-                        "it says it is rank {peer} ({:?} channel), but only ranks above {rank} connect here and each once per channel",
-                        theirs.channel
-                    ))
-                } else {
-                    Ok((peer, theirs.channel))
-                }
+    let mut next_check = Instant::now() + ABORT_CHECK;
+    while !missing(data, control).is_empty() {
+        if Instant::now() >= next_check {
+            store.check()?;
+            next_check = Instant::now() + ABORT_CHECK;
+        }
+        if Instant::now() >= deadline {
+            let missing: Vec<String> = missing(data, control)
+                .into_iter()
+                .map(|p| p.to_string())
+                .collect();
+            return Err(SetupError::RendezvousTimeout {
+                rank,
+                waiting_for: format!("connections from rank(s) {}", missing.join(", ")),
+                timeout,
             });
-        match accepted {
-            Ok((peer, channel)) => {
-                match channel {
-                    Channel::Data => data[peer] = Some(stream),
-                    Channel::Control => control[peer] = Some(stream),
-                }
-                debug!(rank, peer, ?channel, %from, "accepted a higher rank");
-            }
-            Err(reason) => {
-                warn!(rank, %from, %reason, "rejected a connection to the data listener")
+        }
+        if let Some(accepted) = acceptor.next(deadline.min(next_check))? {
+            match accepted.channel {
+                Channel::Data => data[accepted.peer] = Some(accepted.stream),
+                Channel::Control => control[accepted.peer] = Some(accepted.stream),
             }
         }
     }
-    info!(rank, world_size, job_id, "TCP mesh connected");
-    Ok(Mesh {
+    info!(
         rank,
         world_size,
-        job_id,
-        dead_peer_timeout: dead_peer,
-        connections: MeshConnections { data, control },
-        store,
-        _server: server,
-    })
+        job_id = job.job_id,
+        attempt,
+        "TCP mesh connected"
+    );
+    Ok(job.job_id)
 }
 
-fn connect_peer(
-    rank: usize,
+/// Rank 0 writes the job's record (once); every other rank reads it and checks that the
+/// store serves its own attempt of the job.
+fn job_record(
+    config: &MeshConfig,
+    store: &mut StoreClient,
+    deadline: Instant,
+) -> Result<JobRecord, SetupError> {
+    let rank = config.rank;
+    let store_name = || config.master.clone();
+    if rank == 0 {
+        let job = JobRecord::fresh(config.attempt);
+        return match store.set_if_absent(JOB_KEY, &job.encode())? {
+            None => Ok(job),
+            Some(_) => Err(SetupError::Handshake {
+                rank,
+                peer: format!("rendezvous store at {}", store_name()),
+                reason: "the job's record was already written before rank 0 wrote it: another process writes to this rank's own store".into(),
+            }),
+        };
+    }
+    let raw = store.wait(JOB_KEY, deadline, &|| "rank 0 to start the job".into())?;
+    let job = JobRecord::decode(&raw).ok_or_else(|| SetupError::Handshake {
+        rank,
+        peer: format!("rendezvous store at {}", store_name()),
+        reason: format!("the job's record has {} bytes, expected 12", raw.len()),
+    })?;
+    if job.attempt != config.attempt {
+        return Err(SetupError::AttemptMismatch {
+            rank,
+            ours: config.attempt,
+            theirs: job.attempt,
+            addr: store_name(),
+        });
+    }
+    Ok(job)
+}
+
+/// Claims `rank` in the store under this process's name. The second claimant abandons
+/// start-up for everyone, naming both.
+fn claim_rank(rank: usize, store: &mut StoreClient) -> Result<(), SetupError> {
+    let me = this_process();
+    match store.set_if_absent(&rank_key(rank), me.as_bytes())? {
+        None => Ok(()),
+        Some(first) => Err(duplicate(
+            store,
+            rank,
+            String::from_utf8_lossy(&first).into_owned(),
+        )),
+    }
+}
+
+/// The error of the second process to claim `rank` (after `first`), once it has told
+/// everyone through the store.
+fn duplicate(store: &mut StoreClient, rank: usize, first: String) -> SetupError {
+    let error = SetupError::DuplicateRank {
+        rank,
+        first,
+        second: this_process(),
+    };
+    warn!(%error, "abandoning start-up");
+    let _ = store.abort(&error.to_string());
+    error
+}
+
+/// Connects to the lower rank `peer` at `addr` and introduces this rank on the channel
+/// `me` names. A connection closed before the peer answered (cut off among strangers, or
+/// refused) is tried again until the deadline; a peer that answers with a mismatch is
+/// final.
+fn connect_lower(
+    me: &PeerHello,
     peer: usize,
     addr: SocketAddr,
+    token: Option<&AuthToken>,
     deadline: Instant,
     timeout: Duration,
+    store: &mut StoreClient,
 ) -> Result<TcpStream, SetupError> {
+    let rank = me.rank as usize;
+    let channel = me.channel;
+    let handshake = |reason: String| SetupError::Handshake {
+        rank,
+        peer: format!("rank {peer} at {addr}"),
+        reason,
+    };
     let mut backoff = Duration::from_millis(2);
+    let mut last_error = String::from("no attempt made");
+    let mut next_check = Instant::now() + ABORT_CHECK;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(SetupError::RendezvousTimeout {
                 rank,
-                waiting_for: format!("a connection to rank {peer} at {addr}"),
+                waiting_for: format!(
+                    "rank {peer} at {addr} to accept this rank's {channel:?} connection (last attempt: {last_error})"
+                ),
                 timeout,
             });
         }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
-            Ok(stream) => return Ok(stream),
-            Err(_) => {
+        if Instant::now() >= next_check {
+            store.check()?;
+            next_check = Instant::now() + ABORT_CHECK;
+        }
+        let stream = match TcpStream::connect_timeout(&addr, left.min(CONNECT_ATTEMPT)) {
+            Ok(stream) => stream,
+            Err(e) if fd_limit::is_exhaustion(&e) => {
+                return Err(fd_limit::exhausted(
+                    rank,
+                    format!("connecting to rank {peer} at {addr}"),
+                    &e,
+                ));
+            }
+            Err(e) => {
+                last_error = e.to_string();
                 thread::sleep(backoff.min(left));
                 backoff = (backoff * 2).min(Duration::from_millis(200));
+                continue;
+            }
+        };
+        let mut raw = [0u8; PEER_HELLO_LEN];
+        let exchanged = match write_all_by(&stream, &me.encode(), deadline) {
+            Ok(()) => read_answer(&stream, &mut raw, deadline, store)?,
+            Err(e) => Err(e),
+        };
+        match exchanged {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                return Err(SetupError::RendezvousTimeout {
+                    rank,
+                    waiting_for: format!("rank {peer} at {addr} to answer this rank's hello"),
+                    timeout,
+                });
+            }
+            Err(e) => {
+                last_error = format!("the connection closed before rank {peer} answered ({e})");
+                thread::sleep(backoff.min(left));
+                backoff = (backoff * 2).min(Duration::from_millis(200));
+                continue;
             }
         }
+        let theirs = PeerHello::decode_checked(&raw, me).map_err(|e| handshake(e.to_string()))?;
+        if theirs.rank as usize != peer || theirs.channel != channel {
+            return Err(handshake(format!(
+                "it says it is rank {} on the {:?} channel, expected rank {peer} on the {channel:?} channel",
+                theirs.rank, theirs.channel
+            )));
+        }
+        if let Some(token) = token {
+            authenticate(&stream, token, Role::Initiator, deadline)
+                .map_err(|e| handshake(format!("authentication failed: {e}")))?;
+        }
+        return Ok(stream);
     }
 }
 
-/// Sends our hello and reads and checks theirs.
-/// Then, with a token, runs the challenge–response as `role`.
-fn introduce(
+/// Reads a lower rank's answer to this rank's hello by `deadline`, asking the store every
+/// [`ABORT_CHECK`] meanwhile whether start-up was abandoned (a rank that ran out of
+/// descriptors never accepts, and says so only through the store). The outer error is
+/// the abandonment; the inner one the connection's.
+fn read_answer(
     stream: &TcpStream,
-    me: &PeerHello,
-    token: Option<&AuthToken>,
-    role: Role,
+    raw: &mut [u8],
     deadline: Instant,
-) -> Result<PeerHello, String> {
-    write_all_by(stream, &me.encode(), deadline).map_err(|e| format!("sending hello: {e}"))?;
-    let mut raw = [0u8; PEER_HELLO_LEN];
-    read_exact_by(stream, &mut raw, deadline).map_err(|e| format!("reading hello: {e}"))?;
-    let theirs = PeerHello::decode_checked(&raw, me).map_err(|e| e.to_string())?;
-    if let Some(token) = token {
-        authenticate(stream, token, role, deadline)
-            .map_err(|e| format!("authentication failed: {e}"))?;
+    store: &mut StoreClient,
+) -> Result<io::Result<()>, SetupError> {
+    let mut done = 0;
+    while done < raw.len() {
+        let slice_end = deadline.min(Instant::now() + ABORT_CHECK);
+        match read_some_by(stream, &mut raw[done..], slice_end) {
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => {
+                if Instant::now() >= deadline {
+                    return Ok(Err(e));
+                }
+                store.check()?;
+            }
+            Err(e) => return Ok(Err(e)),
+        }
     }
-    Ok(theirs)
+    Ok(Ok(()))
 }

@@ -1,7 +1,9 @@
 //! Fuzzing the rendezvous store's decoders: random bytes never panic or allocate by a
 //! stranger's number (lengths above the limits are refused at the header), accepted
 //! headers are canonical, and the regression corpus in `tests/corpus/store_*` is
-//! replayed. A live store is also fed random byte streams and must keep serving.
+//! replayed. A live store is also fed random byte streams and must keep serving, answers
+//! random sequences of set / set-if-absent / get as a map would, gives a racing
+//! set-if-absent exactly one winner, and once aborted answers everything with the reason.
 
 use std::fs;
 use std::io::Write;
@@ -105,4 +107,94 @@ fn a_live_store_survives_random_byte_streams() {
     let mut client = StoreClient::connect(&[addr], 0, Duration::from_secs(10)).unwrap();
     client.set("after", b"junk").unwrap();
     assert_eq!(client.get("after").unwrap(), Some(b"junk".to_vec()));
+}
+
+/// Racing claimants of one key: exactly one sets it, and every other one is told the
+/// winner's value.
+#[test]
+fn set_if_absent_has_exactly_one_winner() {
+    let server = StoreServer::start(StoreListener::bind("127.0.0.1:0").unwrap()).unwrap();
+    let addr = server.local_addr();
+    let answers: Vec<Option<Vec<u8>>> = std::thread::scope(|scope| {
+        let racers: Vec<_> = (0..8u8)
+            .map(|i| {
+                scope.spawn(move || {
+                    let mut client =
+                        StoreClient::connect(&[addr], 0, Duration::from_secs(30)).unwrap();
+                    client.set_if_absent("ringccl/rank/1", &[i]).unwrap()
+                })
+            })
+            .collect();
+        racers.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let winners: Vec<usize> = (0..8).filter(|&i| answers[i].is_none()).collect();
+    assert_eq!(winners.len(), 1, "{answers:?}");
+    let winner = [winners[0] as u8];
+    assert!(
+        answers.iter().flatten().all(|v| v.as_slice() == winner),
+        "{answers:?}"
+    );
+}
+
+/// Once aborted, the store answers every request with the first reason, on every
+/// connection, old or new.
+#[test]
+fn an_aborted_store_answers_everything_with_the_first_reason() {
+    let server = StoreServer::start(StoreListener::bind("127.0.0.1:0").unwrap()).unwrap();
+    let addr = server.local_addr();
+    let mut waiter = StoreClient::connect(&[addr], 2, Duration::from_secs(30)).unwrap();
+    let mut aborter = StoreClient::connect(&[addr], 1, Duration::from_secs(30)).unwrap();
+    waiter.set("k", b"v").unwrap();
+    assert!(waiter.check().is_ok());
+    aborter.abort("first reason").unwrap();
+    aborter.abort("second reason").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let errors = [
+        waiter.check().unwrap_err(),
+        waiter.get("k").unwrap_err(),
+        waiter.set("k", b"w").unwrap_err(),
+        waiter.set_if_absent("new", b"w").unwrap_err(),
+        waiter
+            .wait("never", deadline, &|| "nobody".into())
+            .unwrap_err(),
+        StoreClient::connect(&[addr], 3, Duration::from_secs(30))
+            .unwrap()
+            .get("k")
+            .unwrap_err(),
+    ];
+    for err in errors {
+        assert!(
+            matches!(&err, ringccl_rendezvous::SetupError::RendezvousAborted { reason, .. } if reason == "first reason"),
+            "{err}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Random sequences of set, set-if-absent and get on a few keys answer as a map would.
+    #[test]
+    fn a_live_store_behaves_like_a_map(
+        ops in proptest::collection::vec((0u8..3, 0u8..3, any::<u8>()), 1..40)
+    ) {
+        let server = StoreServer::start(StoreListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(30)).unwrap();
+        let mut model = std::collections::HashMap::new();
+        for (op, key, value) in ops {
+            let name = format!("k{key}");
+            match op {
+                0 => {
+                    client.set(&name, &[value]).unwrap();
+                    model.insert(name, vec![value]);
+                }
+                1 => {
+                    let expected = model.get(&name).cloned();
+                    prop_assert_eq!(client.set_if_absent(&name, &[value]).unwrap(), expected.clone());
+                    model.entry(name).or_insert(vec![value]);
+                }
+                _ => prop_assert_eq!(client.get(&name).unwrap(), model.get(&name).cloned()),
+            }
+        }
+    }
 }

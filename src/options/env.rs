@@ -92,6 +92,13 @@ pub(super) fn options_from(lookup: impl Fn(&str) -> Option<String>) -> Result<In
     if let Some(local) = first_of(&["LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"]) {
         opts.local_rank = Some(number(local)?);
     }
+    if let Some(value) = set("TORCHELASTIC_RESTART_COUNT") {
+        opts.attempt = value.trim().parse::<u32>().map_err(|e| Error::InvalidEnv {
+            var: "TORCHELASTIC_RESTART_COUNT",
+            value: value.clone(),
+            reason: format!("expected the restart count, a non-negative integer ({e})"),
+        })?;
+    }
     if let Some(value) = lookup("RINGCCL_TIMEOUT") {
         opts.timeout = seconds("RINGCCL_TIMEOUT", &value, 0.0, false)?;
     }
@@ -210,6 +217,29 @@ mod tests {
         let opts = InitOptions::from_vars(vars(&with_local)).unwrap();
         assert_eq!(opts.local_rank, Some(1));
         assert_eq!(opts.timeout, Duration::from_millis(2500));
+        assert_eq!(opts.attempt, 0);
+    }
+
+    #[test]
+    fn the_restart_count_is_the_attempt() {
+        let mut restarted = GOOD.to_vec();
+        restarted.push(("TORCHELASTIC_RESTART_COUNT", "3"));
+        let mut opts = InitOptions::from_vars(vars(&restarted)).unwrap();
+        assert_eq!(opts.attempt, 3);
+        assert_eq!(opts.mesh_config().attempt, 3);
+        restarted.push(("TORCHELASTIC_RESTART_COUNT", "-1"));
+        restarted.swap_remove(4);
+        let err = InitOptions::from_vars(vars(&restarted)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidEnv {
+                    var: "TORCHELASTIC_RESTART_COUNT",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub struct InitOptions {
     pub auth_token: Option<AuthToken>,
     /// How long a silent peer host may stay silent before its connections count as failed.
     pub dead_peer_timeout: Duration,
+    /// Which attempt of a restarted job this process belongs to (0 for the first).
+    pub attempt: u32,
     store_listener: Option<StoreListener>,
 }
 
@@ -88,12 +90,14 @@ impl InitOptions {
             device: None,
             auth_token: None,
             dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
+            attempt: 0,
         }
     }
 
     /// Reads the launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (or
-    /// Slurm's and OpenMPI's equivalents) and, if set, LOCAL_RANK, RINGCCL_TIMEOUT,
-    /// RINGCCL_DEAD_PEER_TIMEOUT (seconds) and RINGCCL_AUTH_TOKEN. A missing or
+    /// Slurm's and OpenMPI's equivalents) and, if set, LOCAL_RANK,
+    /// TORCHELASTIC_RESTART_COUNT, RINGCCL_TIMEOUT, RINGCCL_DEAD_PEER_TIMEOUT (seconds)
+    /// and RINGCCL_AUTH_TOKEN. A missing or
     /// malformed variable is an error that names it.
     ///
     /// ```no_run
@@ -250,6 +254,20 @@ impl InitOptions {
         self
     }
 
+    /// Sets which attempt of a restarted job this process belongs to (default 0;
+    /// `ringrun --max-restarts` and `torchrun` set `TORCHELASTIC_RESTART_COUNT`, which
+    /// [`InitOptions::from_env`] reads). A process of one attempt cannot join another:
+    /// a rank left over from before a restart gets an error naming both attempts.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").attempt(2);
+    /// assert_eq!(opts.attempt, 2);
+    /// ```
+    pub fn attempt(mut self, attempt: u32) -> InitOptions {
+        self.attempt = attempt;
+        self
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -309,6 +327,7 @@ impl InitOptions {
         config.dead_peer_timeout = self.dead_peer_timeout;
         config.auth_token = self.auth_token.clone();
         config.store_listener = store_listener;
+        config.attempt = self.attempt;
         config
     }
 }

@@ -14,6 +14,15 @@ use super::protocol::{
 };
 use crate::auth::{authenticate, mismatch_reason, AuthToken, Role};
 use crate::deadline_io::{deadline_after, read_exact_by, write_all_by};
+use crate::fd_limit;
+
+/// Why a connection attempt's greeting did not succeed.
+enum Greeting {
+    /// No answer, or the connection closed: try again.
+    Unanswered(String),
+    /// The store answered and refused: final.
+    Failed(SetupError),
+}
 
 /// Longest single connection attempt; a rank retries until its deadline.
 const CONNECT_ATTEMPT: Duration = Duration::from_secs(5);
@@ -31,6 +40,15 @@ pub struct StoreClient {
 impl StoreClient {
     /// Connects to the store at one of `addrs`, retrying (the store may not be up yet)
     /// until `timeout` has passed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ringccl_rendezvous::store::{StoreClient, StoreServer};
+    /// use ringccl_rendezvous::StoreListener;
+    /// let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connect(
         addrs: &[SocketAddr],
         rank: usize,
@@ -41,6 +59,22 @@ impl StoreClient {
 
     /// [`StoreClient::connect`], proving to the store that this rank holds `token`
     /// (and checking that the store holds it too).
+    ///
+    /// A connection the store closes or leaves unanswered before its hello (a store
+    /// crowded by strangers cuts off the oldest silent connections; a store out of file
+    /// descriptors cannot accept) is retried like a refused one, until `timeout`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ringccl_rendezvous::store::{StoreClient, StoreServer};
+    /// use ringccl_rendezvous::{AuthToken, StoreListener};
+    /// let token = AuthToken::new("s3cret");
+    /// let listener = StoreListener::bind("127.0.0.1:0")?;
+    /// let server = StoreServer::start_authenticated(listener, token.clone())?;
+    /// let addrs = [server.local_addr()];
+    /// let client = StoreClient::connect_authenticated(&addrs, 0, Duration::from_secs(10), token)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn connect_authenticated(
         addrs: &[SocketAddr],
         rank: usize,
@@ -50,6 +84,8 @@ impl StoreClient {
         let deadline = deadline_after(timeout);
         let mut backoff = Duration::from_millis(5);
         let mut last_error = String::from("no attempt made");
+        // The address whose last connection was accepted but left unanswered, if any.
+        let mut silent = None;
         loop {
             for &addr in addrs {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -66,12 +102,40 @@ impl StoreClient {
                             timeout,
                             token: token.clone(),
                         };
-                        return client.hello(deadline).map(|()| client);
+                        let attempt = deadline.min(Instant::now() + CONNECT_ATTEMPT);
+                        match client.hello(attempt) {
+                            Ok(()) => return Ok(client),
+                            Err(Greeting::Failed(e)) => return Err(e),
+                            Err(Greeting::Unanswered(why)) => {
+                                silent = Some(addr);
+                                last_error = format!("{addr}: {why}");
+                            }
+                        }
                     }
-                    Err(e) => last_error = format!("{addr}: {e}"),
+                    Err(e) if fd_limit::is_exhaustion(&e) => {
+                        return Err(fd_limit::exhausted(
+                            rank,
+                            format!("connecting to the rendezvous store at {addr}"),
+                            &e,
+                        ));
+                    }
+                    Err(e) => {
+                        silent = None;
+                        last_error = format!("{addr}: {e}");
+                    }
                 }
             }
             let left = deadline.saturating_duration_since(Instant::now());
+            if let (true, Some(addr)) = (left.is_zero(), silent) {
+                // Something accepts connections there but does not answer as a store.
+                return Err(SetupError::RendezvousTimeout {
+                    rank,
+                    waiting_for: format!(
+                        "the rendezvous store at {addr} to answer ({last_error}; is something other than rank 0 listening there?)"
+                    ),
+                    timeout,
+                });
+            }
             if left.is_zero() {
                 return Err(SetupError::StoreUnreachable {
                     rank,
@@ -89,16 +153,26 @@ impl StoreClient {
         }
     }
 
-    fn hello(&mut self, deadline: Instant) -> Result<(), SetupError> {
+    fn hello(&mut self, deadline: Instant) -> Result<(), Greeting> {
         let mut reply = [0u8; HELLO_LEN];
         let ours = self.token.is_some();
         write_all_by(&self.stream, &Hello::current(ours).encode(), deadline)
             .and_then(|()| read_exact_by(&self.stream, &mut reply, deadline))
-            .map_err(|e| self.io_error("greeting the store", e))?;
-        let handshake = |reason: String| SetupError::Handshake {
-            rank: self.rank,
-            peer: format!("rendezvous store at {}", self.addr),
-            reason,
+            .map_err(|e| {
+                Greeting::Unanswered(if e.kind() == io::ErrorKind::TimedOut {
+                    "the connection was accepted but the hello went unanswered \
+                     (if rank 0 is there, is it overloaded or out of file descriptors: see its RLIMIT_NOFILE?)"
+                        .to_string()
+                } else {
+                    format!("the store closed the connection before answering its hello ({e})")
+                })
+            })?;
+        let handshake = |reason: String| {
+            Greeting::Failed(SetupError::Handshake {
+                rank: self.rank,
+                peer: format!("rendezvous store at {}", self.addr),
+                reason,
+            })
         };
         let theirs = Hello::decode(&reply).map_err(|e| handshake(e.to_string()))?;
         if let Some(reason) = mismatch_reason(ours, theirs.authenticated) {
@@ -117,24 +191,117 @@ impl StoreClient {
     }
 
     /// Sets `key` to `value`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, StoreListener};
+    /// # let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// client.set("greeting", b"hello")?;
+    /// assert_eq!(client.get("greeting")?, Some(b"hello".to_vec()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn set(&mut self, key: &str, value: &[u8]) -> Result<(), SetupError> {
         match self.request(Op::Set, key, value)? {
             (Status::Ok, _) => Ok(()),
-            (_, reason) => Err(self.refused(key, &reason)),
+            (status, body) => Err(self.unexpected(key, status, &body)),
+        }
+    }
+
+    /// Sets `key` to `value` unless it is already set: `None` when this call set it,
+    /// `Some(value already there)` otherwise. Exactly one of several racing callers
+    /// gets `None`, so a key can be claimed once.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, StoreListener};
+    /// # let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// assert_eq!(client.set_if_absent("owner", b"first")?, None);
+    /// assert_eq!(client.set_if_absent("owner", b"second")?, Some(b"first".to_vec()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_if_absent(
+        &mut self,
+        key: &str,
+        value: &[u8],
+    ) -> Result<Option<Vec<u8>>, SetupError> {
+        match self.request(Op::SetIfAbsent, key, value)? {
+            (Status::Ok, _) => Ok(None),
+            (Status::Exists, existing) => Ok(Some(existing)),
+            (status, body) => Err(self.unexpected(key, status, &body)),
         }
     }
 
     /// Fetches `key`, if it exists.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, StoreListener};
+    /// # let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// assert_eq!(client.get("never set")?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, SetupError> {
         match self.request(Op::Get, key, &[])? {
             (Status::Ok, value) => Ok(Some(value)),
             (Status::NotFound, _) => Ok(None),
-            (Status::Refused, reason) => Err(self.refused(key, &reason)),
+            (status, body) => Err(self.unexpected(key, status, &body)),
         }
     }
 
+    /// Abandons start-up for every rank: from now on every request to the store is
+    /// answered with [`SetupError::RendezvousAborted`] quoting `reason` (the first
+    /// reason given, if another process aborted first).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, SetupError, StoreListener};
+    /// # let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// client.abort("rank 1 was started twice")?;
+    /// let err = client.get("anything").unwrap_err();
+    /// assert!(matches!(err, SetupError::RendezvousAborted { .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn abort(&mut self, reason: &str) -> Result<(), SetupError> {
+        let reason = &reason.as_bytes()[..reason.len().min(MAX_VALUE_LEN)];
+        match self.request(Op::Abort, "", reason)? {
+            (Status::Ok | Status::Aborted, _) => Ok(()),
+            (status, body) => Err(self.unexpected("", status, &body)),
+        }
+    }
+
+    /// Fails with [`SetupError::RendezvousAborted`] if some process has abandoned
+    /// start-up (see [`StoreClient::abort`]); one round trip.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, StoreListener};
+    /// # let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// assert!(client.check().is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check(&mut self) -> Result<(), SetupError> {
+        // An empty key is never set: the answer is "not found" unless the store was aborted.
+        self.get("").map(|_| ())
+    }
+
     /// Waits until `key` exists and returns its value; `waiting_for` describes, for the
-    /// timeout error, who was supposed to set it.
+    /// timeout error, who was supposed to set it. Fails at once if start-up was aborted.
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, StoreListener};
+    /// # let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// client.set("ready", b"1")?;
+    /// let deadline = Instant::now() + Duration::from_secs(5);
+    /// assert_eq!(client.wait("ready", deadline, &|| "the setter".into())?, b"1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn wait(
         &mut self,
         key: &str,
@@ -207,11 +374,25 @@ impl StoreClient {
         }
     }
 
-    fn refused(&self, key: &str, reason: &[u8]) -> SetupError {
-        SetupError::Io {
-            rank: self.rank,
-            context: format!("the rendezvous store at {} refused key {key:?}", self.addr),
-            source: io::Error::other(String::from_utf8_lossy(reason).into_owned()),
+    /// The error for an answer that is not the one the operation expects: an aborted
+    /// store, a refusal, or a status that makes no sense for the request.
+    fn unexpected(&self, key: &str, status: Status, body: &[u8]) -> SetupError {
+        let text = String::from_utf8_lossy(body).into_owned();
+        match status {
+            Status::Aborted => SetupError::RendezvousAborted {
+                rank: self.rank,
+                reason: text,
+            },
+            Status::Refused => SetupError::Io {
+                rank: self.rank,
+                context: format!("the rendezvous store at {} refused key {key:?}", self.addr),
+                source: io::Error::other(text),
+            },
+            other => SetupError::Handshake {
+                rank: self.rank,
+                peer: format!("rendezvous store at {}", self.addr),
+                reason: format!("answered {other:?} to a request on key {key:?}"),
+            },
         }
     }
 }

@@ -8,6 +8,12 @@
 //! response: status u8 | value_len u32 | value
 //! ```
 //!
+//! Operations: set (1), get (2), set-if-absent (3: answered `Exists` with the value already
+//! there, so a key can be claimed once), abort (4: the value is the reason; from then on
+//! every request is answered `Aborted` with the first reason, so every waiting rank learns
+//! why start-up was abandoned). Statuses: ok (0), not found (1), refused (2), exists (3),
+//! aborted (4).
+//!
 //! All integers are little-endian. Lengths are checked against [`MAX_KEY_LEN`] and
 //! [`MAX_VALUE_LEN`] before anything is allocated, so a stranger cannot make the store
 //! allocate memory by sending a large number.
@@ -21,7 +27,7 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// Longest value accepted.
 pub const MAX_VALUE_LEN: usize = 1 << 20;
 /// Version of the store protocol.
-pub const STORE_VERSION: u16 = 1;
+pub const STORE_VERSION: u16 = 2;
 const STORE_MAGIC: [u8; 8] = *b"RCCLSTOR";
 
 /// Size of an encoded [`Hello`].
@@ -159,6 +165,23 @@ pub enum Op {
     Set,
     /// Fetch a key's value.
     Get,
+    /// Store a value under a key unless the key exists; then answer `Exists` with the
+    /// value already there.
+    SetIfAbsent,
+    /// Abandon start-up: the value is the reason, and from then on every request is
+    /// answered `Aborted` with the first reason given.
+    Abort,
+}
+
+impl Op {
+    fn code(self) -> u8 {
+        match self {
+            Op::Set => 1,
+            Op::Get => 2,
+            Op::SetIfAbsent => 3,
+            Op::Abort => 4,
+        }
+    }
 }
 
 /// The fixed part of a request.
@@ -192,10 +215,7 @@ impl RequestHeader {
     pub fn encode(&self) -> [u8; REQUEST_HEADER_LEN] {
         let mut out = [0u8; REQUEST_HEADER_LEN];
         let mut w = &mut out[..];
-        w.put_u8(match self.op {
-            Op::Set => 1,
-            Op::Get => 2,
-        });
+        w.put_u8(self.op.code());
         w.put_u32_le(self.key_len as u32);
         w.put_u32_le(self.value_len as u32);
         debug_assert!(w.is_empty());
@@ -208,6 +228,8 @@ impl RequestHeader {
         let op = match r.try_get_u8()? {
             1 => Op::Set,
             2 => Op::Get,
+            3 => Op::SetIfAbsent,
+            4 => Op::Abort,
             c => return Err(ProtocolError::BadCode(c)),
         };
         Ok(RequestHeader {
@@ -242,6 +264,10 @@ pub enum Status {
     NotFound,
     /// The request was refused; a UTF-8 reason follows.
     Refused,
+    /// A set-if-absent found the key already set; its value follows.
+    Exists,
+    /// Start-up was abandoned; the UTF-8 reason given with the first abort follows.
+    Aborted,
 }
 
 /// The fixed part of a response.
@@ -262,6 +288,8 @@ impl ResponseHeader {
             Status::Ok => 0,
             Status::NotFound => 1,
             Status::Refused => 2,
+            Status::Exists => 3,
+            Status::Aborted => 4,
         });
         w.put_u32_le(self.value_len as u32);
         debug_assert!(w.is_empty());
@@ -275,6 +303,8 @@ impl ResponseHeader {
             0 => Status::Ok,
             1 => Status::NotFound,
             2 => Status::Refused,
+            3 => Status::Exists,
+            4 => Status::Aborted,
             c => return Err(ProtocolError::BadCode(c)),
         };
         Ok(ResponseHeader {
@@ -319,7 +349,7 @@ mod tests {
     /// The layout in the module doc, pinned byte for byte.
     #[test]
     fn the_layout_is_pinned_byte_for_byte() {
-        assert_eq!(&Hello::current(true).encode(), b"RCCLSTOR\x01\x00\x01\x00");
+        assert_eq!(&Hello::current(true).encode(), b"RCCLSTOR\x02\x00\x01\x00");
         assert_eq!(
             encode_request(Op::Set, b"k", b"vv"),
             [1, 1, 0, 0, 0, 2, 0, 0, 0, b'k', b'v', b'v']
@@ -333,6 +363,16 @@ mod tests {
             [2, 2, 0, 0, 0, b'n', b'o']
         );
         assert_eq!(encode_response(Status::NotFound, b""), [1, 0, 0, 0, 0]);
+        assert_eq!(
+            encode_request(Op::SetIfAbsent, b"k", b"v"),
+            [3, 1, 0, 0, 0, 1, 0, 0, 0, b'k', b'v']
+        );
+        assert_eq!(
+            encode_request(Op::Abort, b"", b"why"),
+            [4, 0, 0, 0, 0, 3, 0, 0, 0, b'w', b'h', b'y']
+        );
+        assert_eq!(encode_response(Status::Exists, b"v"), [3, 1, 0, 0, 0, b'v']);
+        assert_eq!(encode_response(Status::Aborted, b""), [4, 0, 0, 0, 0]);
     }
 
     #[test]

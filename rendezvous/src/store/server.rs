@@ -1,16 +1,25 @@
 //! The store server: a small accept loop on rank 0, one thread per client connection.
+//!
+//! A connection that has not yet sent a well-formed hello is *pending*
+//! ([`PendingConnections`]): at most [`PENDING_PER_SOURCE`] per address and
+//! [`PENDING_TOTAL`] in all, the oldest cut off to make room, and each dropped after
+//! [`CLIENT_STALL_LIMIT`] of silence. Past its hello a connection counts against
+//! [`MAX_CONNECTIONS`] instead, and is never cut off. The
+//! server keeps no descriptor of its own for a connection: each is closed by its thread
+//! when it ends. Running out of descriptors (`EMFILE`) aborts the store with a reason
+//! naming `RLIMIT_NOFILE`, so the ranks already connected learn why at once.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use crate::SetupError;
-use tracing::warn;
+use tracing::{debug, error, warn};
 
 use super::protocol::{
     encode_response, Hello, Op, ProtocolError, RequestHeader, Status, HELLO_LEN, REQUEST_HEADER_LEN,
@@ -18,32 +27,56 @@ use super::protocol::{
 use super::StoreListener;
 use crate::auth::{authenticate, mismatch_reason, AuthToken, Role};
 use crate::deadline_io::{read_exact_by, write_all_by};
+use crate::fd_limit;
+use crate::pending::{Admission, PendingConnections};
 use ringccl_transports::poll::{wait_any, Interest};
 
 /// How long a client may take to send its hello, or the rest of a request it started.
 const CLIENT_STALL_LIMIT: Duration = Duration::from_secs(10);
 /// How often idle threads look at the stop flag.
 const STOP_CHECK: Duration = Duration::from_millis(100);
-/// Most simultaneous client connections; more are refused.
+/// Most simultaneous client connections past their hello; more are refused.
 const MAX_CONNECTIONS: usize = 4096;
+/// Most connections from one address still to send their hello.
+const PENDING_PER_SOURCE: usize = 16;
+/// Most connections in all still to send their hello.
+const PENDING_TOTAL: usize = 64;
 /// Most bytes of keys and values held at once.
 const MAX_STORED_BYTES: usize = 256 << 20;
+/// Stack of a connection's thread (it holds a request and a hello, no more).
+const CONNECTION_STACK: usize = 256 << 10;
 
-#[derive(Default)]
 struct Shared {
     token: Option<AuthToken>,
     stop: AtomicBool,
     data: Mutex<Data>,
-    connections: Mutex<Vec<TcpStream>>,
+    pending: PendingConnections,
+    /// Connections past their hello.
+    introduced: AtomicUsize,
+    /// Connections past their hello that have not yet been told the store was aborted
+    /// (answered `Aborted`, or asked for the abort themselves).
+    unaware: AtomicUsize,
+    /// Why the store ran out of descriptors, once it has.
+    exhausted: Mutex<Option<String>>,
 }
 
 #[derive(Default)]
 struct Data {
     map: HashMap<Vec<u8>, Vec<u8>>,
     bytes: usize,
+    /// The first abort's reason; every request is answered with it from then on.
+    aborted: Option<Vec<u8>>,
 }
 
-/// A running rendezvous store. Stops (closing every client connection) when dropped.
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while holding these locks; recover the state regardless.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A running rendezvous store. Stops when dropped: pending connections are cut off at
+/// once, introduced ones are closed by their threads within 100 ms when idle.
 pub struct StoreServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
@@ -52,12 +85,28 @@ pub struct StoreServer {
 
 impl StoreServer {
     /// Starts serving on `listener`, admitting any client that speaks the protocol.
+    ///
+    /// ```
+    /// use ringccl_rendezvous::store::StoreServer;
+    /// use ringccl_rendezvous::StoreListener;
+    /// let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// assert_ne!(server.local_addr().port(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start(listener: StoreListener) -> Result<StoreServer, SetupError> {
         StoreServer::start_authenticated(listener, None)
     }
 
     /// Starts serving on `listener`; with a token, only clients that prove they hold it
     /// are served (the others are refused and logged).
+    ///
+    /// ```
+    /// use ringccl_rendezvous::store::StoreServer;
+    /// use ringccl_rendezvous::{AuthToken, StoreListener};
+    /// let listener = StoreListener::bind("127.0.0.1:0")?;
+    /// let server = StoreServer::start_authenticated(listener, AuthToken::new("s3cret"))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn start_authenticated(
         listener: StoreListener,
         token: Option<AuthToken>,
@@ -77,7 +126,16 @@ impl StoreServer {
             .map_err(|e| io_err("non-blocking listener", e))?;
         let shared = Arc::new(Shared {
             token,
-            ..Shared::default()
+            stop: AtomicBool::new(false),
+            data: Mutex::default(),
+            pending: PendingConnections::new(
+                PENDING_PER_SOURCE,
+                PENDING_TOTAL,
+                format!("the rendezvous store on {addr}"),
+            ),
+            introduced: AtomicUsize::new(0),
+            unaware: AtomicUsize::new(0),
+            exhausted: Mutex::new(None),
         });
         let thread_shared = Arc::clone(&shared);
         let accept_thread = thread::Builder::new()
@@ -92,19 +150,64 @@ impl StoreServer {
     }
 
     /// The address the store listens on.
+    ///
+    /// ```
+    /// # use ringccl_rendezvous::{store::StoreServer, StoreListener};
+    /// let listener = StoreListener::bind("127.0.0.1:0")?;
+    /// let bound = listener.local_addr()?;
+    /// assert_eq!(StoreServer::start(listener)?.local_addr(), bound);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Why the store could not accept a connection for lack of file descriptors
+    /// (naming `RLIMIT_NOFILE`), if that has happened.
+    ///
+    /// ```
+    /// # use ringccl_rendezvous::{store::StoreServer, StoreListener};
+    /// let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// assert_eq!(server.descriptors_exhausted(), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn descriptors_exhausted(&self) -> Option<String> {
+        locked(&self.shared.exhausted).clone()
+    }
+}
+
+impl StoreServer {
+    /// Once the store has been aborted, waits until every connected client has been told
+    /// (answered with the reason, or has asked for the abort itself) or has gone, or until
+    /// `until`; returns whether all were told. Rank 0 calls it before it gives up, so that
+    /// taking the store away does not hide the reason from ranks still waiting.
+    ///
+    /// ```
+    /// # use std::time::{Duration, Instant};
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, StoreListener};
+    /// let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// client.abort("giving up")?;
+    /// assert!(server.await_abort_heard(Instant::now() + Duration::from_secs(5)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn await_abort_heard(&self, until: Instant) -> bool {
+        loop {
+            if self.shared.unaware.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
 impl Drop for StoreServer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        if let Ok(conns) = self.shared.connections.lock() {
-            for conn in conns.iter() {
-                let _ = conn.shutdown(Shutdown::Both);
-            }
-        }
+        self.shared.pending.cut_off_all();
         if let Some(thread) = self.accept_thread.take() {
             let _ = thread.join();
         }
@@ -122,32 +225,7 @@ impl fmt::Debug for StoreServer {
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
-            Ok((stream, peer)) => {
-                let admitted = shared.connections.lock().ok().and_then(|mut conns| {
-                    conns.retain(|c| c.peer_addr().is_ok());
-                    if conns.len() >= MAX_CONNECTIONS {
-                        return None;
-                    }
-                    let clone = stream.try_clone().ok()?;
-                    conns.push(clone);
-                    Some(())
-                });
-                if admitted.is_none() {
-                    warn!(
-                        %peer,
-                        limit = MAX_CONNECTIONS,
-                        "store refused a connection: too many connections"
-                    );
-                    continue;
-                }
-                let conn_shared = Arc::clone(&shared);
-                let spawned = thread::Builder::new()
-                    .name("ringccl-store-conn".into())
-                    .spawn(move || serve_client(stream, peer, conn_shared));
-                if let Err(e) = spawned {
-                    warn!(%peer, error = %e, "store cannot serve a connection: no thread");
-                }
-            }
+            Ok((stream, peer)) => admit(stream, peer, &shared),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 let _ = wait_any(
                     &[Interest::readable(&listener)],
@@ -155,8 +233,13 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 );
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if fd_limit::is_exhaustion(&e) => {
+                out_of_descriptors(&shared, &e);
+                // The connection stays in the backlog; waiting is all that can be done.
+                thread::sleep(STOP_CHECK);
+            }
             Err(e) => {
-                // Transient (EMFILE, ECONNABORTED, ...): back off instead of spinning.
+                // Transient (ECONNABORTED, ENOBUFS, ...): back off instead of spinning.
                 warn!(error = %e, "store accept failed; backing off");
                 thread::sleep(STOP_CHECK);
             }
@@ -164,10 +247,58 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
+/// Serves `stream` on its own thread, unless the store is at its connection limit.
+fn admit(stream: TcpStream, peer: SocketAddr, shared: &Arc<Shared>) {
+    if shared.introduced.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+        warn!(
+            %peer,
+            limit = MAX_CONNECTIONS,
+            "store refused a connection: too many connections"
+        );
+        return;
+    }
+    let admission = match shared.pending.admit(&stream, peer.ip()) {
+        Ok(admission) => admission,
+        Err(e) if fd_limit::is_exhaustion(&e) => return out_of_descriptors(shared, &e),
+        Err(e) => {
+            warn!(%peer, error = %e, "store refused a connection: cannot track it");
+            return;
+        }
+    };
+    let conn_shared = Arc::clone(shared);
+    let spawned = thread::Builder::new()
+        .name("ringccl-store-conn".into())
+        .stack_size(CONNECTION_STACK)
+        .spawn(move || serve_client(stream, peer, admission, conn_shared));
+    if let Err(e) = spawned {
+        warn!(%peer, error = %e, "store cannot serve a connection: no thread");
+    }
+}
+
+/// Records that the store ran out of descriptors and aborts it with the reason, so the
+/// ranks already connected learn why; logged loudly once.
+fn out_of_descriptors(shared: &Shared, e: &io::Error) {
+    let mut exhausted = locked(&shared.exhausted);
+    if exhausted.is_some() {
+        debug!(error = %e, "store accept still failing: out of file descriptors");
+        return;
+    }
+    let detail = fd_limit::explain(e);
+    error!(%detail, "rank 0's rendezvous store cannot accept connections: out of file descriptors");
+    let reason = format!(
+        "rank 0 ran out of file descriptors while accepting connections to the rendezvous store: {detail}"
+    );
+    let mut data = locked(&shared.data);
+    data.aborted.get_or_insert_with(|| reason.into_bytes());
+    *exhausted = Some(detail);
+}
+
 enum ClientError {
     Io(io::Error),
     Protocol(ProtocolError),
     Auth(String),
+    /// Cut off while still silent, to make room for others.
+    CutOff,
 }
 
 impl fmt::Display for ClientError {
@@ -176,6 +307,7 @@ impl fmt::Display for ClientError {
             ClientError::Io(e) => write!(f, "{e}"),
             ClientError::Protocol(e) => write!(f, "{e}"),
             ClientError::Auth(reason) => f.write_str(reason),
+            ClientError::CutOff => f.write_str("cut off while silent, to make room"),
         }
     }
 }
@@ -192,10 +324,44 @@ impl From<ProtocolError> for ClientError {
     }
 }
 
-fn serve_client(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
-    match serve(&stream, &shared) {
+/// Counts a connection among the introduced ones, and among those not yet told of an
+/// abort, while it lives.
+struct Introduced<'a> {
+    shared: &'a Shared,
+    told: bool,
+}
+
+impl<'a> Introduced<'a> {
+    fn new(shared: &'a Shared) -> Introduced<'a> {
+        shared.introduced.fetch_add(1, Ordering::SeqCst);
+        shared.unaware.fetch_add(1, Ordering::SeqCst);
+        Introduced {
+            shared,
+            told: false,
+        }
+    }
+
+    /// This client now knows the store was aborted.
+    fn told(&mut self) {
+        if !self.told {
+            self.told = true;
+            self.shared.unaware.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Introduced<'_> {
+    fn drop(&mut self) {
+        self.told();
+        self.shared.introduced.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn serve_client(stream: TcpStream, peer: SocketAddr, admission: Admission, shared: Arc<Shared>) {
+    match serve(&stream, admission, &shared) {
         Ok(()) => {}
         Err(ClientError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {}
+        Err(ClientError::CutOff) => {}
         Err(e @ ClientError::Protocol(_)) => {
             warn!(%peer, error = %e, "store rejected a connection: bad request");
         }
@@ -210,10 +376,31 @@ fn serve_client(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-fn serve(stream: &TcpStream, shared: &Shared) -> Result<(), ClientError> {
+/// Reads a pending connection's hello; `CutOff` if the registry cut it off meanwhile.
+/// Another version's hello is answered with ours before the error, so that the client
+/// can say what differs too.
+fn read_hello(stream: &TcpStream, admission: &Admission, ours: bool) -> Result<Hello, ClientError> {
     let mut hello = [0u8; HELLO_LEN];
-    read_exact_by(stream, &mut hello, Instant::now() + CLIENT_STALL_LIMIT)?;
-    let theirs = Hello::decode(&hello)?;
+    read_exact_by(stream, &mut hello, Instant::now() + CLIENT_STALL_LIMIT).map_err(|e| {
+        if admission.was_cut_off() {
+            ClientError::CutOff
+        } else {
+            e.into()
+        }
+    })?;
+    Ok(Hello::decode(&hello).inspect_err(|e| {
+        if matches!(e, ProtocolError::Version(_)) {
+            let _ = write_all_by(
+                stream,
+                &Hello::current(ours).encode(),
+                Instant::now() + STOP_CHECK,
+            );
+        }
+    })?)
+}
+
+/// Answers the client's hello and, with a token, runs the challenge–response.
+fn answer_hello(stream: &TcpStream, theirs: Hello, shared: &Shared) -> Result<(), ClientError> {
     let ours = shared.token.is_some();
     write_all_by(
         stream,
@@ -232,6 +419,16 @@ fn serve(stream: &TcpStream, shared: &Shared) -> Result<(), ClientError> {
         )
         .map_err(ClientError::Auth)?;
     }
+    Ok(())
+}
+
+fn serve(stream: &TcpStream, admission: Admission, shared: &Shared) -> Result<(), ClientError> {
+    let theirs = read_hello(stream, &admission, shared.token.is_some())?;
+    // A well-formed hello ends the time during which the connection may be cut off: a
+    // client that has read our answer must be able to count on the connection.
+    admission.introduced();
+    let mut introduced = Introduced::new(shared);
+    answer_hello(stream, theirs, shared)?;
     let mut header = [0u8; REQUEST_HEADER_LEN];
     loop {
         // Wait for the first byte of the next request without a deadline on idleness,
@@ -263,22 +460,31 @@ fn serve(stream: &TcpStream, shared: &Shared) -> Result<(), ClientError> {
         read_exact_by(stream, &mut key, deadline)?;
         let mut value = vec![0u8; request.value_len];
         read_exact_by(stream, &mut value, deadline)?;
-        let (status, body) = apply(shared, request.op, key, value);
+        let op = request.op;
+        let (status, body) = apply(shared, op, key, value);
         let response = encode_response(status, &body);
         write_all_by(stream, &response, Instant::now() + CLIENT_STALL_LIMIT)?;
+        if status == Status::Aborted || op == Op::Abort {
+            introduced.told();
+        }
     }
 }
 
 fn apply(shared: &Shared, op: Op, key: Vec<u8>, value: Vec<u8>) -> (Status, Vec<u8>) {
-    let Ok(mut data) = shared.data.lock() else {
-        return (Status::Refused, b"store state poisoned".to_vec());
-    };
+    let mut data = locked(&shared.data);
+    if let Some(reason) = &data.aborted {
+        return (Status::Aborted, reason.clone());
+    }
     match op {
         Op::Get => match data.map.get(&key) {
             Some(v) => (Status::Ok, v.clone()),
             None => (Status::NotFound, Vec::new()),
         },
-        Op::Set => {
+        Op::SetIfAbsent if data.map.contains_key(&key) => {
+            let existing = data.map.get(&key).cloned().unwrap_or_default();
+            (Status::Exists, existing)
+        }
+        Op::Set | Op::SetIfAbsent => {
             let old = data.map.get(&key).map_or(0, |v| key.len() + v.len());
             let new_total = data.bytes - old + key.len() + value.len();
             if new_total > MAX_STORED_BYTES {
@@ -286,6 +492,10 @@ fn apply(shared: &Shared, op: Op, key: Vec<u8>, value: Vec<u8>) -> (Status, Vec<
             }
             data.bytes = new_total;
             data.map.insert(key, value);
+            (Status::Ok, Vec::new())
+        }
+        Op::Abort => {
+            data.aborted = Some(value);
             (Status::Ok, Vec::new())
         }
     }
