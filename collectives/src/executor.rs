@@ -18,7 +18,7 @@ use crate::kernels;
 use crate::progress::{Destination, Progress};
 use crate::schedule::{RecvAction, Schedule};
 use crate::transport::{Readiness, Transport};
-use crate::wire::{Algorithm, FrameHeader, FRAME_HEADER_LEN};
+use crate::wire::{same_call, Algorithm, FrameHeader, FRAME_HEADER_LEN};
 use crate::{DType, Error, OpDesc, ReduceOp};
 
 /// Everything the executor needs to know about the call besides the schedule.
@@ -208,26 +208,12 @@ fn check_header(
         op: call.op,
         reason: e.to_string(),
     })?;
-    if header.op != call.op {
-        return Err(Error::CollectiveMismatch {
-            rank: call.rank,
-            mine: call.op,
-            peer,
-            theirs: header.op,
-        });
-    }
-    if header.algorithm != call.algorithm {
-        return Err(Error::Protocol {
-            rank: call.rank,
-            peer,
-            op: call.op,
-            reason: format!(
-                "peer runs the {} algorithm, this rank {}: configure the algorithm (RINGCCL_ALGO, InitOptions) identically on every rank",
-                header.algorithm.name(),
-                call.algorithm.name()
-            ),
-        });
-    }
+    same_call(
+        call.rank,
+        peer,
+        (call.op, call.algorithm),
+        (header.op, header.algorithm),
+    )?;
     if header.payload_len as usize != expected_len {
         return Err(Error::Protocol {
             rank: call.rank,

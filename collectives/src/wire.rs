@@ -25,7 +25,7 @@ use std::fmt;
 
 use bytes::{Buf, BufMut, TryGetError};
 
-use crate::{CollectiveKind, DType, OpDesc, ReduceOp};
+use crate::{CollectiveKind, DType, Error, OpDesc, ReduceOp};
 
 /// Largest payload one frame may carry (the length field is 32 bits; chunks are capped
 /// well below it).
@@ -106,6 +106,38 @@ impl Algorithm {
             Algorithm::Device => "device library",
         }
     }
+}
+
+/// Checks that a peer runs the same call as this rank: the same description (else
+/// [`Error::CollectiveMismatch`]) and the same schedule (else [`Error::Protocol`]). Used
+/// on every received frame header and on what a peer says it is doing when asked.
+pub(crate) fn same_call(
+    rank: usize,
+    peer: usize,
+    (mine, my_algorithm): (OpDesc, Algorithm),
+    (theirs, their_algorithm): (OpDesc, Algorithm),
+) -> Result<(), Error> {
+    if theirs != mine {
+        return Err(Error::CollectiveMismatch {
+            rank,
+            mine,
+            peer,
+            theirs,
+        });
+    }
+    if their_algorithm != my_algorithm {
+        return Err(Error::Protocol {
+            rank,
+            peer,
+            op: mine,
+            reason: format!(
+                "peer runs the {} algorithm, this rank {}: configure the algorithm (RINGCCL_ALGO, InitOptions) identically on every rank",
+                their_algorithm.name(),
+                my_algorithm.name()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The header in front of one payload.

@@ -277,12 +277,12 @@ pub(crate) fn group_end() -> Result<Progress, NcclCode> {
     check(unsafe { sys::ncclGroupEnd() })
 }
 
-/// An NCCL communicator handle. Not `Sync`: the owner serialises every call on it. On
-/// drop it is aborted (never a panic); [`RawComm::finalize_and_destroy`] is the orderly
-/// way out.
 /// The longest [`RawComm::abort`] waits for `ncclCommAbort`.
 pub(crate) const ABORT_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// An NCCL communicator handle. Not `Sync`: the owner serialises every call on it. On
+/// drop it is aborted (never a panic); [`RawComm::finalize_and_destroy`] is the orderly
+/// way out.
 pub(crate) struct RawComm {
     handle: sys::ncclComm_t,
     world_size: usize,
@@ -487,7 +487,7 @@ impl RawComm {
     /// on), so it runs on a helper thread and this returns after at most [`ABORT_LIMIT`];
     /// a call still running then is left to finish on its own, with a warning.
     pub(crate) fn abort(self) {
-        let rank_hint = self.world_size;
+        let world_size = self.world_size;
         let (done, finished) = std::sync::mpsc::channel::<()>();
         let spawned = std::thread::Builder::new()
             .name("ringccl-nccl-abort".into())
@@ -500,7 +500,7 @@ impl RawComm {
             Ok(_) => {
                 if finished.recv_timeout(ABORT_LIMIT).is_err() {
                     tracing::warn!(
-                        world_size = rank_hint,
+                        world_size,
                         limit = ?ABORT_LIMIT,
                         "ncclCommAbort did not return in time; leaving it to finish on a helper thread"
                     );

@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use super::{ControlMessage, Snapshot};
+use crate::wire::same_call;
 use crate::{CollectiveKind, Error, OpDesc};
 
 /// How often the driver should call [`Sentinel::handle_timeout`].
@@ -272,29 +273,12 @@ impl Sentinel {
 /// messages are numbered per pair, not by the group) with the same sequence number but a
 /// different description or schedule. Anything else may just be one rank being slower.
 pub fn disagreement(rank: usize, peer: usize, mine: &Snapshot, theirs: &Snapshot) -> Option<Error> {
-    let ((m, m_algo), (t, t_algo)) = (mine.current?, theirs.current?);
+    let (m, t) = (mine.current?, theirs.current?);
     let collective = |op: &OpDesc| op.kind != CollectiveKind::SendRecv;
-    if !collective(&m) || !collective(&t) || m.seq != t.seq {
+    if !collective(&m.0) || !collective(&t.0) || m.0.seq != t.0.seq {
         return None;
     }
-    if m != t {
-        return Some(Error::CollectiveMismatch {
-            rank,
-            mine: m,
-            peer,
-            theirs: t,
-        });
-    }
-    (m_algo != t_algo).then(|| Error::Protocol {
-        rank,
-        peer,
-        op: m,
-        reason: format!(
-            "peer runs the {} algorithm, this rank {}: configure the algorithm (RINGCCL_ALGO, InitOptions) identically on every rank",
-            t_algo.name(),
-            m_algo.name()
-        ),
-    })
+    same_call(rank, peer, m, t).err()
 }
 
 #[cfg(test)]
