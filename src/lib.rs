@@ -41,6 +41,7 @@ pub mod logging;
 mod options;
 mod process_group;
 mod sequencer;
+mod subgroup;
 mod work;
 mod worker;
 
