@@ -57,6 +57,10 @@ pub use ringccl_collectives::{
     OpDesc, ReduceOp,
 };
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
+/// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the
+/// JSON dumps it writes to `RINGCCL_FLIGHT_DIR` ([`flight::FlightDump`]) and the progress
+/// beacon ([`flight::beacon::Beacon`]). See docs/debugging.md.
+pub use ringccl_collectives::flight;
 pub use work::Work;
 
 /// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in

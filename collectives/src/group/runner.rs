@@ -116,11 +116,6 @@ impl<E: Engine> GroupRunner<E> {
         self.flight = flight;
     }
 
-    /// The group's flight recorder.
-    pub fn flight_recorder(&self) -> &Arc<FlightRecorder> {
-        &self.flight
-    }
-
     /// Keeps the control thread's handle for the life of the group.
     pub fn keep_control_link(&mut self, link: Box<dyn Any + Send + Sync>) {
         self.control_link = Some(link);
