@@ -26,7 +26,7 @@ const ROUNDS: usize = 5;
 /// One 8 B all-reduce's hooks, numbered `seq`.
 fn one_call(recorder: &FlightRecorder, seq: u64) {
     let call = recorder.issued("all_reduce");
-    recorder.turn(call);
+    recorder.turn(call, false);
     recorder.start(Sequence::Collective, seq);
     recorder.running(
         OpDesc::all_reduce(seq, DType::F32, 2, ReduceOp::Sum),

@@ -193,21 +193,25 @@ impl Sequencer {
     ) -> Result<Turn<'_>, Refusal> {
         let mut state = self.lock();
         let ticket = self.take_ticket(&mut state, op)?;
-        self.wait_for(state, ticket, deadline)
+        self.wait_for(state, ticket, deadline, true)
     }
 
     /// Waits until every earlier ticket has finished, or until `deadline`: a call still
     /// queued then is abandoned (passed over when its turn comes) and breaks the group.
     pub(crate) fn turn(&self, ticket: u64, deadline: Deadline) -> Result<Turn<'_>, Refusal> {
-        self.wait_for(self.lock(), ticket, deadline)
+        self.wait_for(self.lock(), ticket, deadline, false)
     }
 
+    /// `just_issued`: the call was issued under this same lock, so if its turn comes at
+    /// once, it starts at the moment it was issued.
     fn wait_for<'a>(
         &'a self,
         mut state: MutexGuard<'a, State>,
         ticket: u64,
         deadline: Deadline,
+        just_issued: bool,
     ) -> Result<Turn<'a>, Refusal> {
+        let mut waited = !just_issued;
         loop {
             let Some(index) = ticket
                 .checked_sub(state.now_serving)
@@ -234,7 +238,7 @@ impl Sequencer {
                 }
                 state.pending[0].started = true;
                 if let Some(flight) = &self.flight {
-                    flight.turn(state.pending[0].call);
+                    flight.turn(state.pending[0].call, waited);
                 }
                 return Ok(Turn {
                     sequencer: self,
@@ -251,6 +255,7 @@ impl Sequencer {
                 .unwrap_or_else(|p| p.into_inner());
             state = guard;
             state.waiting -= 1;
+            waited = true;
         }
     }
 

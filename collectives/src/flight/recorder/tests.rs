@@ -52,7 +52,7 @@ fn a_call_goes_from_queued_to_running_to_done_with_its_bytes_per_peer() {
     let recorder = recorder(8);
     let call = recorder.issued("all_reduce");
     assert_eq!(recorder.snapshot("r").entries[0].state, CallState::Queued);
-    recorder.turn(call);
+    recorder.turn(call, false);
     recorder.start(Sequence::Collective, 17);
     recorder.running(
         OpDesc::all_reduce(17, DType::F32, 1024, ReduceOp::Sum),
@@ -116,7 +116,7 @@ fn failures_are_recorded_with_their_error_whether_run_refused_or_given_up() {
     let given_up = recorder.issued("barrier");
     recorder.gave_up(given_up, &"queued past its deadline");
     let refused = recorder.issued("broadcast");
-    recorder.turn(refused);
+    recorder.turn(refused, false);
     recorder.refused(Sequence::Collective, &timeout_error());
     // A give-up that comes after the call ran changes nothing.
     recorder.gave_up(1, &"too late");
@@ -141,7 +141,7 @@ fn the_recorder_keeps_its_last_calls_and_counts_them_all() {
     let recorder = recorder(3);
     for seq in 1..=5 {
         let call = recorder.issued("barrier");
-        recorder.turn(call);
+        recorder.turn(call, false);
         recorder.start(Sequence::Collective, seq);
         recorder.running(OpDesc::barrier(seq), Algorithm::Dissemination);
         recorder.finish(None);
@@ -158,7 +158,7 @@ fn the_recorder_keeps_its_last_calls_and_counts_them_all() {
 fn a_second_call_in_one_turn_gets_an_entry_of_its_own() {
     let recorder = recorder(8);
     let call = recorder.issued("all_gather");
-    recorder.turn(call);
+    recorder.turn(call, false);
     recorder.start(Sequence::Collective, 1);
     recorder.finish(None);
     recorder.start(Sequence::Collective, 2);
@@ -186,7 +186,7 @@ fn a_break_dumps_once_with_the_call_running_and_keeps_the_beacon() {
     let beacon_path = dir.0.join("rank-0.group-0-1.beacon");
     assert_eq!(recorder.beacon_path(), Some(beacon_path.as_path()));
     let call = recorder.issued("all_reduce");
-    recorder.turn(call);
+    recorder.turn(call, false);
     recorder.start(Sequence::Collective, 1);
     recorder.blocked_on(1);
     let beacon = Beacon::decode(&fs::read(&beacon_path).unwrap()).unwrap();
