@@ -66,9 +66,15 @@ fn main() {
     };
     println!("# flight recorder: hooks of one 8 B all-reduce (N=4, recursive doubling), {CALLS} calls x {ROUNDS} rounds, median");
     let plain = FlightRecorder::new(0, 4, "gloo", config(None));
-    println!("without a flight directory: {:6.1} ns per call", per_call_ns(&plain));
+    println!(
+        "without a flight directory: {:6.1} ns per call",
+        per_call_ns(&plain)
+    );
     let filed = FlightRecorder::new(0, 4, "gloo", config(Some(dir.clone())));
-    println!("with a beacon (flight dir):  {:6.1} ns per call", per_call_ns(&filed));
+    println!(
+        "with a beacon (flight dir):  {:6.1} ns per call",
+        per_call_ns(&filed)
+    );
 
     // `filed` holds a full ring now: time its dumps.
     let started = Instant::now();
@@ -89,7 +95,10 @@ fn main() {
     for _ in 0..100 {
         std::hint::black_box(filed.snapshot("requested"));
     }
-    println!("snapshot alone (copy under the lock + entries): {:?} each", started.elapsed() / 100);
+    println!(
+        "snapshot alone (copy under the lock + entries): {:?} each",
+        started.elapsed() / 100
+    );
     drop(filed);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -49,6 +49,10 @@ pub use error::{Error, Result};
 pub use init::{init_process_group, BACKENDS};
 pub use options::{InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT};
 pub use process_group::ProcessGroup;
+/// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the
+/// JSON dumps it writes to `RINGCCL_FLIGHT_DIR` ([`flight::FlightDump`]) and the progress
+/// beacon ([`flight::beacon::Beacon`]). See docs/debugging.md.
+pub use ringccl_collectives::flight;
 /// The collective runtime's error, as the [`Backend`] trait and the DDP layer's
 /// [`ddp::Communicator`] report it; [`Error`] converts from it.
 pub use ringccl_collectives::Error as RuntimeError;
@@ -57,10 +61,6 @@ pub use ringccl_collectives::{
     OpDesc, ReduceOp,
 };
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
-/// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the
-/// JSON dumps it writes to `RINGCCL_FLIGHT_DIR` ([`flight::FlightDump`]) and the progress
-/// beacon ([`flight::beacon::Beacon`]). See docs/debugging.md.
-pub use ringccl_collectives::flight;
 pub use work::Work;
 
 /// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in

@@ -324,7 +324,10 @@ impl Sequencer {
         if let Some(pending) = state.pending.get_mut(index) {
             pending.abandoned = true;
             let call = pending.call;
-            self.gave_up(call, &"never queued: the group's background worker has stopped");
+            self.gave_up(
+                call,
+                &"never queued: the group's background worker has stopped",
+            );
             if index == 0 {
                 state.advance();
                 self.notify(&state);

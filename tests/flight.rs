@@ -11,8 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    child_group, heavy_lock, run_processes_with_env, run_threads_with, GROUP_TIMEOUT,
-    RESULT_PREFIX,
+    child_group, heavy_lock, run_processes_with_env, run_threads_with, GROUP_TIMEOUT, RESULT_PREFIX,
 };
 use ringccl::flight::beacon::Beacon;
 use ringccl::flight::{CallState, FlightDump, WATCH_EVERY};
@@ -23,7 +22,8 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("ringccl-flight-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ringccl-flight-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         TempDir(dir)
     }
@@ -97,7 +97,10 @@ fn a_timeout_leaves_a_dump_on_every_rank_naming_the_stuck_op_and_whom_it_waits_f
         );
     }
     assert!(
-        outcomes[2].1.as_deref().is_some_and(|e| e.contains("aborted")),
+        outcomes[2]
+            .1
+            .as_deref()
+            .is_some_and(|e| e.contains("aborted")),
         "rank 2's next call fails at once: {:?}",
         outcomes[2].1
     );
@@ -111,7 +114,10 @@ fn a_timeout_leaves_a_dump_on_every_rank_naming_the_stuck_op_and_whom_it_waits_f
     // In the ring, rank 0 waits for rank 2's first chunk, and rank 1 for rank 0's second.
     for (rank, waits_for) in [(0, 2), (1, 0)] {
         let dump = &dumps[rank];
-        assert_eq!((dump.rank, dump.world_size, dump.transport.as_str()), (rank, 3, "tcp"));
+        assert_eq!(
+            (dump.rank, dump.world_size, dump.transport.as_str()),
+            (rank, 3, "tcp")
+        );
         assert_eq!(dump.entries.len(), 4, "rank {rank}: {:#?}", dump.entries);
         assert!(dump.entries[..3]
             .iter()
@@ -120,7 +126,11 @@ fn a_timeout_leaves_a_dump_on_every_rank_naming_the_stuck_op_and_whom_it_waits_f
         assert_eq!(stuck.op, Some(4), "rank {rank}");
         assert_eq!(stuck.description, "all_reduce(sum, 1024 x f32)");
         assert_eq!(stuck.algorithm.as_deref(), Some("ring"));
-        assert_eq!(stuck.state, CallState::Running, "rank {rank}: running at the dump");
+        assert_eq!(
+            stuck.state,
+            CallState::Running,
+            "rank {rank}: running at the dump"
+        );
         assert_eq!(stuck.blocked_on, Some(waits_for), "rank {rank}");
         assert!(stuck.started_us.is_some() && stuck.ended_us.is_none());
     }
@@ -131,7 +141,11 @@ fn a_timeout_leaves_a_dump_on_every_rank_naming_the_stuck_op_and_whom_it_waits_f
         dumps[1].entries[3].peers
     );
     let idle = &dumps[2];
-    assert!(idle.reason.starts_with("group broken: rank "), "{}", idle.reason);
+    assert!(
+        idle.reason.starts_with("group broken: rank "),
+        "{}",
+        idle.reason
+    );
     let ops: Vec<_> = idle.entries.iter().map(|e| (e.op, e.state)).collect();
     assert_eq!(
         ops,
@@ -149,7 +163,10 @@ fn a_timeout_leaves_a_dump_on_every_rank_naming_the_stuck_op_and_whom_it_waits_f
     );
     // Broken groups leave their beacons behind for the diagnosis.
     let beacon = read_beacon(&path(0, "beacon"));
-    assert_eq!((beacon.issued, beacon.finished, beacon.current_op), (4, 4, 0));
+    assert_eq!(
+        (beacon.issued, beacon.finished, beacon.current_op),
+        (4, 4, 0)
+    );
 }
 
 /// Each rank's beacon counts its calls as they finish, shows the call it is blocked in
@@ -170,7 +187,8 @@ fn beacons_advance_with_every_call_and_go_away_with_the_group() {
             assert_eq!((fresh.issued, fresh.finished), (0, 0));
             let mut last = 0;
             for call in 1..=3 {
-                pg.all_reduce(&mut [1.0f32], ReduceOp::Sum).expect("all_reduce");
+                pg.all_reduce(&mut [1.0f32], ReduceOp::Sum)
+                    .expect("all_reduce");
                 let now = read_beacon(&beacon(rank));
                 assert_eq!((now.issued, now.finished, now.current_op), (call, call, 0));
                 assert!(now.last_finished_us >= last && now.blocked_on.is_none());
@@ -187,7 +205,10 @@ fn beacons_advance_with_every_call_and_go_away_with_the_group() {
                         seen = Some(started.elapsed());
                         break;
                     }
-                    assert!(started.elapsed() < Duration::from_secs(20), "rank 1's beacon never showed barrier #4: {peer:?}");
+                    assert!(
+                        started.elapsed() < Duration::from_secs(20),
+                        "rank 1's beacon never showed barrier #4: {peer:?}"
+                    );
                     thread::sleep(Duration::from_millis(5));
                 }
             }
@@ -197,7 +218,8 @@ fn beacons_advance_with_every_call_and_go_away_with_the_group() {
             assert!(sub_beacon.exists(), "{}", sub_beacon.display());
             sub.barrier().expect("a barrier in the formed group");
             assert_eq!(read_beacon(&sub_beacon).finished, 1);
-            pg.barrier().expect("both ranks saw their formed group's beacon");
+            pg.barrier()
+                .expect("both ranks saw their formed group's beacon");
             drop(sub);
             assert!(!sub_beacon.exists(), "a clean drop removes the beacon");
             seen
@@ -205,7 +227,10 @@ fn beacons_advance_with_every_call_and_go_away_with_the_group() {
     );
     let seen = seen_blocked[0].expect("rank 0 watched");
     eprintln!("rank 1's beacon showed it blocked after {seen:?}");
-    assert!(!beacon(0).exists() && !beacon(1).exists(), "clean groups remove their beacons");
+    assert!(
+        !beacon(0).exists() && !beacon(1).exists(),
+        "clean groups remove their beacons"
+    );
 }
 
 const SIGNAL_TEST: &str = "sigusr1_makes_every_rank_write_its_dump_with_the_last_calls_done";
@@ -264,14 +289,20 @@ fn sigusr1_makes_every_rank_write_its_dump_with_the_last_calls_done() {
         ],
     );
     for (rank, lines) in results.iter().enumerate() {
-        let line = lines.first().unwrap_or_else(|| panic!("rank {rank} reported nothing"));
+        let line = lines
+            .first()
+            .unwrap_or_else(|| panic!("rank {rank} reported nothing"));
         eprintln!("rank {rank}: {line}");
         if line.starts_with("skipped") {
             eprintln!("skipped: {line}");
             return;
         }
         let fields: Vec<&str> = line.split(' ').collect();
-        assert_eq!(fields[1..], ["4", "6", "true", "barrier"], "rank {rank}: {line}");
+        assert_eq!(
+            fields[1..],
+            ["4", "6", "true", "barrier"],
+            "rank {rank}: {line}"
+        );
         let ms: u64 = fields[0].parse().expect("milliseconds");
         assert!(ms < 5_000, "rank {rank}: the dump took {ms} ms");
     }

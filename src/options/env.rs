@@ -375,7 +375,10 @@ mod tests {
 
     #[test]
     fn flight_recorder_variables_are_read_and_checked() {
-        assert_eq!(flight_dir(vars(&[("RINGCCL_FLIGHT_DIR", "/tmp/f")])), Some("/tmp/f".into()));
+        assert_eq!(
+            flight_dir(vars(&[("RINGCCL_FLIGHT_DIR", "/tmp/f")])),
+            Some("/tmp/f".into())
+        );
         assert_eq!(flight_dir(vars(&[("RINGCCL_FLIGHT_DIR", " ")])), None);
         assert_eq!(flight_dir(vars(&[])), None);
         let entries = |v: &str| flight_entries(vars(&[("RINGCCL_FLIGHT_ENTRIES", v)]));

@@ -133,13 +133,23 @@ mod tests {
         beacon.blocked_on(2);
         let now = read();
         assert_eq!(
-            (now.issued, now.current_op, now.current_since_us, now.blocked_on),
+            (
+                now.issued,
+                now.current_op,
+                now.current_since_us,
+                now.blocked_on
+            ),
             (3, 7, 1_000, Some(2))
         );
         beacon.finished(3, 2_000);
         let now = read();
         assert_eq!(
-            (now.finished, now.last_finished_us, now.current_op, now.blocked_on),
+            (
+                now.finished,
+                now.last_finished_us,
+                now.current_op,
+                now.blocked_on
+            ),
             (3, 2_000, 0, None)
         );
         // A newer group of the same name replaces the file: the old one leaves it alone.

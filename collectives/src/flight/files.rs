@@ -98,7 +98,10 @@ mod tests {
         write_atomically(&path, b"first").unwrap();
         write_atomically(&path, b"second").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"second");
-        let names: Vec<_> = fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names, ["rank-0.json"]);
         let _ = fs::remove_dir_all(&dir);
         assert!(write_atomically(&dir.join("missing/x.json"), b"x").is_err());

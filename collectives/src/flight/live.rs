@@ -164,7 +164,11 @@ mod tests {
                 }
             ]
         );
-        assert_eq!(counts.others, Some((0, 2)), "peers 16 and 17 had no slot left");
+        assert_eq!(
+            counts.others,
+            Some((0, 2)),
+            "peers 16 and 17 had no slot left"
+        );
         live.blocked_on(4);
         assert_eq!(live.waiting_for(), Some(4));
         live.reset();

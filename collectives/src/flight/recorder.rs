@@ -24,8 +24,8 @@ use super::beacon_file::BeaconFile;
 use super::dump::{CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FORMAT_VERSION};
 use super::files::{file_name, write_atomically, MAIN_GROUP};
 use super::live::LiveCall;
-use super::ring::{PeerCounts, Ring, Slot};
 use super::requests;
+use super::ring::{PeerCounts, Ring, Slot};
 use crate::control::GroupControl;
 use crate::group::Sequence;
 use crate::wire::Algorithm;
@@ -585,7 +585,10 @@ impl FlightRecorder {
         if record.origin == self.rank {
             return;
         }
-        let reason = format!("group broken: rank {} aborted the group: {}", record.origin, record.reason);
+        let reason = format!(
+            "group broken: rank {} aborted the group: {}",
+            record.origin, record.reason
+        );
         let dump = self.break_snapshot(&reason);
         self.write_break(dump);
     }
@@ -602,11 +605,16 @@ pub(crate) fn break_reason(error: &Error) -> String {
 /// `all_reduce(sum, 1024 x f32)`: the op's description without its number.
 fn describe(op: &OpDesc) -> String {
     let text = op.to_string();
-    text.splitn(3, ' ').nth(2).map(str::to_string).unwrap_or(text)
+    text.splitn(3, ' ')
+        .nth(2)
+        .map(str::to_string)
+        .unwrap_or(text)
 }
 
 fn entry(slot: &Slot, live: Option<(&PeerCounts, Option<usize>)>) -> FlightEntry {
-    let p2p = slot.op.is_some_and(|op| op.kind == CollectiveKind::SendRecv);
+    let p2p = slot
+        .op
+        .is_some_and(|op| op.kind == CollectiveKind::SendRecv);
     let counts = live.map_or(&slot.peers, |(counts, _)| counts);
     FlightEntry {
         call: slot.call,

@@ -84,12 +84,17 @@ fn serve(mut requests: UnixStream) {
             Ok(0) => return,
             Ok(_) => {
                 let written = dump_all("requested");
-                tracing::info!(files = written.len(), "SIGUSR1: wrote the flight recorder's dumps");
+                tracing::info!(
+                    files = written.len(),
+                    "SIGUSR1: wrote the flight recorder's dumps"
+                );
             }
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "flight recorder: reading dump requests failed");

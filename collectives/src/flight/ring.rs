@@ -193,11 +193,17 @@ mod tests {
         }
         ring.push("barrier", 2);
         let third = ring.push("broadcast", 3);
-        assert!(ring.get_mut(first).is_none(), "call 1 was overwritten by call 3");
+        assert!(
+            ring.get_mut(first).is_none(),
+            "call 1 was overwritten by call 3"
+        );
         assert!(ring.get_mut(0).is_none() && ring.get_mut(4).is_none());
         let slot = ring.get_mut(third).map(|s| s.clone());
         let slot = slot.as_ref();
-        assert_eq!(slot.map(|s| (s.kind, s.state)), Some(("broadcast", CallState::Queued)));
+        assert_eq!(
+            slot.map(|s| (s.kind, s.state)),
+            Some(("broadcast", CallState::Queued))
+        );
         assert_eq!(slot.map(|s| (s.seq, s.error.is_none())), Some((None, true)));
     }
 

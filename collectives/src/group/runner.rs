@@ -138,7 +138,9 @@ impl<E: Engine> GroupRunner<E> {
         deadline: Deadline,
         body: impl FnOnce(&mut E, u64) -> Result<R, Error>,
     ) -> Result<R, Error> {
-        let mut state = self.lock().inspect_err(|e| self.flight.refused(sequence, e))?;
+        let mut state = self
+            .lock()
+            .inspect_err(|e| self.flight.refused(sequence, e))?;
         if let Some(cause) = &state.broken {
             let error = Error::GroupBroken {
                 rank: self.rank,
@@ -298,7 +300,9 @@ impl<E: Engine> Backend for GroupRunner<E> {
 
     fn abort(&self, cause: &str) {
         self.control.abort(self.rank, cause.to_string(), None);
-        let dump = self.flight.break_snapshot(&format!("group broken: {cause}"));
+        let dump = self
+            .flight
+            .break_snapshot(&format!("group broken: {cause}"));
         self.flight.write_break(dump);
     }
 

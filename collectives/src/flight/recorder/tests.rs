@@ -68,7 +68,11 @@ fn a_call_goes_from_queued_to_running_to_done_with_its_bytes_per_peer() {
     assert_eq!(running.kind, "all_reduce");
     assert_eq!(running.description, "all_reduce(sum, 1024 x f32)");
     assert_eq!(
-        (running.dtype.as_deref(), running.reduce_op.as_deref(), running.count),
+        (
+            running.dtype.as_deref(),
+            running.reduce_op.as_deref(),
+            running.count
+        ),
         (Some("f32"), Some("sum"), 1024)
     );
     assert_eq!(running.algorithm.as_deref(), Some("ring"));
@@ -123,15 +127,24 @@ fn failures_are_recorded_with_their_error_whether_run_refused_or_given_up() {
 
     let entries = recorder.snapshot("requested").entries;
     let send = &entries[0];
-    assert_eq!(send.kind, "send", "a call from no issuer is named by its sequence");
+    assert_eq!(
+        send.kind, "send",
+        "a call from no issuer is named by its sequence"
+    );
     assert_eq!(send.root, Some(3), "point-to-point: the peer");
     assert_eq!(send.state, CallState::Failed);
-    assert!(send.error.as_deref().is_some_and(|e| e.contains("timed out")));
+    assert!(send
+        .error
+        .as_deref()
+        .is_some_and(|e| e.contains("timed out")));
     assert_eq!(
         (entries[1].state, entries[1].error.as_deref()),
         (CallState::Failed, Some("queued past its deadline"))
     );
-    assert_eq!((entries[2].call, entries[2].state), (refused, CallState::Failed));
+    assert_eq!(
+        (entries[2].call, entries[2].state),
+        (refused, CallState::Failed)
+    );
     assert!(entries[2].started_us.is_none());
     assert_eq!(entries.len(), 3);
 }
@@ -165,8 +178,14 @@ fn a_second_call_in_one_turn_gets_an_entry_of_its_own() {
     recorder.finish(None);
     let entries = recorder.snapshot("requested").entries;
     assert_eq!(entries.len(), 2);
-    assert_eq!((entries[0].call, entries[0].kind.as_str()), (1, "all_gather"));
-    assert_eq!((entries[1].call, entries[1].kind.as_str()), (2, "collective"));
+    assert_eq!(
+        (entries[0].call, entries[0].kind.as_str()),
+        (1, "all_gather")
+    );
+    assert_eq!(
+        (entries[1].call, entries[1].kind.as_str()),
+        (2, "collective")
+    );
 }
 
 #[test]
@@ -191,26 +210,44 @@ fn a_break_dumps_once_with_the_call_running_and_keeps_the_beacon() {
     recorder.blocked_on(1);
     let beacon = Beacon::decode(&fs::read(&beacon_path).unwrap()).unwrap();
     assert_eq!(
-        (beacon.issued, beacon.finished, beacon.current_op, beacon.blocked_on),
+        (
+            beacon.issued,
+            beacon.finished,
+            beacon.current_op,
+            beacon.blocked_on
+        ),
         (1, 0, 1, Some(1))
     );
 
     let error = timeout_error();
     let dump = recorder.break_snapshot(&break_reason(&error));
     recorder.finish(Some(&error));
-    assert!(recorder.break_snapshot("again").is_none(), "one dump per break");
+    assert!(
+        recorder.break_snapshot("again").is_none(),
+        "one dump per break"
+    );
     recorder.write_break(dump);
     let path = dir.0.join("rank-0.group-0-1.json");
     let written: FlightDump = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-    assert!(written.reason.starts_with("timeout: "), "{}", written.reason);
-    assert_eq!((written.group.as_str(), written.transport.as_str()), ("group/0/1/", "tcp"));
+    assert!(
+        written.reason.starts_with("timeout: "),
+        "{}",
+        written.reason
+    );
+    assert_eq!(
+        (written.group.as_str(), written.transport.as_str()),
+        ("group/0/1/", "tcp")
+    );
     assert_eq!(written.entries[0].state, CallState::Running);
     assert_eq!(written.entries[0].blocked_on, Some(1));
 
     let beacon = Beacon::decode(&fs::read(&beacon_path).unwrap()).unwrap();
     assert_eq!((beacon.finished, beacon.current_op), (1, 0));
     drop(recorder);
-    assert!(beacon_path.exists(), "a broken group leaves its beacon for the diagnosis");
+    assert!(
+        beacon_path.exists(),
+        "a broken group leaves its beacon for the diagnosis"
+    );
 }
 
 #[test]
@@ -243,7 +280,9 @@ fn an_entry_stays_small() {
 
 #[test]
 fn a_runner_records_what_it_runs_and_what_it_refuses() {
-    use crate::{Backend, BufferMut, Deadline, HostBackend, HostConfig, MemoryConfig, MemoryTransport};
+    use crate::{
+        Backend, BufferMut, Deadline, HostBackend, HostConfig, MemoryConfig, MemoryTransport,
+    };
     let soon = || Deadline::after(Duration::from_secs(20));
     let ranks: Vec<_> = MemoryTransport::mesh(2, MemoryConfig::default())
         .into_iter()
@@ -266,12 +305,18 @@ fn a_runner_records_what_it_runs_and_what_it_refuses() {
     let entries = recorder.snapshot("requested").entries;
     assert_eq!(entries.len(), 2, "{entries:#?}");
     let all_reduce = &entries[0];
-    assert_eq!((all_reduce.state, all_reduce.op), (CallState::Done, Some(1)));
+    assert_eq!(
+        (all_reduce.state, all_reduce.op),
+        (CallState::Done, Some(1))
+    );
     assert_eq!(all_reduce.description, "all_reduce(sum, 1000 x f32)");
     assert_eq!(all_reduce.algorithm.as_deref(), Some("recursive_doubling"));
     let with_1 = all_reduce.peers.iter().find(|p| p.peer == 1).copied();
     // Recursive doubling at N=2: the whole buffer each way, plus a frame header.
-    assert!(with_1.is_some_and(|p| p.sent >= 4000 && p.received >= 4000), "{with_1:?}");
+    assert!(
+        with_1.is_some_and(|p| p.sent >= 4000 && p.received >= 4000),
+        "{with_1:?}"
+    );
     assert_eq!(entries[1].state, CallState::Failed);
     assert!(entries[1]
         .error
