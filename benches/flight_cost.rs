@@ -1,9 +1,9 @@
 //! What the flight recorder costs per call, and how long a dump takes.
 //!
 //! `cargo bench --bench flight_cost` runs, on one thread, the recorder's hooks for one
-//! call exactly as the library makes them for an 8 B all-reduce over 4 ranks
-//! (recursive doubling: issued, its turn, started, described, two frames out and two
-//! in, one wait, finished), a million times, with and without a flight directory (with
+//! call exactly as the library makes them for a blocking 8 B all-reduce over 4 ranks
+//! (recursive doubling: issued, its turn at once, started, described, two frames out
+//! and two in, one wait, finished), a million times, with and without a flight directory (with
 //! one, the beacon's words are updated through its shared mapping too). Then it fills a
 //! 2000-entry ring and times a dump: the copy under the lock (what a running call may
 //! wait for) and the whole dump (JSON, written and renamed into place).
@@ -23,9 +23,10 @@ use ringccl_collectives::{DType, OpDesc, ReduceOp, Sequence};
 const CALLS: u64 = 1_000_000;
 const ROUNDS: usize = 5;
 
-/// One 8 B all-reduce's hooks, numbered `seq`.
-fn one_call(recorder: &FlightRecorder, seq: u64) {
-    let call = recorder.issued("all_reduce");
+/// One 8 B all-reduce's hooks, numbered `seq`, issued at `issued` (the library takes
+/// that instant from the call's deadline, which it fixes anyway).
+fn one_call(recorder: &FlightRecorder, seq: u64, issued: Instant) {
+    let call = recorder.issued_at("all_reduce", issued);
     recorder.turn(call, false);
     recorder.start(Sequence::Collective, seq);
     recorder.running(
@@ -48,7 +49,7 @@ fn per_call_ns(recorder: &FlightRecorder) -> f64 {
             let started = Instant::now();
             for _ in 0..CALLS {
                 seq += 1;
-                one_call(recorder, seq);
+                one_call(recorder, seq, started);
             }
             started.elapsed().as_nanos() as f64 / CALLS as f64
         })
@@ -98,6 +99,43 @@ fn main() {
     println!(
         "snapshot alone (copy under the lock + entries): {:?} each",
         started.elapsed() / 100
+    );
+
+    // What a dump costs a call that runs meanwhile: one thread dumps without pause while
+    // this one times each call; the slowest ones waited for the ring's copy.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (mut times, dumps) = std::thread::scope(|s| {
+        let dumper = s.spawn(|| {
+            let mut dumps = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::black_box(filed.snapshot("requested"));
+                dumps += 1;
+            }
+            dumps
+        });
+        let mut times = Vec::with_capacity(1 << 20);
+        let mut seq = 1 << 40;
+        let until = Instant::now() + std::time::Duration::from_secs(2);
+        while Instant::now() < until {
+            seq += 1;
+            let t = Instant::now();
+            one_call(&filed, seq, t);
+            times.push(t.elapsed().as_nanos() as u64);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (times, dumper.join().unwrap_or(0))
+    });
+    times.sort_unstable();
+    let at = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+    let waited = times.iter().filter(|&&t| t > 20_000).count();
+    println!(
+        "{} calls during {dumps} back-to-back dumps: median {} ns, p99.9 {} ns, p99.99 {} us, \
+         max {} us; {waited} took over 20 us",
+        times.len(),
+        at(0.5),
+        at(0.999),
+        at(0.9999) / 1000,
+        at(1.0) / 1000
     );
     drop(filed);
     let _ = std::fs::remove_dir_all(&dir);

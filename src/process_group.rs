@@ -210,7 +210,7 @@ impl ProcessGroup {
         });
         let submitted = self
             .sequencer
-            .issue(name, |ticket| {
+            .issue(name, deadline, |ticket| {
                 worker
                     .submit(Job {
                         ticket,

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::fmt::Display;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, Thread};
+use std::time::Instant;
 
 use ringccl_collectives::flight::FlightRecorder;
 use ringccl_collectives::Deadline;
@@ -84,6 +85,15 @@ pub(crate) struct Turn<'a> {
     passed: bool,
 }
 
+/// When a call with `deadline` was issued: the deadline was fixed then, `timeout` ahead
+/// (now, for a deadline too far away to subtract from).
+fn issued_at(deadline: Deadline) -> Instant {
+    deadline
+        .at()
+        .checked_sub(deadline.timeout())
+        .unwrap_or_else(Instant::now)
+}
+
 /// `thread "name" (ThreadId(7))`, or `an unnamed thread (ThreadId(7))`.
 fn describe(thread: &Thread) -> String {
     match thread.name() {
@@ -133,9 +143,15 @@ impl Sequencer {
         }
     }
 
-    /// Takes a ticket for `op` issued by the calling thread, or refuses it: when the
-    /// group is broken, or when another thread's calls are still pending (which breaks it).
-    fn take_ticket(&self, state: &mut State, op: &'static str) -> Result<u64, Refusal> {
+    /// Takes a ticket for `op` issued by the calling thread at `issued_at`, or refuses it:
+    /// when the group is broken, or when another thread's calls are still pending (which
+    /// breaks it).
+    fn take_ticket(
+        &self,
+        state: &mut State,
+        op: &'static str,
+        issued_at: Instant,
+    ) -> Result<u64, Refusal> {
         if let Some(cause) = &state.broken {
             return Err(Refusal {
                 error: Box::new(self.broken_error(cause)),
@@ -163,7 +179,10 @@ impl Sequencer {
             _ => state.issuer = Some(me),
         }
         let ticket = state.next_ticket();
-        let call = self.flight.as_ref().map_or(0, |flight| flight.issued(op));
+        let call = self
+            .flight
+            .as_ref()
+            .map_or(0, |flight| flight.issued_at(op, issued_at));
         state.pending.push_back(Pending {
             op,
             started: false,
@@ -173,15 +192,17 @@ impl Sequencer {
         Ok(ticket)
     }
 
-    /// Takes the next ticket for `op` and, while no other ticket can be taken, calls
-    /// `enqueue` with it (so tickets reach the worker's queue in ticket order).
+    /// Takes the next ticket for `op`, whose deadline is `deadline`, and, while no other
+    /// ticket can be taken, calls `enqueue` with it (so tickets reach the worker's queue
+    /// in ticket order).
     pub(crate) fn issue<R>(
         &self,
         op: &'static str,
+        deadline: Deadline,
         enqueue: impl FnOnce(u64) -> R,
     ) -> Result<R, Refusal> {
         let mut state = self.lock();
-        let ticket = self.take_ticket(&mut state, op)?;
+        let ticket = self.take_ticket(&mut state, op, issued_at(deadline))?;
         Ok(enqueue(ticket))
     }
 
@@ -192,7 +213,7 @@ impl Sequencer {
         deadline: Deadline,
     ) -> Result<Turn<'_>, Refusal> {
         let mut state = self.lock();
-        let ticket = self.take_ticket(&mut state, op)?;
+        let ticket = self.take_ticket(&mut state, op, issued_at(deadline))?;
         self.wait_for(state, ticket, deadline, true)
     }
 
@@ -383,7 +404,7 @@ mod tests {
     fn turns_follow_ticket_order_across_threads() {
         let seq = Arc::new(Sequencer::new(0, None));
         let log = Arc::new(Mutex::new(Vec::new()));
-        let tickets: Vec<u64> = (0..8).map(|_| seq.issue("op", |t| t).unwrap()).collect();
+        let tickets: Vec<u64> = (0..8).map(|_| seq.issue("op", Deadline::after(LONG), |t| t).unwrap()).collect();
         let handles: Vec<_> = tickets
             .into_iter()
             .rev()
@@ -408,8 +429,8 @@ mod tests {
         let running = seq
             .issue_and_wait("all_reduce", Deadline::after(LONG))
             .unwrap();
-        let queued = seq.issue("barrier", |t| t).unwrap();
-        let later = seq.issue("broadcast", |t| t).unwrap();
+        let queued = seq.issue("barrier", Deadline::after(LONG), |t| t).unwrap();
+        let later = seq.issue("broadcast", Deadline::after(LONG), |t| t).unwrap();
         let started = Instant::now();
         let refusal = seq
             .turn(queued, Deadline::after(Duration::from_millis(50)))
@@ -438,7 +459,7 @@ mod tests {
         let refusal = seq.turn(later, Deadline::after(LONG)).unwrap_err();
         assert!(matches!(*refusal.error, Error::GroupBroken { .. }));
         assert!(refusal.abort.is_none(), "the group is aborted once");
-        assert!(seq.issue("barrier", |t| t).is_err());
+        assert!(seq.issue("barrier", Deadline::after(LONG), |t| t).is_err());
     }
 
     #[test]
@@ -450,7 +471,7 @@ mod tests {
         let other = Arc::clone(&seq);
         let refusal = std::thread::Builder::new()
             .name("loader".into())
-            .spawn(move || other.issue("broadcast", |t| t).unwrap_err())
+            .spawn(move || other.issue("broadcast", Deadline::after(LONG), |t| t).unwrap_err())
             .unwrap()
             .join()
             .unwrap();
@@ -490,14 +511,14 @@ mod tests {
             .join()
             .unwrap();
         }
-        assert_eq!(seq.issue("barrier", |t| t).unwrap(), 30);
+        assert_eq!(seq.issue("barrier", Deadline::after(LONG), |t| t).unwrap(), 30);
     }
 
     #[test]
     fn giving_up_an_async_call_at_the_front_lets_the_next_one_run() {
         let seq = Sequencer::new(0, None);
-        let first = seq.issue("all_reduce", |t| t).unwrap();
-        let second = seq.issue("barrier", |t| t).unwrap();
+        let first = seq.issue("all_reduce", Deadline::after(LONG), |t| t).unwrap();
+        let second = seq.issue("barrier", Deadline::after(LONG), |t| t).unwrap();
         let refusal = seq.give_up(first, Deadline::after(Duration::ZERO)).unwrap();
         assert!(matches!(
             *refusal.error,

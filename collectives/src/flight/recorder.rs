@@ -18,7 +18,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::beacon_file::BeaconFile;
 use super::dump::{CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FORMAT_VERSION};
@@ -73,7 +73,7 @@ impl Default for FlightConfig {
 }
 
 /// Microseconds since the Unix epoch (0 if the clock is before it).
-pub(crate) fn now_us() -> u64 {
+fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
@@ -133,6 +133,10 @@ pub struct FlightRecorder {
     /// The group broke and its dump was taken: later breaks do not dump again, and the
     /// beacon stays behind for the diagnosis.
     broken: AtomicBool,
+    /// Times are read from the monotonic clock and written as Unix time: `epoch` was
+    /// `epoch_us` microseconds after the Unix epoch.
+    epoch: Instant,
+    epoch_us: u64,
 }
 
 impl FlightRecorder {
@@ -188,11 +192,28 @@ impl FlightRecorder {
             beacon,
             control,
             broken: AtomicBool::new(false),
+            epoch: Instant::now(),
+            epoch_us: now_us(),
         });
         if recorder.config.dir.is_some() {
             requests::register(&recorder);
         }
         recorder
+    }
+
+    /// `at` in microseconds since the Unix epoch.
+    #[inline]
+    fn stamp(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.epoch);
+        self.epoch_us
+            .saturating_add(since.as_secs().saturating_mul(1_000_000))
+            .saturating_add(u64::from(since.subsec_micros()))
+    }
+
+    /// Now, in microseconds since the Unix epoch.
+    #[inline]
+    fn now(&self) -> u64 {
+        self.stamp(Instant::now())
     }
 
     fn lock(&self) -> MutexGuard<'_, Book> {
@@ -235,7 +256,7 @@ impl FlightRecorder {
         self.beacon.as_ref().map(BeaconFile::path)
     }
 
-    /// A call of `kind` (`"all_reduce"`) was issued; returns its number, which the
+    /// A call of `kind` (`"all_reduce"`) is issued now; returns its number, which the
     /// issuer passes to [`FlightRecorder::turn`] or [`FlightRecorder::gave_up`].
     ///
     /// ```
@@ -244,7 +265,20 @@ impl FlightRecorder {
     /// assert_eq!((recorder.issued("barrier"), recorder.issued("barrier")), (1, 2));
     /// ```
     pub fn issued(&self, kind: &'static str) -> u64 {
-        let now = now_us();
+        self.issued_at(kind, Instant::now())
+    }
+
+    /// [`FlightRecorder::issued`] for a call issued at `at` (an issuer that has just
+    /// read the clock, to fix the call's deadline, saves reading it again).
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// use std::time::Instant;
+    /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
+    /// assert_eq!(recorder.issued_at("barrier", Instant::now()), 1);
+    /// ```
+    pub fn issued_at(&self, kind: &'static str, at: Instant) -> u64 {
+        let now = self.stamp(at);
         let mut book = self.lock();
         let call = book.ring.push(kind, now);
         if let Some(beacon) = &self.beacon {
@@ -284,7 +318,7 @@ impl FlightRecorder {
     /// ```
     pub fn gave_up(&self, call: u64, error: &dyn fmt::Display) {
         let error = error.to_string();
-        let now = now_us();
+        let now = self.now();
         let mut book = self.lock();
         let Some(slot) = book.ring.get_mut(call) else {
             return;
@@ -322,7 +356,7 @@ impl FlightRecorder {
             Sequence::SentTo(_) => "send",
             Sequence::ReceivedFrom(_) => "recv",
         };
-        let call = book.ring.push(kind, now.unwrap_or_else(now_us));
+        let call = book.ring.push(kind, now.unwrap_or_else(|| self.now()));
         if let Some(beacon) = &self.beacon {
             beacon.issued(call);
         }
@@ -342,7 +376,7 @@ impl FlightRecorder {
     /// ```
     pub fn start(&self, sequence: Sequence, seq: u64) {
         let at_once = self.turn.load(Ordering::Relaxed) & AT_ONCE != 0;
-        let clock = (!at_once).then(now_us);
+        let clock = (!at_once).then(|| self.now());
         self.live.reset();
         let mut book = self.lock();
         let call = self.claim(&mut book, sequence, clock);
@@ -396,7 +430,7 @@ impl FlightRecorder {
     /// ```
     pub fn finish(&self, error: Option<&Error>) {
         let error = error.map(ToString::to_string);
-        let now = now_us();
+        let now = self.now();
         let mut book = self.lock();
         let Some(call) = book.running.take() else {
             return;
@@ -426,7 +460,7 @@ impl FlightRecorder {
     /// ```
     pub fn refused(&self, sequence: Sequence, error: &Error) {
         let error = error.to_string();
-        let now = now_us();
+        let now = self.now();
         let mut book = self.lock();
         let call = self.claim(&mut book, sequence, Some(now));
         if let Some(slot) = book.ring.get_mut(call) {
@@ -512,7 +546,7 @@ impl FlightRecorder {
             host: host_name(),
             pid: std::process::id(),
             reason: reason.into(),
-            dumped_at_us: now_us(),
+            dumped_at_us: self.now(),
             capacity: self.config.entries,
             recorded,
             entries,
