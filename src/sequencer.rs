@@ -404,7 +404,9 @@ mod tests {
     fn turns_follow_ticket_order_across_threads() {
         let seq = Arc::new(Sequencer::new(0, None));
         let log = Arc::new(Mutex::new(Vec::new()));
-        let tickets: Vec<u64> = (0..8).map(|_| seq.issue("op", Deadline::after(LONG), |t| t).unwrap()).collect();
+        let tickets: Vec<u64> = (0..8)
+            .map(|_| seq.issue("op", Deadline::after(LONG), |t| t).unwrap())
+            .collect();
         let handles: Vec<_> = tickets
             .into_iter()
             .rev()
@@ -430,7 +432,9 @@ mod tests {
             .issue_and_wait("all_reduce", Deadline::after(LONG))
             .unwrap();
         let queued = seq.issue("barrier", Deadline::after(LONG), |t| t).unwrap();
-        let later = seq.issue("broadcast", Deadline::after(LONG), |t| t).unwrap();
+        let later = seq
+            .issue("broadcast", Deadline::after(LONG), |t| t)
+            .unwrap();
         let started = Instant::now();
         let refusal = seq
             .turn(queued, Deadline::after(Duration::from_millis(50)))
@@ -471,7 +475,11 @@ mod tests {
         let other = Arc::clone(&seq);
         let refusal = std::thread::Builder::new()
             .name("loader".into())
-            .spawn(move || other.issue("broadcast", Deadline::after(LONG), |t| t).unwrap_err())
+            .spawn(move || {
+                other
+                    .issue("broadcast", Deadline::after(LONG), |t| t)
+                    .unwrap_err()
+            })
             .unwrap()
             .join()
             .unwrap();
@@ -511,13 +519,18 @@ mod tests {
             .join()
             .unwrap();
         }
-        assert_eq!(seq.issue("barrier", Deadline::after(LONG), |t| t).unwrap(), 30);
+        assert_eq!(
+            seq.issue("barrier", Deadline::after(LONG), |t| t).unwrap(),
+            30
+        );
     }
 
     #[test]
     fn giving_up_an_async_call_at_the_front_lets_the_next_one_run() {
         let seq = Sequencer::new(0, None);
-        let first = seq.issue("all_reduce", Deadline::after(LONG), |t| t).unwrap();
+        let first = seq
+            .issue("all_reduce", Deadline::after(LONG), |t| t)
+            .unwrap();
         let second = seq.issue("barrier", Deadline::after(LONG), |t| t).unwrap();
         let refusal = seq.give_up(first, Deadline::after(Duration::ZERO)).unwrap();
         assert!(matches!(
