@@ -646,9 +646,10 @@ fn describe(op: &OpDesc) -> String {
 }
 
 fn entry(slot: &Slot, live: Option<(&PeerCounts, Option<usize>)>) -> FlightEntry {
-    let p2p = slot
-        .op
-        .is_some_and(|op| op.kind == CollectiveKind::SendRecv);
+    let p2p = slot.peer.is_some()
+        || slot
+            .op
+            .is_some_and(|op| op.kind == CollectiveKind::SendRecv);
     let counts = live.map_or(&slot.peers, |(counts, _)| counts);
     FlightEntry {
         call: slot.call,
