@@ -122,6 +122,7 @@ pub(crate) fn gloo_over_mesh(
     };
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
+    log_summary(rank, world_size, &recipe, rings.is_some(), &connections.data);
     let tcp =
         TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
             rank,
@@ -139,6 +140,44 @@ pub(crate) fn gloo_over_mesh(
         None => with_control_link(HostBackend::new("gloo", tcp, config), control, dead_peer)?,
     };
     Ok(ProcessGroup::from_backend(backend).keeping_store(store, recipe))
+}
+
+/// `RINGCCL_DEBUG=info`: what this rank's group runs on, in one line.
+fn log_summary(
+    rank: usize,
+    world_size: usize,
+    recipe: &GlooRecipe,
+    shared_memory: bool,
+    data: &[Option<TcpStream>],
+) {
+    if !tracing::enabled!(tracing::Level::INFO) {
+        return;
+    }
+    let transport = if shared_memory { "shm" } else { "tcp" };
+    let peers: Vec<&str> = (0..world_size)
+        .map(|peer| if peer == rank { "self" } else { transport })
+        .collect();
+    let address = data
+        .iter()
+        .flatten()
+        .find_map(|c| c.local_addr().ok())
+        .map_or_else(|| "none (a group of one)".to_string(), |a| a.ip().to_string());
+    let config = &recipe.config;
+    tracing::info!(
+        rank,
+        world_size,
+        backend = "gloo",
+        transport,
+        peers = %peers.join(","),
+        address = %address,
+        all_reduce = ?config.all_reduce_algo,
+        recursive_doubling_up_to = config.small_all_reduce_max_bytes,
+        tree_broadcast_up_to = config.tree_broadcast_max_bytes,
+        chunk_bytes = config.chunk_bytes,
+        timeout = ?config.timeout,
+        auth = recipe.mesh.auth_token.is_some(),
+        "process group ready"
+    );
 }
 
 /// Starts the group's control thread over the mesh's control connections, so an abort

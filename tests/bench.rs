@@ -233,6 +233,20 @@ fn ringccl_debug_sets_what_the_library_logs() {
     assert!(debug.contains("DEBUG"), "{debug}");
     assert!(debug.contains("connected to a lower rank"), "{debug}");
     assert!(debug.contains("TCP mesh connected"), "{debug}");
+    // The start-up summary, once per rank: transport per peer, address, thresholds, auth.
+    let info = stderr_with(Some("info"));
+    let ready: Vec<&str> = info
+        .lines()
+        .filter(|l| l.contains("process group ready"))
+        .collect();
+    assert_eq!(ready.len(), 2, "{info}");
+    for line in ready {
+        for field in ["peers=", "address=127.0.0.1", "recursive_doubling_up_to=", "auth=false"] {
+            assert!(line.contains(field), "{field} missing: {line}");
+        }
+        assert!(line.contains(",self") || line.contains("self,"), "{line}");
+    }
+    assert!(!info.contains("DEBUG"), "{info}");
 
     let default = stderr_with(None);
     assert!(!default.contains("TCP mesh connected"), "{default}");
