@@ -122,7 +122,13 @@ pub(crate) fn gloo_over_mesh(
     };
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
-    log_summary(rank, world_size, &recipe, rings.is_some(), &connections.data);
+    log_summary(
+        rank,
+        world_size,
+        &recipe,
+        rings.is_some(),
+        &connections.data,
+    );
     let tcp =
         TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
             rank,
@@ -161,7 +167,10 @@ fn log_summary(
         .iter()
         .flatten()
         .find_map(|c| c.local_addr().ok())
-        .map_or_else(|| "none (a group of one)".to_string(), |a| a.ip().to_string());
+        .map_or_else(
+            || "none (a group of one)".to_string(),
+            |a| a.ip().to_string(),
+        );
     let config = &recipe.config;
     tracing::info!(
         rank,
