@@ -71,13 +71,16 @@ pub struct PeerGone {
 /// The rendezvous store of one start-up step, with the peers' connections watched:
 /// waiting for a peer's key ends as soon as that peer's connection closes, and a store
 /// that fails while a peer's connection has closed (rank 0 hosts the store) names that
-/// peer. Errors are the store's type, so the caller sees one error type for start-up.
+/// peer. The peers are watched in every step of the wait, so when several go, the first
+/// one this rank saw go is named as the cause and the others listed. Errors are the store's type, so the caller sees one error type for start-up.
 pub struct WatchedStore<'a, S: SetupStore + ?Sized, W: PeerWatch + ?Sized> {
     store: &'a mut S,
     peers: &'a W,
     rank: usize,
     world_size: usize,
     step: &'static str,
+    /// The peers whose connections have closed, in the order this rank saw them go.
+    gone: Vec<usize>,
 }
 
 impl<S: SetupStore + ?Sized, W: PeerWatch + ?Sized> std::fmt::Debug for WatchedStore<'_, S, W> {
@@ -130,6 +133,7 @@ impl<'a, S: SetupStore + ?Sized, W: PeerWatch + ?Sized> WatchedStore<'a, S, W> {
             rank,
             world_size,
             step,
+            gone: Vec::new(),
         }
     }
 
@@ -157,16 +161,17 @@ impl<'a, S: SetupStore + ?Sized, W: PeerWatch + ?Sized> WatchedStore<'a, S, W> {
     /// # Ok::<(), E>(())
     /// ```
     pub fn set(&mut self, key: &str, value: &[u8]) -> Result<(), S::Error> {
-        self.store
-            .set(key, value)
-            .map_err(|e| self.explain_store_failure(e, None))
+        match self.store.set(key, value) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.explain_store_failure(e)),
+        }
     }
 
     /// Waits until `peer` has published `key` and returns its value. Fails
     /// - with [`PeerGone`] (as the store's error type) within moments of `peer`'s
     ///   connection closing, unless `key` was published before it closed;
-    /// - with `PeerGone` naming whichever peer's connection closed, if the store itself
-    ///   fails meanwhile (the store's error is quoted);
+    /// - with `PeerGone` naming the first peer whose connection this rank saw close, if
+    ///   the store itself fails meanwhile (the store's error is quoted);
     /// - with the store's own timeout error, naming `waiting_for()`, at `deadline`.
     ///
     /// ```
@@ -201,67 +206,63 @@ impl<'a, S: SetupStore + ?Sized, W: PeerWatch + ?Sized> WatchedStore<'a, S, W> {
     ) -> Result<Vec<u8>, S::Error> {
         let mut pause = Duration::from_millis(1);
         loop {
-            if let Some(value) = self.get(key, peer)? {
+            // Look before asking: a peer publishes before it leaves, so a key still
+            // missing after its connection was seen closed will never come.
+            self.look();
+            if let Some(value) = self.get(key)? {
                 return Ok(value);
             }
-            if self.peers.gone(peer) {
-                // A peer publishes before it leaves: one more look tells a peer that
-                // finished this step and left from one that died in it.
-                return match self.get(key, peer)? {
-                    Some(value) => Ok(value),
-                    None => Err(self
-                        .gone(
-                            peer,
-                            format!(
-                                "its connection to this rank closed while this rank waited for {}",
-                                waiting_for()
-                            ),
-                        )
-                        .into()),
-                };
+            if self.gone.contains(&peer) {
+                let how = format!(
+                    "its connection to this rank closed while this rank waited for {}{}",
+                    waiting_for(),
+                    self.also_gone(peer)
+                );
+                return Err(self.gone(peer, how).into());
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 // The store words its own timeout (the deadline has passed: it returns at once).
-                return self
-                    .store
-                    .wait(key, deadline, waiting_for)
-                    .map_err(|e| self.explain_store_failure(e, Some(peer)));
+                return match self.store.wait(key, deadline, waiting_for) {
+                    Ok(value) => Ok(value),
+                    Err(e) => Err(self.explain_store_failure(e)),
+                };
             }
             thread::sleep(pause.min(left));
             pause = (pause * 2).min(LOOK_EVERY);
         }
     }
 
-    fn get(&mut self, key: &str, peer: usize) -> Result<Option<Vec<u8>>, S::Error> {
-        self.store
-            .get(key)
-            .map_err(|e| self.explain_store_failure(e, Some(peer)))
+    fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, S::Error> {
+        match self.store.get(key) {
+            Ok(value) => Ok(value),
+            Err(e) => Err(self.explain_store_failure(e)),
+        }
+    }
+
+    /// Notes the peers whose connections have closed since the last look, in the order
+    /// this rank saw them go.
+    fn look(&mut self) {
+        for peer in 0..self.world_size {
+            if peer != self.rank && !self.gone.contains(&peer) && self.peers.gone(peer) {
+                self.gone.push(peer);
+            }
+        }
     }
 
     /// The error for a failed store request: [`PeerGone`] if some peer's connection has
-    /// closed too, or closes within [`STORE_FAILURE_GRACE`] (`awaited` first, if it is
-    /// one of them); else the store's own error.
-    fn explain_store_failure(&self, error: S::Error, awaited: Option<usize>) -> S::Error {
+    /// closed, before it or within [`STORE_FAILURE_GRACE`] after it; else the store's
+    /// own error. It names the first peer this rank saw go (of several seen at once, the
+    /// lowest rank: rank 0 hosts the store), since a rank that notices a death gives up
+    /// and closes its own connections too.
+    fn explain_store_failure(&mut self, error: S::Error) -> S::Error {
         let until = Instant::now() + STORE_FAILURE_GRACE;
         loop {
-            let gone: Vec<usize> = (0..self.world_size)
-                .filter(|&p| p != self.rank && self.peers.gone(p))
-                .collect();
-            if let Some(&first) = gone.first() {
-                let peer = awaited.filter(|p| gone.contains(p)).unwrap_or(first);
-                let others: Vec<String> = gone
-                    .iter()
-                    .filter(|&&p| p != peer)
-                    .map(|p| format!("rank {p}"))
-                    .collect();
-                let also = if others.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (and so had the connections of {})", others.join(", "))
-                };
+            self.look();
+            if let Some(&peer) = self.gone.first() {
                 let how = format!(
-                    "its connection to this rank had closed{also}, and the rendezvous store failed: {error}"
+                    "its connection to this rank had closed{}, and the rendezvous store failed: {error}",
+                    self.also_gone(peer)
                 );
                 return self.gone(peer, how).into();
             }
@@ -269,6 +270,21 @@ impl<'a, S: SetupStore + ?Sized, W: PeerWatch + ?Sized> WatchedStore<'a, S, W> {
                 return error;
             }
             thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `" (rank 0's connection had closed too)"`, naming the gone peers but `peer`.
+    fn also_gone(&self, peer: usize) -> String {
+        let others: Vec<String> = self
+            .gone
+            .iter()
+            .filter(|&&p| p != peer)
+            .map(|p| format!("rank {p}'s"))
+            .collect();
+        match others.len() {
+            0 => String::new(),
+            1 => format!(" ({} connection had closed too)", others[0]),
+            _ => format!(" ({} connections had closed too)", others.join(", ")),
         }
     }
 
@@ -497,25 +513,37 @@ mod tests {
     }
 
     #[test]
-    fn the_awaited_peer_is_named_first_and_the_others_listed() {
+    fn the_first_peer_seen_to_go_is_named_and_the_others_listed() {
+        // Rank 1 of 4 waits for rank 3 (alive). Rank 2 dies first; later rank 0, which
+        // hosts the store, gives up and exits: rank 2 is the cause.
         let mut store = Memory::default();
-        store.closed.store(true, Ordering::SeqCst);
+        let closed = Arc::clone(&store.closed);
         let doors = Doors::default();
-        doors.close(0);
-        doors.close(2);
-        let mut watched = WatchedStore::new(&mut store, &doors, 1, 3, STEP);
+        let closer = doors.clone();
+        let deaths = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(100));
+            closer.close(2);
+            thread::sleep(Duration::from_millis(200));
+            closer.close(0);
+            closed.store(true, Ordering::SeqCst);
+        });
+        let mut watched = WatchedStore::new(&mut store, &doors, 1, 4, STEP);
         let err = watched
-            .wait_for(2, "mapped/2", far(), &|| "rank 2".into())
+            .wait_for(3, "mapped/3", far(), &|| "rank 3".into())
             .unwrap_err();
-        assert!(
-            matches!(err, TestError::Gone(PeerGone { peer: 2, .. })),
-            "{err:?}"
-        );
-        assert!(
-            err.to_string()
-                .contains("(and so had the connections of rank 0)"),
-            "{err}"
-        );
+        deaths.join().unwrap();
+        assert!(matches!(err, TestError::Gone(PeerGone { peer: 2, .. })), "{err:?}");
+        assert!(err.to_string().contains("(rank 0's connection had closed too)"), "{err}");
+        // Both seen at once: the lower rank (rank 0 hosts the store) is named.
+        let doors = Doors::default();
+        doors.close(2);
+        doors.close(0);
+        let mut watched = WatchedStore::new(&mut store, &doors, 1, 4, STEP);
+        let err = watched
+            .wait_for(3, "mapped/3", far(), &|| "rank 3".into())
+            .unwrap_err();
+        assert!(matches!(err, TestError::Gone(PeerGone { peer: 0, .. })), "{err:?}");
+        assert!(err.to_string().contains("(rank 2's connection had closed too)"), "{err}");
     }
 
     #[test]
