@@ -79,8 +79,8 @@ fn signal(pid: u32, sig: libc::c_int) {
 struct Job {
     name: &'static str,
     children: Vec<Child>,
-    lines: mpsc::Receiver<(usize, String)>,
-    stdout: Vec<Vec<String>>,
+    lines: mpsc::Receiver<(usize, String, Instant)>,
+    stdout: Vec<Vec<(String, Instant)>>,
     stderr: Vec<Option<JoinHandle<String>>>,
     port: u16,
 }
@@ -89,8 +89,10 @@ struct Job {
 #[derive(Debug)]
 struct RankEnd {
     code: Option<i32>,
+    /// When the test saw the process end.
     at: Instant,
-    result: Option<String>,
+    /// The rank's `RESULT` line, and when the test read it.
+    result: Option<(String, Instant)>,
     stderr: String,
 }
 
@@ -117,7 +119,7 @@ impl Job {
         job
     }
 
-    fn spawn(&mut self, rank: usize, transport: &str, tx: &mpsc::Sender<(usize, String)>) {
+    fn spawn(&mut self, rank: usize, transport: &str, tx: &mpsc::Sender<(usize, String, Instant)>) {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args(["--exact", self.name, "--nocapture", "--test-threads=1"])
             .env(ROLE_VAR, "1")
@@ -136,7 +138,7 @@ impl Job {
         let tx = tx.clone();
         thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send((rank, line)).is_err() {
+                if tx.send((rank, line, Instant::now())).is_err() {
                     return;
                 }
             }
@@ -154,12 +156,12 @@ impl Job {
     fn wait_line(&mut self, rank: usize, marker: &str, limit: Duration) -> String {
         let deadline = Instant::now() + limit;
         loop {
-            if let Some(found) = self.stdout[rank].iter().find_map(|l| after(l, marker)) {
+            if let Some(found) = self.stdout[rank].iter().find_map(|(l, _)| after(l, marker)) {
                 return found.trim().to_string();
             }
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok((r, line)) => self.stdout[r].push(line),
+                Ok((r, line, at)) => self.stdout[r].push((line, at)),
                 Err(_) => {
                     self.kill_all();
                     panic!("rank {rank} printed no {marker:?} within {limit:?}");
@@ -202,8 +204,8 @@ impl Job {
             }
             thread::sleep(Duration::from_millis(5));
         }
-        while let Ok((r, line)) = self.lines.recv_timeout(Duration::from_millis(200)) {
-            self.stdout[r].push(line);
+        while let Ok((r, line, at)) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            self.stdout[r].push((line, at));
         }
         ends.into_iter()
             .enumerate()
@@ -214,7 +216,7 @@ impl Job {
                     at,
                     result: self.stdout[rank]
                         .iter()
-                        .find_map(|l| after(l, RESULT).map(str::to_string)),
+                        .find_map(|(l, at)| Some((after(l, RESULT)?.to_string(), *at))),
                     stderr: self.stderr[rank]
                         .take()
                         .map(|h| h.join().unwrap_or_default())
@@ -242,7 +244,10 @@ fn kill_in_set_up(name: &'static str, transport: &str, victim: usize) {
         let host_key = format!("ringccl/host/{victim}");
         let watch_until = Instant::now() + Duration::from_secs(60);
         while store.get(&host_key).expect("read the store").is_none() {
-            assert!(Instant::now() < watch_until, "rank {victim} never reached set-up");
+            assert!(
+                Instant::now() < watch_until,
+                "rank {victim} never reached set-up"
+            );
         }
         // Stop whoever could still finish set-up: the victim (its store lives on in rank
         // 0 unless it is rank 0) or, for rank 0, every other rank.
@@ -279,9 +284,14 @@ fn kill_in_set_up(name: &'static str, transport: &str, victim: usize) {
         let ends = job.finish(START_UP_TIMEOUT + Duration::from_secs(60));
         assert_eq!(ends[victim].code, None, "the victim died of SIGKILL");
         for (rank, end) in ends.iter().enumerate().filter(|(r, _)| *r != victim) {
-            let error = end.result.as_deref().unwrap_or("");
+            let (error, reported) = match &end.result {
+                Some((line, at)) => (line.as_str(), at.saturating_duration_since(died)),
+                None => ("", Duration::MAX),
+            };
             let took = end.at.saturating_duration_since(died);
-            eprintln!("{name}: rank {rank} failed {took:?} after rank {victim} died: {error}");
+            eprintln!(
+                "{name}: rank {rank} reported {reported:?} and exited {took:?} after rank {victim} died: {error}"
+            );
             if end.code != Some(INIT_FAILED) {
                 eprintln!("rank {rank}'s log:\n{}", end.stderr);
             }
@@ -290,8 +300,12 @@ fn kill_in_set_up(name: &'static str, transport: &str, victim: usize) {
                 format!("rank {rank}: rank {victim} went away during shared-memory set-up"),
                 "restart every rank".to_string(),
             ] {
-                assert!(error.contains(&needle), "rank {rank}: no {needle:?} in {error}");
+                assert!(
+                    error.contains(&needle),
+                    "rank {rank}: no {needle:?} in {error}"
+                );
             }
+            assert!(reported <= took, "rank {rank}: {end:?}");
             assert!(took < PROMPT, "rank {rank} took {took:?} to fail: {end:?}");
         }
         return;
@@ -301,7 +315,8 @@ fn kill_in_set_up(name: &'static str, transport: &str, victim: usize) {
 
 #[test]
 fn a_rank_killed_in_forced_shared_memory_set_up_is_named_by_the_others_at_once() {
-    const NAME: &str = "a_rank_killed_in_forced_shared_memory_set_up_is_named_by_the_others_at_once";
+    const NAME: &str =
+        "a_rank_killed_in_forced_shared_memory_set_up_is_named_by_the_others_at_once";
     if std::env::var_os(ROLE_VAR).is_some() {
         return be_a_rank();
     }

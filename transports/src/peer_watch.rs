@@ -13,8 +13,11 @@ use tracing::warn;
 use crate::liveness::connection_lost;
 use crate::SetupStore;
 
-/// Longest pause between two looks at the store (and at the awaited peer) while waiting.
+/// Longest pause between two looks at the peers' connections while waiting.
 const LOOK_EVERY: Duration = Duration::from_millis(50);
+/// Longest pause between two questions to the store while waiting (as the store's own
+/// wait does: a large job's ranks all ask rank 0's store).
+const ASK_EVERY: Duration = Duration::from_millis(200);
 /// How long a failed store request waits for a peer's connection to close too, so that
 /// a dead rank 0 (which hosts the store) is named instead of the store's symptom.
 const STORE_FAILURE_GRACE: Duration = Duration::from_millis(500);
@@ -71,8 +74,9 @@ pub struct PeerGone {
 /// The rendezvous store of one start-up step, with the peers' connections watched:
 /// waiting for a peer's key ends as soon as that peer's connection closes, and a store
 /// that fails while a peer's connection has closed (rank 0 hosts the store) names that
-/// peer. The peers are watched in every step of the wait, so when several go, the first
-/// one this rank saw go is named as the cause and the others listed. Errors are the store's type, so the caller sees one error type for start-up.
+/// peer. The peers are looked at before every question to the store, so when several
+/// go, the first one this rank saw go is named as the cause and the others listed.
+/// Errors are the store's type, so the caller sees one error type for start-up.
 pub struct WatchedStore<'a, S: SetupStore + ?Sized, W: PeerWatch + ?Sized> {
     store: &'a mut S,
     peers: &'a W,
@@ -205,31 +209,39 @@ impl<'a, S: SetupStore + ?Sized, W: PeerWatch + ?Sized> WatchedStore<'a, S, W> {
         waiting_for: &dyn Fn() -> String,
     ) -> Result<Vec<u8>, S::Error> {
         let mut pause = Duration::from_millis(1);
+        let mut next_question = Instant::now();
         loop {
             // Look before asking: a peer publishes before it leaves, so a key still
             // missing after its connection was seen closed will never come.
             self.look();
-            if let Some(value) = self.get(key)? {
-                return Ok(value);
+            let peer_gone = self.gone.contains(&peer);
+            if peer_gone || Instant::now() >= next_question {
+                if let Some(value) = self.get(key)? {
+                    return Ok(value);
+                }
+                if peer_gone {
+                    let how = format!(
+                        "its connection to this rank closed while this rank waited for {}{}",
+                        waiting_for(),
+                        self.also_gone(peer)
+                    );
+                    return Err(self.gone(peer, how).into());
+                }
+                next_question = Instant::now() + pause;
+                pause = (pause * 2).min(ASK_EVERY);
             }
-            if self.gone.contains(&peer) {
-                let how = format!(
-                    "its connection to this rank closed while this rank waited for {}{}",
-                    waiting_for(),
-                    self.also_gone(peer)
-                );
-                return Err(self.gone(peer, how).into());
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let now = Instant::now();
+            if now >= deadline {
                 // The store words its own timeout (the deadline has passed: it returns at once).
                 return match self.store.wait(key, deadline, waiting_for) {
                     Ok(value) => Ok(value),
                     Err(e) => Err(self.explain_store_failure(e)),
                 };
             }
-            thread::sleep(pause.min(left));
-            pause = (pause * 2).min(LOOK_EVERY);
+            let nap = LOOK_EVERY
+                .min(next_question.saturating_duration_since(now))
+                .min(deadline - now);
+            thread::sleep(nap);
         }
     }
 
@@ -532,8 +544,15 @@ mod tests {
             .wait_for(3, "mapped/3", far(), &|| "rank 3".into())
             .unwrap_err();
         deaths.join().unwrap();
-        assert!(matches!(err, TestError::Gone(PeerGone { peer: 2, .. })), "{err:?}");
-        assert!(err.to_string().contains("(rank 0's connection had closed too)"), "{err}");
+        assert!(
+            matches!(err, TestError::Gone(PeerGone { peer: 2, .. })),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("(rank 0's connection had closed too)"),
+            "{err}"
+        );
         // Both seen at once: the lower rank (rank 0 hosts the store) is named.
         let doors = Doors::default();
         doors.close(2);
@@ -542,8 +561,15 @@ mod tests {
         let err = watched
             .wait_for(3, "mapped/3", far(), &|| "rank 3".into())
             .unwrap_err();
-        assert!(matches!(err, TestError::Gone(PeerGone { peer: 0, .. })), "{err:?}");
-        assert!(err.to_string().contains("(rank 2's connection had closed too)"), "{err}");
+        assert!(
+            matches!(err, TestError::Gone(PeerGone { peer: 0, .. })),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("(rank 2's connection had closed too)"),
+            "{err}"
+        );
     }
 
     #[test]
