@@ -90,7 +90,8 @@ ringccl_rendezvous::setup_error_variants! {
              still pending on this process group. Calls from two threads at once can be \
              paired with the other ranks' calls in a different order and silently mix their \
              buffers, so this call was refused and the group is now broken: create a new \
-             one. Give each thread its own process group, or issue every call from one thread \
+             one. Give each thread its own process group (formed from one group by every rank \
+             with ProcessGroup::new_group or split), or issue every call from one thread \
              (another thread may take over once the calls it issued have finished)"
         )]
         ConcurrentUse {

@@ -3,10 +3,10 @@
 
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ringccl_collectives::{Backend, Deadline, HostBackend, HostConfig, Transport};
-use ringccl_rendezvous::{connect_mesh, SetupError};
+use ringccl_rendezvous::{connect_mesh, Mesh, MeshConfig, SetupError};
 use ringccl_transports::{shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
 
 use crate::options::{InitOptions, TransportKind};
@@ -68,11 +68,47 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     if let Some(bytes) = opts.small_all_reduce_max_bytes {
         config.small_all_reduce_max_bytes = bytes;
     }
-    let kind = opts.resolved_transport()?;
+    let recipe = GlooRecipe {
+        config,
+        kind: opts.resolved_transport()?,
+        mesh: opts.mesh_settings(None),
+    };
     let deadline = Deadline::after(opts.timeout).at();
-    let mut mesh = connect_mesh(opts.mesh_config())?;
+    let mesh = connect_mesh(opts.mesh_config())?;
+    gloo_over_mesh(mesh, Arc::new(recipe), deadline)
+}
+
+/// What a `"gloo"` group was made with, kept so that the groups formed from it
+/// ([`ProcessGroup::new_group`], [`ProcessGroup::split`]) are made the same way.
+#[derive(Debug)]
+pub(crate) struct GlooRecipe {
+    pub(crate) config: HostConfig,
+    pub(crate) kind: TransportKind,
+    /// The rendezvous settings; rank and world size are the original group's.
+    pub(crate) mesh: MeshConfig,
+}
+
+impl GlooRecipe {
+    /// The rendezvous settings for rank `rank` of a group of `world_size`.
+    pub(crate) fn mesh_config(&self, rank: usize, world_size: usize) -> MeshConfig {
+        let mut config = MeshConfig::new(rank, world_size, &self.mesh.master, self.mesh.timeout);
+        config.dead_peer_timeout = self.mesh.dead_peer_timeout;
+        config.auth_token = self.mesh.auth_token.clone();
+        config.attempt = self.mesh.attempt;
+        config
+    }
+}
+
+/// The rest of a `"gloo"` start-up once `mesh` is connected: shared memory where
+/// `recipe` allows it, the connections handed to the transport, the control thread;
+/// all by `deadline`, the start-up's.
+pub(crate) fn gloo_over_mesh(
+    mut mesh: Mesh,
+    recipe: Arc<GlooRecipe>,
+    deadline: Instant,
+) -> Result<ProcessGroup, Error> {
     let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
-    let rings = match kind {
+    let rings = match recipe.kind {
         TransportKind::Tcp => None,
         required => {
             // Watching the data connections: a peer that dies in set-up is named at once.
@@ -91,6 +127,7 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     };
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
+    log_summary(rank, world_size, &recipe, rings.is_some(), &connections.data);
     let tcp =
         TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
             rank,
@@ -98,6 +135,7 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
             source,
         })?;
     let control = connections.control;
+    let config = recipe.config.clone();
     let backend: Box<dyn Backend> = match rings {
         Some(rings) => with_control_link(
             HostBackend::new("gloo", ShmTransport::new(rings, tcp), config),
@@ -106,7 +144,45 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
         )?,
         None => with_control_link(HostBackend::new("gloo", tcp, config), control, dead_peer)?,
     };
-    Ok(ProcessGroup::from_backend(backend).keeping_store(store))
+    Ok(ProcessGroup::from_backend(backend).keeping_store(store, recipe))
+}
+
+/// `RINGCCL_DEBUG=info`: what this rank's group runs on, in one line.
+fn log_summary(
+    rank: usize,
+    world_size: usize,
+    recipe: &GlooRecipe,
+    shared_memory: bool,
+    data: &[Option<TcpStream>],
+) {
+    if !tracing::enabled!(tracing::Level::INFO) {
+        return;
+    }
+    let transport = if shared_memory { "shm" } else { "tcp" };
+    let peers: Vec<&str> = (0..world_size)
+        .map(|peer| if peer == rank { "self" } else { transport })
+        .collect();
+    let address = data
+        .iter()
+        .flatten()
+        .find_map(|c| c.local_addr().ok())
+        .map_or_else(|| "none (a group of one)".to_string(), |a| a.ip().to_string());
+    let config = &recipe.config;
+    tracing::info!(
+        rank,
+        world_size,
+        backend = "gloo",
+        transport,
+        peers = %peers.join(","),
+        address = %address,
+        all_reduce = ?config.all_reduce_algo,
+        recursive_doubling_up_to = config.small_all_reduce_max_bytes,
+        tree_broadcast_up_to = config.tree_broadcast_max_bytes,
+        chunk_bytes = config.chunk_bytes,
+        timeout = ?config.timeout,
+        auth = recipe.mesh.auth_token.is_some(),
+        "process group ready"
+    );
 }
 
 /// Starts the group's control thread over the mesh's control connections, so an abort

@@ -41,6 +41,7 @@ pub mod logging;
 mod options;
 mod process_group;
 mod sequencer;
+mod subgroup;
 mod work;
 mod worker;
 
@@ -80,3 +81,8 @@ pub mod core {
     pub use ringccl_rendezvous::{connect_mesh, store, Mesh, MeshConfig};
     pub use ringccl_transports::{ShmTransport, TcpTransport};
 }
+
+/// The user guide's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/user-guide.md")]
+struct UserGuide;

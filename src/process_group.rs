@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,7 +13,9 @@ use ringccl_collectives::{Backend, Deadline};
 use ringccl_rendezvous::KeptStore;
 
 use crate::fusion::FusionPool;
+use crate::init::GlooRecipe;
 use crate::sequencer::{Refusal, Sequencer};
+use crate::subgroup::Origin;
 use crate::work::{Queued, Work};
 use crate::worker::{Job, RunOnBackend, Worker};
 use crate::Error;
@@ -29,7 +32,8 @@ use crate::Error;
 /// from another thread once that thread's calls have finished. A call issued while
 /// another thread's calls are still pending (queued or running) fails with
 /// [`Error::ConcurrentUse`] and aborts the group: the other ranks could have paired the
-/// two threads' calls the other way round. Give each thread its own group instead.
+/// two threads' calls the other way round. Give each thread its own group instead:
+/// [`ProcessGroup::new_group`] and [`ProcessGroup::split`] form them from this one.
 pub struct ProcessGroup {
     backend: Arc<dyn Backend>,
     /// The same backend as `backend` when it is NCCL, for the device-buffer methods.
@@ -38,8 +42,9 @@ pub struct ProcessGroup {
     sequencer: Arc<Sequencer>,
     worker: Mutex<Option<Worker>>,
     pub(crate) fusion_buffers: FusionPool,
-    /// The rendezvous store, kept for the life of the group (dropped after the backend).
-    _store: Option<KeptStore>,
+    /// How the group was made, and its rendezvous store, kept for the life of the group
+    /// (dropped after the backend) to form sub-groups through.
+    pub(crate) origin: Option<Origin>,
 }
 
 impl ProcessGroup {
@@ -64,13 +69,22 @@ impl ProcessGroup {
             nccl: None,
             worker: Mutex::new(None),
             fusion_buffers: FusionPool::default(),
-            _store: None,
+            origin: None,
         }
     }
 
-    /// Keeps the rendezvous store alive as long as the group.
-    pub(crate) fn keeping_store(mut self, store: KeptStore) -> ProcessGroup {
-        self._store = Some(store);
+    /// Keeps the rendezvous store alive as long as the group, with the recipe the group
+    /// was made with, for the groups formed from it.
+    pub(crate) fn keeping_store(
+        mut self,
+        store: KeptStore,
+        recipe: Arc<GlooRecipe>,
+    ) -> ProcessGroup {
+        self.origin = Some(Origin {
+            store,
+            recipe,
+            formed: AtomicU64::new(0),
+        });
         self
     }
 

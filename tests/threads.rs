@@ -1,6 +1,8 @@
 //! Issue 12, point 5: calls from several threads on one group never mix silently. A call
 //! issued while another thread's calls are pending fails with `ConcurrentUse` and aborts
-//! the group; taking turns (one thread's calls finish before the other's start) works.
+//! the group; taking turns (one thread's calls finish before the other's start) works;
+//! and a group per thread (`ProcessGroup::new_group`) lets threads race freely with
+//! correct results.
 
 mod common;
 
@@ -196,6 +198,59 @@ fn threads_racing_from_the_start_are_caught_and_abort_both_ranks() {
                 matches!(list.last(), Some(Outcome::Failed(_))),
                 "rank {rank}: a thread went on for {} calls without an error",
                 list.len()
+            );
+        }
+    }
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+}
+
+/// The issue's scenario done right: each thread gets its own group, formed from the
+/// rank's group, and the threads race in opposite orders on the two ranks. Every result
+/// is correct, and nothing fails.
+#[test]
+fn a_group_per_thread_lets_threads_race_with_correct_results() {
+    let _guard = heavy_lock();
+    let started = Instant::now();
+    let start = Barrier::new(4);
+    let outcomes: Outcomes = run_threads(2, LONG, |pg| {
+        let a = pg.new_group(&[0, 1]).expect("group a").expect("member");
+        let b = pg.new_group(&[0, 1]).expect("group b").expect("member");
+        // Rank 0 starts "a" first, rank 1 starts "b" first, and both run many calls.
+        let (delay_a, delay_b) = if pg.rank() == 0 {
+            (Duration::ZERO, Duration::from_millis(5))
+        } else {
+            (Duration::from_millis(5), Duration::ZERO)
+        };
+        let jobs = [("a", &a, 1.0, delay_a), ("b", &b, 100.0, delay_b)];
+        thread::scope(|scope| {
+            let handles: Vec<_> = jobs
+                .into_iter()
+                .map(|(name, group, value, delay)| {
+                    let start = &start;
+                    thread::Builder::new()
+                        .name(format!("rank-{}-{name}", pg.rank()))
+                        .spawn_scoped(scope, move || {
+                            start.wait();
+                            thread::sleep(delay);
+                            (0..10)
+                                .flat_map(|_| all_reduce_loop(group, value, false))
+                                .collect::<Vec<_>>()
+                        })
+                        .expect("spawn")
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect()
+        })
+    });
+    for (rank, threads) in outcomes.iter().enumerate() {
+        for list in threads {
+            assert_eq!(list.len(), 10 * CALLS, "rank {rank}");
+            assert!(
+                list.iter().all(|o| matches!(o, Outcome::Correct)),
+                "rank {rank}: {list:?}"
             );
         }
     }

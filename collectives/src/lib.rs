@@ -16,6 +16,7 @@ pub mod control;
 mod dtype;
 mod error;
 mod executor;
+pub mod flight;
 pub mod fusion;
 mod group;
 mod host_engine;

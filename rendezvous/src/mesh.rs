@@ -159,6 +159,76 @@ pub struct KeptStore {
     _server: Option<StoreServer>,
 }
 
+impl KeptStore {
+    /// Connects rank `config.rank` of a new group of `config.world_size` ranks, formed
+    /// from ranks of this one, through this same store: every key the new group writes
+    /// lives under `namespace`, which every member must pass alike and no other group may
+    /// use. The new group gets its own job id, so its connections can never be taken for
+    /// this group's. `config.master` only names the store in messages.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use ringccl_rendezvous::{connect_mesh, MeshConfig, StoreListener};
+    ///
+    /// let listener = StoreListener::bind("127.0.0.1:0")?;
+    /// let master = listener.local_addr()?.to_string();
+    /// let mut config = MeshConfig::new(0, 1, &master, Duration::from_secs(10));
+    /// config.store_listener = Some(listener);
+    /// let deadline = Instant::now() + Duration::from_secs(10);
+    /// let (_, store) = connect_mesh(config)?.finish(deadline)?;
+    /// let sub = MeshConfig::new(0, 1, &master, Duration::from_secs(10));
+    /// let (connections, _sub_store) = store.connect_sub_mesh("group/1/", sub)?.finish(deadline)?;
+    /// assert!(connections.control[0].is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn connect_sub_mesh(
+        &self,
+        namespace: &str,
+        config: MeshConfig,
+    ) -> Result<Mesh, SetupError> {
+        config.validate()?;
+        if config.store_listener.is_some() {
+            return Err(SetupError::InvalidArgument(
+                "a group formed through an existing store cannot host a store of its own".into(),
+            ));
+        }
+        let deadline = deadline_after(config.timeout);
+        let mut store = self._client.scoped(namespace, config.rank)?;
+        let mut connections = MeshConnections {
+            data: (0..config.world_size).map(|_| None).collect(),
+            control: (0..config.world_size).map(|_| None).collect(),
+        };
+        let mut acceptor = None;
+        match join(
+            &config,
+            &mut store,
+            &mut connections,
+            &mut acceptor,
+            deadline,
+        ) {
+            Ok(job_id) => Ok(Mesh {
+                rank: config.rank,
+                world_size: config.world_size,
+                job_id,
+                dead_peer_timeout: config.dead_peer_timeout,
+                connections,
+                store,
+                _server: None,
+            }),
+            Err(e) => Err(match e {
+                SetupError::DescriptorsExhausted { .. } => {
+                    let _ = store.abort(&e.to_string());
+                    e
+                }
+                own @ (SetupError::DuplicateRank { .. }
+                | SetupError::RendezvousAborted { .. }
+                | SetupError::AttemptMismatch { .. }) => own,
+                other => abandoned_instead(&mut store, other),
+            }),
+        }
+    }
+}
+
 impl fmt::Debug for KeptStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeptStore")

@@ -322,7 +322,7 @@ impl InitOptions {
         self.mesh_settings(listener)
     }
 
-    fn mesh_settings(&self, store_listener: Option<StoreListener>) -> MeshConfig {
+    pub(crate) fn mesh_settings(&self, store_listener: Option<StoreListener>) -> MeshConfig {
         let mut config = MeshConfig::new(self.rank, self.world_size, &self.master, self.timeout);
         config.dead_peer_timeout = self.dead_peer_timeout;
         config.auth_token = self.auth_token.clone();

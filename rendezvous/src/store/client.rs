@@ -35,6 +35,8 @@ pub struct StoreClient {
     rank: usize,
     timeout: Duration,
     token: Option<AuthToken>,
+    /// Prefix of every key this client reads or writes (empty for the job's own client).
+    namespace: String,
 }
 
 impl StoreClient {
@@ -101,6 +103,7 @@ impl StoreClient {
                             rank,
                             timeout,
                             token: token.clone(),
+                            namespace: String::new(),
                         };
                         let attempt = deadline.min(Instant::now() + CONNECT_ATTEMPT);
                         match client.hello(attempt) {
@@ -184,6 +187,38 @@ impl StoreClient {
         Ok(())
     }
 
+    /// A second connection to the same store, for `rank` of a sub-group, whose keys all
+    /// live under `namespace` (appended to this client's own): several groups can
+    /// rendezvous through one store without seeing each other's keys. An abort is still
+    /// seen by every client of the store.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, StoreListener};
+    /// # let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let mut job = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// let mut group = job.scoped("group/1/", 0)?;
+    /// group.set("ready", b"1")?;
+    /// assert_eq!(job.get("ready")?, None);
+    /// assert_eq!(job.get("group/1/ready")?, Some(b"1".to_vec()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scoped(&self, namespace: &str, rank: usize) -> Result<StoreClient, SetupError> {
+        let mut client = StoreClient::connect_authenticated(
+            &[self.addr],
+            rank,
+            self.timeout,
+            self.token.clone(),
+        )?;
+        client.namespace = format!("{}{namespace}", self.namespace);
+        Ok(client)
+    }
+
+    /// `key` inside this client's namespace.
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.namespace)
+    }
+
     /// The local address of the connection: the interface this host uses to reach the
     /// store, and so the one its peers can most likely reach it on.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -202,6 +237,7 @@ impl StoreClient {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set(&mut self, key: &str, value: &[u8]) -> Result<(), SetupError> {
+        let key = &self.key(key);
         match self.request(Op::Set, key, value)? {
             (Status::Ok, _) => Ok(()),
             (status, body) => Err(self.unexpected(key, status, &body)),
@@ -226,6 +262,7 @@ impl StoreClient {
         key: &str,
         value: &[u8],
     ) -> Result<Option<Vec<u8>>, SetupError> {
+        let key = &self.key(key);
         match self.request(Op::SetIfAbsent, key, value)? {
             (Status::Ok, _) => Ok(None),
             (Status::Exists, existing) => Ok(Some(existing)),
@@ -244,6 +281,7 @@ impl StoreClient {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, SetupError> {
+        let key = &self.key(key);
         match self.request(Op::Get, key, &[])? {
             (Status::Ok, value) => Ok(Some(value)),
             (Status::NotFound, _) => Ok(None),
@@ -402,6 +440,7 @@ impl fmt::Debug for StoreClient {
         f.debug_struct("StoreClient")
             .field("addr", &self.addr)
             .field("rank", &self.rank)
+            .field("namespace", &self.namespace)
             .finish_non_exhaustive()
     }
 }

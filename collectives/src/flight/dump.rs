@@ -1,0 +1,136 @@
+//! The flight recorder's dump: one JSON file per rank and group, written to
+//! `RINGCCL_FLIGHT_DIR`. The library writes it; `ringrun diagnose` and `ringrun
+//! --hang-timeout` read it. Times are microseconds since the Unix epoch, so dumps of
+//! different ranks (and, with synchronised clocks, different hosts) line up.
+
+use serde::{Deserialize, Serialize};
+
+/// The version written in [`FlightDump::format`]; readers refuse other versions.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The file one rank writes for one group: `rank-<rank>.json` for the group made by
+/// `init_process_group`, `rank-<rank>.<group>.json` for groups formed from it.
+///
+/// ```
+/// use ringccl_collectives::flight::dump::{FlightDump, FORMAT_VERSION};
+///
+/// let dump = FlightDump::empty(2, 4, "main", "requested");
+/// let text = serde_json::to_string(&dump).unwrap();
+/// let back: FlightDump = serde_json::from_str(&text).unwrap();
+/// assert_eq!(back, dump);
+/// assert_eq!(back.format, FORMAT_VERSION);
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlightDump {
+    /// [`FORMAT_VERSION`] of the writer.
+    pub format: u32,
+    /// The rank in `group`.
+    pub rank: usize,
+    /// The number of ranks in `group`.
+    pub world_size: usize,
+    /// `"main"`, or the formed group's namespace (e.g. `"group/0/1/"`).
+    pub group: String,
+    /// `"gloo"` or `"nccl"`.
+    pub backend: String,
+    /// `"tcp"`, `"shm"` or `"nccl"`.
+    pub transport: String,
+    /// The host's name.
+    pub host: String,
+    /// The writing process.
+    pub pid: u32,
+    /// Why the dump was written: `"requested"`, `"group broken: …"`, `"timeout: …"`.
+    pub reason: String,
+    /// When it was written.
+    pub dumped_at_us: u64,
+    /// How many calls the ring holds at most.
+    pub capacity: usize,
+    /// How many calls were ever recorded; the ring holds the last `entries.len()`.
+    pub recorded: u64,
+    /// The recorded calls, oldest first.
+    pub entries: Vec<FlightEntry>,
+}
+
+impl FlightDump {
+    /// A dump with no entries, with this process's pid and an empty host (for tests and
+    /// for groups that have issued nothing yet).
+    pub fn empty(rank: usize, world_size: usize, group: &str, reason: &str) -> FlightDump {
+        FlightDump {
+            format: FORMAT_VERSION,
+            rank,
+            world_size,
+            group: group.into(),
+            backend: String::new(),
+            transport: String::new(),
+            host: String::new(),
+            pid: std::process::id(),
+            reason: reason.into(),
+            dumped_at_us: 0,
+            capacity: 0,
+            recorded: 0,
+            entries: Vec::new(),
+        }
+    }
+}
+
+/// Where a recorded call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallState {
+    /// Issued, waiting behind earlier calls.
+    Queued,
+    /// Moving data now.
+    Running,
+    /// Finished with `Ok`.
+    Done,
+    /// Finished with an error (see [`FlightEntry::error`]).
+    Failed,
+}
+
+/// One recorded call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FlightEntry {
+    /// The call's position among every call issued on this rank and group, from 1.
+    pub call: u64,
+    /// The collective's sequence number on the wire ("op #"), once it has started; for
+    /// point-to-point calls, the message's number on its pair.
+    pub op: Option<u64>,
+    /// `"all_reduce"`, `"broadcast"`, `"barrier"`, `"send"`, `"recv"`, …
+    pub kind: String,
+    /// The call as error messages print it, e.g. `"all_reduce(sum, 1024 x f32)"`.
+    pub description: String,
+    /// Element type (`"f32"`, …), for calls that carry data.
+    pub dtype: Option<String>,
+    /// Elements in the caller's buffer.
+    pub count: u64,
+    /// Reduction operator (`"sum"`, …), for reducing calls.
+    pub reduce_op: Option<String>,
+    /// Root rank, for rooted calls; the peer, for point-to-point calls.
+    pub root: Option<usize>,
+    /// The schedule that ran it (`"ring"`, `"recursive_doubling"`, …), once started.
+    pub algorithm: Option<String>,
+    /// Where it is.
+    pub state: CallState,
+    /// When it was issued.
+    pub issued_us: u64,
+    /// When it started moving data.
+    pub started_us: Option<u64>,
+    /// When it finished.
+    pub ended_us: Option<u64>,
+    /// Bytes exchanged with each peer it talked to.
+    pub peers: Vec<PeerBytes>,
+    /// The peer it is blocked on at the moment of the dump, if running and waiting.
+    pub blocked_on: Option<usize>,
+    /// The error, if it failed.
+    pub error: Option<String>,
+}
+
+/// Bytes one call exchanged with one peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerBytes {
+    /// The peer's rank.
+    pub peer: usize,
+    /// Bytes sent to it.
+    pub sent: u64,
+    /// Bytes received from it.
+    pub received: u64,
+}
