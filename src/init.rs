@@ -110,15 +110,20 @@ pub(crate) fn gloo_over_mesh(
     let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
     let rings = match recipe.kind {
         TransportKind::Tcp => None,
-        required => shm::set_up(
-            mesh.store(),
-            rank,
-            world_size,
-            job,
-            DEFAULT_RING_BYTES,
-            deadline,
-            required == TransportKind::SharedMemory,
-        )?,
+        required => {
+            // Watching the data connections: a peer that dies in set-up is named at once.
+            let (store, connections) = mesh.store_and_connections();
+            shm::set_up(
+                store,
+                &*connections.data,
+                rank,
+                world_size,
+                job,
+                DEFAULT_RING_BYTES,
+                deadline,
+                required == TransportKind::SharedMemory,
+            )?
+        }
     };
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;

@@ -57,6 +57,7 @@ pub use ringccl_collectives::{
     OpDesc, ReduceOp,
 };
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
+pub use ringccl_transports::PeerGone;
 pub use work::Work;
 
 /// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in

@@ -72,6 +72,26 @@ impl Mesh {
         &mut self.store
     }
 
+    /// The store and the connections, for start-up steps that wait on the store while
+    /// watching the peers (`ringccl_transports::WatchedStore`): a peer that dies closes
+    /// its connections.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{connect_mesh, MeshConfig, StoreListener};
+    /// # let listener = StoreListener::bind("127.0.0.1:0")?;
+    /// # let mut config = MeshConfig::new(0, 1, &listener.local_addr()?.to_string(), Duration::from_secs(10));
+    /// # config.store_listener = Some(listener);
+    /// let mut mesh = connect_mesh(config)?;
+    /// let (store, connections) = mesh.store_and_connections();
+    /// store.set("greeting", b"hello")?;
+    /// assert!(connections.data[0].is_none()); // none to itself
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn store_and_connections(&mut self) -> (&mut StoreClient, &MeshConnections) {
+        (&mut self.store, &self.connections)
+    }
+
     /// Ends start-up on every rank: ranks above 0 tell rank 0 they are done with the
     /// store (one byte on their connection), and rank 0 returns only once all have, so
     /// the store it hosts outlives every start-up reader. Returns the connections, still
