@@ -99,12 +99,28 @@ impl Mesh {
     /// for its lifetime.
     pub fn finish(mut self, deadline: Instant) -> Result<(MeshConnections, KeptStore), SetupError> {
         let rank = self.rank;
-        let failed = |peer: usize, e: io::Error| SetupError::Io {
-            rank,
-            context: format!(
-                "finishing start-up with rank {peer} (telling rank 0 the store is no longer needed)"
-            ),
-            source: e,
+        let failed = |peer: usize, e: io::Error| {
+            let gone = matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+            );
+            let context = if gone {
+                format!(
+                    "finishing start-up: rank {peer} went away (its connection closed); look at \
+                     rank {peer}'s own output and exit status, then restart every rank"
+                )
+            } else {
+                format!(
+                    "finishing start-up with rank {peer} (telling rank 0 the store is no longer needed)"
+                )
+            };
+            SetupError::Io {
+                rank,
+                context,
+                source: e,
+            }
         };
         let connection = |peer: usize| {
             self.connections
