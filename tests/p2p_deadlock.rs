@@ -50,7 +50,10 @@ fn assert_named(case: &str, outcomes: &[(Duration, Result<(), Error>)], names: &
             "{case}: rank {rank} must name the deadlock, not a timeout: {text}"
         );
         for name in names {
-            assert!(text.contains(name), "{case}: rank {rank} must name {name:?}: {text}");
+            assert!(
+                text.contains(name),
+                "{case}: rank {rank} must name {name:?}: {text}"
+            );
         }
         assert!(
             *took < NAMED_WITHIN,
@@ -226,7 +229,10 @@ fn slow_but_correct(transport: TransportKind) {
         }
     });
     for (rank, (_, outcome)) in outcomes.iter().enumerate() {
-        assert!(outcome.is_ok(), "send then small broadcast, rank {rank}: {outcome:?}");
+        assert!(
+            outcome.is_ok(),
+            "send then small broadcast, rank {rank}: {outcome:?}"
+        );
     }
 }
 

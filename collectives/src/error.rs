@@ -91,12 +91,12 @@ macro_rules! runtime_error_enum {
     Deadlock {
         /// The rank that noticed.
         rank: usize,
-        /// Its call.
-        mine: $crate::control::CallDesc,
+        /// Its call (boxed: errors stay small).
+        mine: Box<$crate::control::CallDesc>,
         /// The peer it waits on.
         peer: usize,
         /// The peer's call.
-        theirs: $crate::control::CallDesc,
+        theirs: Box<$crate::control::CallDesc>,
         /// What each call waits for.
         why: String,
     },

@@ -188,7 +188,9 @@ pub(crate) fn execute<T: Transport + ?Sized>(
         }
         // Try again at least every RETRY_EVERY, so what a peer that asks is told stays
         // fresh (control::deadlock::stalled_on).
-        let until = call.deadline.min(Instant::now() + RETRY_EVERY);
+        let until = Instant::now()
+            .checked_add(RETRY_EVERY)
+            .map_or(call.deadline, |retry| retry.min(call.deadline));
         match transport.wait(blocked.writable, blocked.readable, until) {
             Ok(Readiness::Ready) => {}
             Ok(Readiness::TimedOut) if until < call.deadline => {}

@@ -148,9 +148,9 @@ fn needs_unstarted_call(
 fn deadlock(rank: usize, mine: CallDesc, peer: usize, theirs: CallDesc, why: String) -> Error {
     Error::Deadlock {
         rank,
-        mine,
+        mine: Box::new(mine),
         peer,
-        theirs,
+        theirs: Box::new(theirs),
         why,
     }
 }

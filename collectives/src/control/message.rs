@@ -358,10 +358,7 @@ mod tests {
             }),
         };
         let receiving = Snapshot {
-            current: Some((
-                OpDesc::send_recv(3, DType::U8, 5, 42),
-                Algorithm::Direct,
-            )),
+            current: Some((OpDesc::send_recv(3, DType::U8, 5, 42), Algorithm::Direct)),
             sequence: Some(Sequence::ReceivedFrom(1)),
             ..busy
         };

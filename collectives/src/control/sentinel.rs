@@ -47,8 +47,8 @@ pub const RETRY_EVERY: Duration = Duration::from_millis(100);
 /// What the machine concluded.
 #[derive(Debug)]
 pub enum Verdict {
-    /// This rank and a peer are in different collectives: the group must be aborted
-    /// with this error.
+    /// This rank and a peer are in different collectives, or their calls wait on each
+    /// other: the group must be aborted with this error.
     Broken(Error),
     /// Rank `origin` aborted the group for `reason`.
     Aborted {
@@ -221,9 +221,9 @@ impl Sentinel {
         if self.aborted || now.saturating_duration_since(since) < ASK_AFTER {
             return;
         }
-        let following_up = self.both_sending.is_some_and(|b| {
-            b.peer == peer && CallDesc::running(mine) == Some(b.mine)
-        });
+        let following_up = self
+            .both_sending
+            .is_some_and(|b| b.peer == peer && CallDesc::running(mine) == Some(b.mine));
         let due = match self.asked {
             Some(q) => {
                 let after = if following_up { FOLLOW_UP } else { ASK_EVERY };
@@ -334,13 +334,11 @@ impl Sentinel {
             return;
         }
         match self.both_sending {
-            Some(seen) if seen.peer == peer && seen.mine == my_call && seen.theirs == their_call => {
-                let i_stalled = deadlock::stalled_on(
-                    mine,
-                    peer,
-                    seen.my_waits_asked,
-                    seen.my_waits_answered,
-                );
+            Some(seen)
+                if seen.peer == peer && seen.mine == my_call && seen.theirs == their_call =>
+            {
+                let i_stalled =
+                    deadlock::stalled_on(mine, peer, seen.my_waits_asked, seen.my_waits_answered);
                 let they_stalled =
                     deadlock::stalled_on(theirs, self.rank, seen.their_waits, seen.their_waits);
                 if i_stalled && they_stalled {

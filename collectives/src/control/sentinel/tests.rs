@@ -3,8 +3,8 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::control::PairCounts;
 use crate::group::Sequence;
-use crate::CollectiveKind;
 use crate::wire::Algorithm;
+use crate::CollectiveKind;
 use crate::{DType, OpDesc, ReduceOp};
 
 fn all_reduce(seq: u64) -> (OpDesc, Algorithm) {
@@ -321,9 +321,23 @@ fn every_collective_that_needs_the_receiver_is_a_deadlock() {
         OpDesc::barrier(4),
         OpDesc::all_reduce(4, DType::F32, 8, ReduceOp::Max),
         OpDesc::broadcast(4, DType::F32, 8, 0),
-        OpDesc::new(4, CollectiveKind::Reduce, DType::F32, 8, Some(ReduceOp::Sum), Some(1)),
+        OpDesc::new(
+            4,
+            CollectiveKind::Reduce,
+            DType::F32,
+            8,
+            Some(ReduceOp::Sum),
+            Some(1),
+        ),
         OpDesc::new(4, CollectiveKind::AllGather, DType::F32, 8, None, None),
-        OpDesc::new(4, CollectiveKind::ReduceScatter, DType::F32, 8, Some(ReduceOp::Sum), None),
+        OpDesc::new(
+            4,
+            CollectiveKind::ReduceScatter,
+            DType::F32,
+            8,
+            Some(ReduceOp::Sum),
+            None,
+        ),
         OpDesc::new(4, CollectiveKind::AllToAll, DType::F32, 8, None, None),
     ];
     for op in needs_rank0 {
@@ -388,7 +402,14 @@ fn slower_peers_are_never_blamed() {
             doing(recv(1, 1), 1, (0, 0, 1)),
             doing(
                 collective((
-                    OpDesc::new(1, CollectiveKind::Reduce, DType::F32, 8, Some(ReduceOp::Sum), Some(2)),
+                    OpDesc::new(
+                        1,
+                        CollectiveKind::Reduce,
+                        DType::F32,
+                        8,
+                        Some(ReduceOp::Sum),
+                        Some(2),
+                    ),
                     Algorithm::Ring,
                 )),
                 0,
@@ -399,7 +420,10 @@ fn slower_peers_are_never_blamed() {
             "an all-reduce of nothing needs nobody",
             doing(recv(1, 1), 1, (0, 0, 1)),
             doing(
-                collective((OpDesc::all_reduce(1, DType::F32, 0, ReduceOp::Sum), Algorithm::Ring)),
+                collective((
+                    OpDesc::all_reduce(1, DType::F32, 0, ReduceOp::Sum),
+                    Algorithm::Ring,
+                )),
                 0,
                 (1, 0, 0),
             ),
@@ -481,7 +505,10 @@ fn a_stale_answer_still_proves_a_deadlock_because_counts_only_grow() {
 // ---- Two sends that filled the connection both ways (rule 2) ----
 
 fn broadcast_from(root: usize) -> ((OpDesc, Algorithm), Sequence) {
-    collective((OpDesc::broadcast(1, DType::F32, 1 << 24, root), Algorithm::Chain))
+    collective((
+        OpDesc::broadcast(1, DType::F32, 1 << 24, root),
+        Algorithm::Chain,
+    ))
 }
 
 /// A rank stalled in `call` on `on`: `waits` waits, none of which moved a byte since
@@ -539,7 +566,10 @@ fn two_sends_that_filled_the_connection_are_named_on_the_second_answer() {
         &stalled(broadcast_from(1), 0, 7, 2),
     ];
     let (after_first, after_second) = ask_twice(first, second);
-    assert!(after_first.is_none(), "one answer proves nothing: {after_first:?}");
+    assert!(
+        after_first.is_none(),
+        "one answer proves nothing: {after_first:?}"
+    );
     let text = deadlock_text(after_second, 0, 1);
     assert!(
         text.starts_with(
@@ -556,7 +586,11 @@ fn two_sends_are_not_blamed_without_fresh_stalls_on_both_sides() {
     let first = [&me(3, 1), &them(5, 2)];
     let cases = [
         ("the peer tried only once more", me(5, 1), them(6, 2)),
-        ("the peer moved bytes since its first answer", me(5, 1), them(7, 6)),
+        (
+            "the peer moved bytes since its first answer",
+            me(5, 1),
+            them(7, 6),
+        ),
         ("this rank tried only once more", me(4, 1), them(7, 2)),
         ("this rank moved bytes since it asked", me(5, 4), them(7, 2)),
         (
