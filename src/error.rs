@@ -181,6 +181,7 @@ macro_rules! runtime_variants {
             Timeout { rank, peer, op, moved, expected, timeout, gone },
             PeerLost { rank, observer, op, reason, gone },
             CollectiveMismatch { rank, mine, peer, theirs },
+            Deadlock { rank, mine, peer, theirs, why },
             Protocol { rank, peer, op, reason },
             GroupAborted { rank, by, reason },
             GroupBroken { rank, cause },

@@ -136,6 +136,7 @@ impl<E: Engine> GroupRunner<E> {
         };
         *counter += 1;
         let seq = *counter;
+        self.control.activity().numbered(sequence, seq);
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| body(&mut state.engine, seq)));
         let result = match outcome {
             Ok(result) => result,
