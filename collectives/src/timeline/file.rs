@@ -6,7 +6,7 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,9 @@ pub struct TraceFile {
 /// Paths this process has already written a trace to: a second group of the same rank
 /// gets a file of its own (`rank-0.2.json`) instead of overwriting the first.
 static USED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Every file of this process, for [`TraceFile::close_all`].
+static OPEN: Mutex<Vec<Weak<TraceFile>>> = Mutex::new(Vec::new());
 
 impl TraceFile {
     /// Creates `dir` if needed and starts writing rank `rank`'s trace to
@@ -122,13 +125,41 @@ impl TraceFile {
         thread::Builder::new()
             .name(format!("ringccl-trace-{pid}"))
             .spawn(move || write_batches(out, pid, &shared, &name))?;
-        Ok(Arc::new(TraceFile {
+        let file = Arc::new(TraceFile {
             pid,
             path,
             buffer,
             rows: Mutex::new(Vec::new()),
             holds: AtomicUsize::new(0),
-        }))
+        });
+        let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+        open.retain(|f| f.strong_count() > 0);
+        open.push(Arc::downgrade(&file));
+        Ok(file)
+    }
+
+    /// Finishes every trace file of this process that is still open (see
+    /// [`TraceFile::close`]), one after the other: for exit paths that skip destructors
+    /// (`std::process::exit`), which the `ringccl` crate hooks with `atexit`.
+    ///
+    /// ```
+    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// ringccl_collectives::timeline::TraceFile::close_all();
+    /// assert!(!file.is_open());
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn close_all() {
+        let open: Vec<Arc<TraceFile>> = OPEN
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for file in open {
+            if file.is_open() {
+                file.close();
+            }
+        }
     }
 
     /// Where the trace is written (`None` for [`TraceFile::to_writer`]).
