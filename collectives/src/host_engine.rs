@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::control::GroupControl;
 use crate::executor::{execute, Call};
 use crate::group::{Deadline, Engine, GroupRunner, Request};
-use crate::timeline::{self, CollectiveTrace};
+use crate::timeline::{self, CollectiveTrace, PeerTraffic};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, pairwise_all_to_all,
     recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
@@ -164,12 +164,18 @@ impl<T: Transport> HostEngine<T> {
             activity.end();
         }
         if let (Some(trace), Some(started)) = (&self.trace, started) {
+            // The schedule moves into the span: its bytes per peer are totalled on the
+            // writer thread, not here.
+            let traffic = match result {
+                Ok(()) => PeerTraffic::planned(job.schedule, job.elem_size),
+                Err(_) => PeerTraffic::default(),
+            };
             trace.record(timeline::Call {
                 op,
                 algorithm: Some(job.algorithm),
                 rank: call.rank,
                 world_size: call.world_size,
-                schedule: Some((&job.schedule, job.elem_size)),
+                traffic,
                 deadline,
                 started,
                 result: &result,

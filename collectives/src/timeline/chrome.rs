@@ -21,7 +21,7 @@ use std::io::{self, Write};
 use serde::Serialize;
 
 use super::clock::unix_micros;
-use super::span::{Span, SpanArgs};
+use super::span::{PeerBytes, Span, SpanArgs};
 
 /// An event of the file, as queued for the writer thread.
 #[derive(Clone, Debug, PartialEq)]
@@ -82,8 +82,30 @@ struct Labels<'a> {
 #[derive(Serialize)]
 struct Empty {}
 
+/// `{"<peer>": bytes, …}` for the peers with a non-zero count, written without
+/// building a map.
+struct PeerMap<'a>(&'a [PeerBytes], fn(&PeerBytes) -> u64);
+
+impl PeerMap<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|p| (self.1)(p) == 0)
+    }
+}
+
+impl Serialize for PeerMap<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let pick = self.1;
+        serializer.collect_map(
+            self.0
+                .iter()
+                .filter(|p| pick(p) > 0)
+                .map(|p| (p.peer, pick(p))),
+        )
+    }
+}
+
 #[derive(Serialize)]
-struct CollectiveJson {
+struct CollectiveJson<'a> {
     op: u64,
     kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -100,10 +122,10 @@ struct CollectiveJson {
     rank: usize,
     world_size: usize,
     queued_us: f64,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    sent_to: BTreeMap<String, u64>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    received_from: BTreeMap<String, u64>,
+    #[serde(skip_serializing_if = "PeerMap::is_empty")]
+    sent_to: PeerMap<'a>,
+    #[serde(skip_serializing_if = "PeerMap::is_empty")]
+    received_from: PeerMap<'a>,
     status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -149,13 +171,7 @@ pub(crate) fn write_record(out: &mut impl Write, pid: usize, record: &Record) ->
             };
             match &span.args {
                 SpanArgs::Collective(c) => {
-                    let per_peer = |pick: fn(&super::PeerBytes) -> u64| {
-                        c.peers
-                            .iter()
-                            .filter(|p| pick(p) > 0)
-                            .map(|p| (p.peer.to_string(), pick(p)))
-                            .collect()
-                    };
+                    let peers = c.peers.per_peer();
                     let args = CollectiveJson {
                         op: c.op.seq,
                         kind: c.op.kind.name(),
@@ -169,8 +185,8 @@ pub(crate) fn write_record(out: &mut impl Write, pid: usize, record: &Record) ->
                         rank: c.rank,
                         world_size: c.world_size,
                         queued_us: c.queued.as_nanos() as f64 / 1000.0,
-                        sent_to: per_peer(|p| p.sent),
-                        received_from: per_peer(|p| p.received),
+                        sent_to: PeerMap(&peers, |p| p.sent),
+                        received_from: PeerMap(&peers, |p| p.received),
                         status: if c.error.is_some() { "failed" } else { "ok" },
                         error: c.error.clone(),
                     };
@@ -283,7 +299,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::timeline::{CollectiveArgs, PeerBytes};
+    use crate::timeline::{CollectiveArgs, PeerTraffic};
     use crate::{DType, OpDesc, ReduceOp};
 
     #[test]
@@ -301,7 +317,7 @@ mod tests {
                 rank: 1,
                 world_size: 4,
                 queued: Duration::from_micros(3),
-                peers: vec![
+                peers: PeerTraffic::counted(vec![
                     PeerBytes {
                         peer: 2,
                         sent: 3072,
@@ -312,7 +328,7 @@ mod tests {
                         sent: 0,
                         received: 3072,
                     },
-                ],
+                ]),
                 error: None,
             })),
         );

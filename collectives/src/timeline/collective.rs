@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use super::row::Timeline;
-use super::span::{CollectiveArgs, PeerBytes, Span, SpanArgs};
+use super::span::{CollectiveArgs, PeerBytes, PeerTraffic, Span, SpanArgs};
 use crate::schedule::Schedule;
 use crate::wire::Algorithm;
 use crate::{Deadline, Error, OpDesc};
@@ -31,8 +31,8 @@ pub(crate) struct Call<'a> {
     pub(crate) algorithm: Option<Algorithm>,
     pub(crate) rank: usize,
     pub(crate) world_size: usize,
-    /// The schedule it ran and its element size, for the bytes per peer.
-    pub(crate) schedule: Option<(&'a Schedule, usize)>,
+    /// What it exchanged with each peer (the schedule it ran, when it completed).
+    pub(crate) traffic: PeerTraffic,
     pub(crate) deadline: Deadline,
     pub(crate) started: Instant,
     pub(crate) result: &'a Result<(), Error>,
@@ -87,13 +87,8 @@ impl CollectiveTrace {
             call.started.saturating_duration_since(at)
         });
         let (peers, error) = match call.result {
-            Ok(()) => (
-                call.schedule
-                    .map(|(schedule, elem_size)| peer_bytes(schedule, elem_size))
-                    .unwrap_or_default(),
-                None,
-            ),
-            Err(e) => (Vec::new(), Some(e.to_string())),
+            Ok(()) => (call.traffic, None),
+            Err(e) => (PeerTraffic::default(), Some(e.to_string())),
         };
         let bytes = call.op.count * call.op.dtype.map_or(0, |d| d.size() as u64);
         let args = CollectiveArgs {
@@ -117,7 +112,7 @@ impl CollectiveTrace {
 }
 
 /// Payload bytes `schedule` exchanges with each peer, in order of first appearance.
-pub(crate) fn peer_bytes(schedule: &Schedule, elem_size: usize) -> Vec<PeerBytes> {
+pub(super) fn peer_bytes(schedule: &Schedule, elem_size: usize) -> Vec<PeerBytes> {
     let mut peers: Vec<PeerBytes> = Vec::new();
     let sends = schedule.sends.iter().map(|s| (s.peer, s.range.len(), true));
     let recvs = schedule.recvs.iter().map(|r| (r.peer, r.range.len(), false));

@@ -23,7 +23,7 @@ pub use collective::CollectiveTrace;
 pub(crate) use collective::Call;
 pub use file::{TraceFile, TraceHold, CLOSE_WAIT};
 pub use row::{SpanGuard, Timeline};
-pub use span::{BucketArgs, CollectiveArgs, PeerBytes, Span, SpanArgs};
+pub use span::{BucketArgs, CollectiveArgs, PeerBytes, PeerTraffic, Span, SpanArgs};
 
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
+use crate::schedule::Schedule;
 use crate::wire::Algorithm;
 use crate::OpDesc;
 
@@ -88,10 +89,74 @@ pub struct CollectiveArgs {
     /// behind earlier calls of the group.
     pub queued: Duration,
     /// Payload bytes exchanged with each peer (frame headers not counted), for calls
-    /// that completed; empty when the call failed or the engine cannot say.
-    pub peers: Vec<PeerBytes>,
+    /// that completed; none when the call failed or the engine cannot say.
+    pub peers: PeerTraffic,
     /// The error, if the call failed.
     pub error: Option<String>,
+}
+
+/// Payload bytes one call exchanged with each peer: counted by whoever recorded the
+/// span, or still to be counted from the schedule the call ran. The host engine hands
+/// over its schedule, so the totals are made on the writer thread, not in the call.
+///
+/// ```
+/// use ringccl_collectives::timeline::{PeerBytes, PeerTraffic};
+///
+/// let one = PeerBytes { peer: 1, sent: 8, received: 8 };
+/// assert_eq!(PeerTraffic::counted(vec![one]).per_peer(), vec![one]);
+/// assert!(PeerTraffic::default().per_peer().is_empty());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PeerTraffic(Traffic);
+
+#[derive(Clone, Debug, Default, PartialEq)]
+enum Traffic {
+    #[default]
+    Unknown,
+    Counted(Vec<PeerBytes>),
+    Planned {
+        schedule: Schedule,
+        elem_size: usize,
+    },
+}
+
+impl PeerTraffic {
+    /// Bytes already counted, one entry per peer.
+    ///
+    /// ```
+    /// # use ringccl_collectives::timeline::{PeerBytes, PeerTraffic};
+    /// let traffic = PeerTraffic::counted(vec![PeerBytes { peer: 2, sent: 4, received: 0 }]);
+    /// assert_eq!(traffic.per_peer()[0].peer, 2);
+    /// ```
+    pub fn counted(peers: Vec<PeerBytes>) -> PeerTraffic {
+        PeerTraffic(Traffic::Counted(peers))
+    }
+
+    /// The bytes of `schedule`, run on elements of `elem_size` bytes, counted later.
+    pub(crate) fn planned(schedule: Schedule, elem_size: usize) -> PeerTraffic {
+        PeerTraffic(Traffic::Planned {
+            schedule,
+            elem_size,
+        })
+    }
+
+    /// The bytes exchanged with each peer, in order of first appearance; empty when
+    /// unknown.
+    ///
+    /// ```
+    /// # use ringccl_collectives::timeline::PeerTraffic;
+    /// assert_eq!(PeerTraffic::default().per_peer(), vec![]);
+    /// ```
+    pub fn per_peer(&self) -> Vec<PeerBytes> {
+        match &self.0 {
+            Traffic::Unknown => Vec::new(),
+            Traffic::Counted(peers) => peers.clone(),
+            Traffic::Planned {
+                schedule,
+                elem_size,
+            } => super::collective::peer_bytes(schedule, *elem_size),
+        }
+    }
 }
 
 /// Payload bytes one call exchanged with one peer.
