@@ -50,15 +50,26 @@ fn per_call_ns(backend: &dyn Backend) -> f64 {
 }
 
 fn main() -> std::io::Result<()> {
-    println!("# 8-byte all_reduce on a group of one, median ns per call ({BATCHES} x {BATCH} calls)");
+    println!(
+        "# 8-byte all_reduce on a group of one, median ns per call ({BATCHES} x {BATCH} calls)"
+    );
     let off = per_call_ns(&backend(None));
     let file = TraceFile::to_writer(std::io::sink(), 0)?;
-    let traced = backend(Some(CollectiveTrace::new(file.new_row("collectives"), "memory")));
+    let traced = backend(Some(CollectiveTrace::new(
+        file.new_row("collectives"),
+        "memory",
+    )));
     let on = per_call_ns(&traced);
     let dropped = file.dropped();
     println!("tracing off: {off:.0} ns");
-    println!("tracing on:  {on:.0} ns  (+{:.0} ns per call; {dropped} spans dropped)", on - off);
-    println!("writer thread: {:.0} ns per span (JSON, into a sink)", writer_ns()?);
+    println!(
+        "tracing on:  {on:.0} ns  (+{:.0} ns per call; {dropped} spans dropped)",
+        on - off
+    );
+    println!(
+        "writer thread: {:.0} ns per span (JSON, into a sink)",
+        writer_ns()?
+    );
     Ok(())
 }
 
@@ -69,7 +80,10 @@ fn writer_ns() -> std::io::Result<f64> {
     let mut per_span = Vec::new();
     for _ in 0..BATCHES {
         let file = TraceFile::to_writer(std::io::sink(), 0)?;
-        let traced = backend(Some(CollectiveTrace::new(file.new_row("collectives"), "memory")));
+        let traced = backend(Some(CollectiveTrace::new(
+            file.new_row("collectives"),
+            "memory",
+        )));
         for _ in 0..BATCH {
             let deadline = Deadline::after(Duration::from_secs(60));
             let _ = traced.all_reduce(BufferMut::from_slice(&mut x), ReduceOp::Sum, deadline);

@@ -270,7 +270,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let labels: Vec<f32> = data.iter().map(|x| target(x)).collect();
 
     let mut model = Mlp::new(&args);
-    let config = DdpConfig::default().bucket_cap_bytes((args.bucket_cap_mb * (1 << 20) as f64) as usize);
+    let config =
+        DdpConfig::default().bucket_cap_bytes((args.bucket_cap_mb * (1 << 20) as f64) as usize);
     let mut ddp = DistributedDataParallel::<f32>::new(&pg, &model.specs(), config)?;
     match args.hook.as_str() {
         "allreduce" => {}

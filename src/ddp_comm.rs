@@ -98,7 +98,8 @@ fn traced_bucket<T: Element>(
     let queued = Instant::now();
     let work = pg.queue("all_reduce", move |backend, deadline| {
         let started = Instant::now();
-        let result = backend.all_reduce(BufferMut::from_slice(&mut values), ReduceOp::Sum, deadline);
+        let result =
+            backend.all_reduce(BufferMut::from_slice(&mut values), ReduceOp::Sum, deadline);
         let args = BucketArgs {
             bucket: label.bucket,
             step: label.step,
@@ -107,7 +108,12 @@ fn traced_bucket<T: Element>(
             waited: started.saturating_duration_since(queued),
         };
         let name = format!("bucket {}", label.bucket);
-        row.record(Span::new(name, started, Instant::now(), SpanArgs::Bucket(args)));
+        row.record(Span::new(
+            name,
+            started,
+            Instant::now(),
+            SpanArgs::Bucket(args),
+        ));
         result.map(|()| values)
     })?;
     Ok(Box::new(Rewrap { work, wrap }))

@@ -130,7 +130,13 @@ pub(crate) fn gloo_over_mesh(
     };
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
-    log_summary(rank, world_size, &recipe, rings.is_some(), &connections.data);
+    log_summary(
+        rank,
+        world_size,
+        &recipe,
+        rings.is_some(),
+        &connections.data,
+    );
     let tcp =
         TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
             rank,
@@ -191,7 +197,10 @@ fn log_summary(
         .iter()
         .flatten()
         .find_map(|c| c.local_addr().ok())
-        .map_or_else(|| "none (a group of one)".to_string(), |a| a.ip().to_string());
+        .map_or_else(
+            || "none (a group of one)".to_string(),
+            |a| a.ip().to_string(),
+        );
     let config = &recipe.config;
     tracing::info!(
         rank,
@@ -239,6 +248,8 @@ fn start_nccl(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     config.local_rank = opts.local_rank;
     // NCCL's calls are not on the timeline yet; the trainer's and DDP's rows are.
     let hold = trace.as_ref().map(TraceFile::hold);
-    Ok(ProcessGroup::from_nccl(Arc::new(ringccl_nccl::NcclBackend::connect(config)?))
-        .holding_trace(hold))
+    Ok(
+        ProcessGroup::from_nccl(Arc::new(ringccl_nccl::NcclBackend::connect(config)?))
+            .holding_trace(hold),
+    )
 }

@@ -25,8 +25,8 @@ fn trace_dir(test: &str) -> PathBuf {
 
 /// The file parsed as one JSON document: it must be valid JSON as written.
 fn events(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text)
         .unwrap_or_else(|e| panic!("{} is not valid JSON: {e}\n{text}", path.display()))
 }
@@ -106,13 +106,23 @@ fn every_rank_writes_one_span_per_collective_with_its_arguments() {
 
         let tid = row(&events, rank, "collectives").expect("collectives row");
         let calls = spans(&events, rank, tid);
-        let ops: Vec<u64> = calls.iter().map(|s| s["args"]["op"].as_u64().unwrap()).collect();
-        assert_eq!(ops, (1..=8).collect::<Vec<u64>>(), "rank {rank}: one span per call");
+        let ops: Vec<u64> = calls
+            .iter()
+            .map(|s| s["args"]["op"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            ops,
+            (1..=8).collect::<Vec<u64>>(),
+            "rank {rank}: one span per call"
+        );
         for (call, kind) in calls.iter().zip(kinds) {
             assert_eq!(call["name"], kind);
             assert_eq!(call["cat"], "collective");
             let args = &call["args"];
-            assert_eq!((args["rank"].as_u64(), args["world_size"].as_u64()), (Some(rank), Some(3)));
+            assert_eq!(
+                (args["rank"].as_u64(), args["world_size"].as_u64()),
+                (Some(rank), Some(3))
+            );
             assert_eq!(args["transport"], "tcp");
             assert_eq!(args["status"], "ok");
             assert!(call["dur"].as_f64().unwrap() >= 0.0);
@@ -131,7 +141,10 @@ fn every_rank_writes_one_span_per_collective_with_its_arguments() {
         assert_eq!(large["received_from"][prev.to_string()], 160_000, "{large}");
         assert!(large["sent_to"].get(prev.to_string()).is_none(), "{large}");
         let broadcast = &calls[2]["args"];
-        assert_eq!((broadcast["root"].as_u64(), broadcast["dtype"].as_str()), (Some(1), Some("i64")));
+        assert_eq!(
+            (broadcast["root"].as_u64(), broadcast["dtype"].as_str()),
+            (Some(1), Some("i64"))
+        );
         assert_eq!(calls[3]["args"]["bytes"], 0);
         assert_eq!(calls[5]["args"]["redop"], "max");
         assert_eq!(calls[5]["args"]["dtype"], "f64");
@@ -156,9 +169,15 @@ fn every_rank_writes_one_span_per_collective_with_its_arguments() {
         let trainer = row(&events, rank, "trainer").expect("trainer row");
         let step = spans(&events, rank, trainer);
         assert_eq!(step.len(), 1);
-        let (ts, dur) = (step[0]["ts"].as_f64().unwrap(), step[0]["dur"].as_f64().unwrap());
+        let (ts, dur) = (
+            step[0]["ts"].as_f64().unwrap(),
+            step[0]["dur"].as_f64().unwrap(),
+        );
         let reduce_ts = calls[6]["ts"].as_f64().unwrap();
-        assert!(ts <= reduce_ts && reduce_ts <= ts + dur, "op 7 inside the step span");
+        assert!(
+            ts <= reduce_ts && reduce_ts <= ts + dur,
+            "op 7 inside the step span"
+        );
 
         let summary = events
             .iter()
@@ -206,7 +225,11 @@ fn ddp_marks_its_buckets_and_the_backward_pass() {
         let events = events(&dir.join(format!("rank-{rank}.json")));
         let ddp_row = row(&events, rank, "ddp").expect("ddp row");
         let buckets = spans(&events, rank, ddp_row);
-        assert_eq!(buckets.len(), STEPS * BUCKETS, "one span per bucket per step");
+        assert_eq!(
+            buckets.len(),
+            STEPS * BUCKETS,
+            "one span per bucket per step"
+        );
         for (i, bucket) in buckets.iter().enumerate() {
             let (step, index) = (i / BUCKETS, i % BUCKETS);
             assert_eq!(bucket["name"], format!("bucket {index}"));
@@ -225,7 +248,10 @@ fn ddp_marks_its_buckets_and_the_backward_pass() {
             let backward = marks[2 * step];
             let end = backward["ts"].as_f64().unwrap() + backward["dur"].as_f64().unwrap();
             let first = buckets[step * BUCKETS]["ts"].as_f64().unwrap();
-            assert!(first < end, "step {step}: bucket 0 started after backward ended");
+            assert!(
+                first < end,
+                "step {step}: bucket 0 started after backward ended"
+            );
         }
         // Each bucket is also a collective span on the group's row.
         let calls = spans(&events, rank, row(&events, rank, "collectives").unwrap());
@@ -296,8 +322,14 @@ fn ringrun_trace_merges_every_rank_into_one_trace() {
     let elapsed = started.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("merged the timelines of 3 rank(s)"), "{stderr}");
-    assert!(!dir.join("rank-7.json").exists(), "stale files are removed first");
+    assert!(
+        stderr.contains("merged the timelines of 3 rank(s)"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.join("rank-7.json").exists(),
+        "stale files are removed first"
+    );
 
     let merged = events(&dir.join("trace.json"));
     let mut transports = Vec::new();
@@ -310,7 +342,10 @@ fn ringrun_trace_merges_every_rank_into_one_trace() {
         );
         let tid = row(&merged, rank, "collectives").expect("collectives row");
         let calls = spans(&merged, rank, tid);
-        let ops: Vec<u64> = calls.iter().map(|s| s["args"]["op"].as_u64().unwrap()).collect();
+        let ops: Vec<u64> = calls
+            .iter()
+            .map(|s| s["args"]["op"].as_u64().unwrap())
+            .collect();
         assert_eq!(ops, (1..=6).collect::<Vec<u64>>(), "rank {rank}");
         assert_eq!(calls[5]["name"], "barrier");
         assert_eq!(calls[4]["args"]["bytes"], 64 * 16 * 4);
@@ -318,7 +353,10 @@ fn ringrun_trace_merges_every_rank_into_one_trace() {
         // Each rank's own file is complete, rank 2's (process::exit) included.
         events(&dir.join(format!("rank-{rank}.json")));
     }
-    assert!(transports.iter().all(|t| t == &transports[0]), "{transports:?}");
+    assert!(
+        transports.iter().all(|t| t == &transports[0]),
+        "{transports:?}"
+    );
     assert_eq!(merged.iter().filter(|e| e["ph"] == "X").count(), 18);
     assert!(elapsed < Duration::from_secs(120), "took {elapsed:?}");
     std::fs::remove_dir_all(&dir).unwrap();

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use crate::control::GroupControl;
 use crate::executor::{execute, Call};
 use crate::group::{Deadline, Engine, GroupRunner, Request};
-use crate::timeline::{self, CollectiveTrace, PeerTraffic};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, pairwise_all_to_all,
     recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
     ring_reduce_scatter, segment, send_to, Schedule,
 };
+use crate::timeline::{self, CollectiveTrace, PeerTraffic};
 use crate::transport::Transport;
 use crate::wire::{Algorithm, MAX_FRAME_PAYLOAD};
 use crate::{AllReduceAlgo, DType, Error, OpDesc, ReduceOp};

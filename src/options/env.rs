@@ -187,9 +187,7 @@ pub(crate) fn transport(
 /// `RINGCCL_TRACE`, if set to a directory: where every rank writes its Chrome trace.
 /// Unset, empty or blank means no trace; a value with leading or trailing blanks is
 /// refused (almost certainly a quoting mistake in a launch script).
-pub(crate) fn trace_dir(
-    lookup: impl Fn(&str) -> Option<String>,
-) -> Result<Option<PathBuf>, Error> {
+pub(crate) fn trace_dir(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<PathBuf>, Error> {
     let Some(value) = lookup("RINGCCL_TRACE") else {
         return Ok(None);
     };
@@ -376,7 +374,13 @@ mod tests {
         );
         let err = trace_dir(vars(&[("RINGCCL_TRACE", "/tmp/t ")])).unwrap_err();
         assert!(
-            matches!(err, Error::InvalidEnv { var: "RINGCCL_TRACE", .. }),
+            matches!(
+                err,
+                Error::InvalidEnv {
+                    var: "RINGCCL_TRACE",
+                    ..
+                }
+            ),
             "{err}"
         );
         assert!(err.to_string().contains("blanks"), "{err}");

@@ -115,7 +115,10 @@ impl CollectiveTrace {
 pub(super) fn peer_bytes(schedule: &Schedule, elem_size: usize) -> Vec<PeerBytes> {
     let mut peers: Vec<PeerBytes> = Vec::new();
     let sends = schedule.sends.iter().map(|s| (s.peer, s.range.len(), true));
-    let recvs = schedule.recvs.iter().map(|r| (r.peer, r.range.len(), false));
+    let recvs = schedule
+        .recvs
+        .iter()
+        .map(|r| (r.peer, r.range.len(), false));
     for (peer, len, sent) in sends.chain(recvs) {
         let i = match peers.iter().position(|p| p.peer == peer) {
             Some(i) => i,

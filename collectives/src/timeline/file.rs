@@ -118,10 +118,9 @@ impl TraceFile {
         out.flush()?;
         let buffer = Arc::new(Buffer::new(BUFFER_CAPACITY));
         let shared = Arc::clone(&buffer);
-        let name = path.as_deref().map_or_else(
-            || "a trace writer".to_string(),
-            |p| p.display().to_string(),
-        );
+        let name = path
+            .as_deref()
+            .map_or_else(|| "a trace writer".to_string(), |p| p.display().to_string());
         thread::Builder::new()
             .name(format!("ringccl-trace-{pid}"))
             .spawn(move || write_batches(out, pid, &shared, &name))?;

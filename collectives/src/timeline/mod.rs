@@ -19,8 +19,8 @@ mod row;
 mod span;
 
 pub use buffer::BUFFER_CAPACITY;
-pub use collective::CollectiveTrace;
 pub(crate) use collective::Call;
+pub use collective::CollectiveTrace;
 pub use file::{TraceFile, TraceHold, CLOSE_WAIT};
 pub use row::{SpanGuard, Timeline};
 pub use span::{BucketArgs, CollectiveArgs, PeerBytes, PeerTraffic, Span, SpanArgs};

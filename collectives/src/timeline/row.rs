@@ -50,9 +50,13 @@ impl Timeline {
     /// # Ok::<(), std::io::Error>(())
     /// ```
     pub fn record(&self, span: Span) {
-        self.file
-            .buffer
-            .push(Record::Span { tid: self.tid, span }, false);
+        self.file.buffer.push(
+            Record::Span {
+                tid: self.tid,
+                span,
+            },
+            false,
+        );
     }
 
     /// A span called `name` from now until the returned guard is dropped (or

@@ -124,8 +124,7 @@ fn an_unfinished_file_is_an_array_missing_only_its_closing_bracket() {
     assert_eq!(events.iter().filter(|e| e["ph"] == "X").count(), 10);
     // Every line but the first is one event, after its separating comma.
     for line in text.lines().skip(1) {
-        let event: serde_json::Value =
-            serde_json::from_str(line.trim_start_matches(',')).unwrap();
+        let event: serde_json::Value = serde_json::from_str(line.trim_start_matches(',')).unwrap();
         assert!(event.is_object());
     }
     assert!(file.close());
@@ -150,7 +149,9 @@ fn the_last_hold_finishes_the_file_and_later_spans_are_counted_not_written() {
     assert_eq!(file.dropped(), 1);
     let events: Vec<serde_json::Value> = serde_json::from_str(&out.text()).unwrap();
     assert_eq!(events.iter().filter(|e| e["ph"] == "X").count(), 1);
-    assert!(events.iter().any(|e| e["name"] == "thread_name" && e["args"]["name"] == "r"));
+    assert!(events
+        .iter()
+        .any(|e| e["name"] == "thread_name" && e["args"]["name"] == "r"));
 }
 
 #[test]

@@ -161,10 +161,14 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         let event = |pid: usize, name: &str| {
-            format!(r#"{{"name":"{name}","ph":"X","ts":1,"dur":2,"pid":{pid},"tid":1,"args":{{}}}}"#)
+            format!(
+                r#"{{"name":"{name}","ph":"X","ts":1,"dur":2,"pid":{pid},"tid":1,"args":{{}}}}"#
+            )
         };
         let meta = |pid: usize| {
-            format!(r#"{{"name":"process_name","ph":"M","pid":{pid},"args":{{"name":"rank {pid}"}}}}"#)
+            format!(
+                r#"{{"name":"process_name","ph":"M","pid":{pid},"args":{{"name":"rank {pid}"}}}}"#
+            )
         };
         fs::write(
             dir.join("rank-0.json"),
