@@ -303,7 +303,7 @@ fn ringrun_trace_merges_every_rank_into_one_trace() {
     let _guard = heavy_lock();
     let dir = trace_dir("ringrun");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("rank-7.json"), "left by an earlier job").unwrap();
+    std::fs::write(dir.join("rank-1.5.json"), "left by an earlier job").unwrap();
     let started = Instant::now();
     let out = Command::new(RINGRUN)
         .args(["--nproc-per-node", "3", "--trace"])
@@ -327,7 +327,7 @@ fn ringrun_trace_merges_every_rank_into_one_trace() {
         "{stderr}"
     );
     assert!(
-        !dir.join("rank-7.json").exists(),
+        !dir.join("rank-1.5.json").exists(),
         "stale files are removed first"
     );
 

@@ -207,7 +207,10 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let trace = args
         .trace
         .as_deref()
-        .map(trace::prepare)
+        .map(|dir| {
+            let first = args.global_rank(0);
+            trace::prepare(dir, first..first.saturating_add(args.nproc_per_node))
+        })
         .transpose()
         .map_err(|e| format!("--trace: cannot prepare the trace directory: {e}"))?;
     signals::install();

@@ -14,14 +14,17 @@ use std::path::{Path, PathBuf};
 /// The merged file's name in the trace directory.
 pub(crate) const MERGED: &str = "trace.json";
 
-/// Makes the directory and removes what an earlier job left there (its rank files and
-/// merged trace), so the merge shows this job only. Returns the absolute directory, for
-/// the ranks' environment.
-pub(crate) fn prepare(dir: &Path) -> io::Result<PathBuf> {
+/// Makes the directory and removes what an earlier job left there for `ranks` (this
+/// node's: on a directory shared by several nodes, another node's ranks may already be
+/// writing theirs) and the merged trace, so the merge shows this job only. Returns the
+/// absolute directory, for the ranks' environment.
+pub(crate) fn prepare(dir: &Path, ranks: std::ops::Range<usize>) -> io::Result<PathBuf> {
     fs::create_dir_all(dir)?;
     let dir = fs::canonicalize(dir)?;
-    for (path, _) in rank_files(&dir)? {
-        fs::remove_file(&path)?;
+    for (path, rank) in rank_files(&dir)? {
+        if ranks.contains(&rank) {
+            fs::remove_file(&path)?;
+        }
     }
     match fs::remove_file(dir.join(MERGED)) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -194,8 +197,10 @@ mod tests {
             .iter()
             .any(|e| e["name"] == "process_name" && e["args"]["name"] == "rank 1"));
 
-        // The next job starts from a clean directory.
-        let prepared = prepare(&dir).unwrap();
+        // The next job starts from a clean directory, for the ranks of this node.
+        let prepared = prepare(&dir, 1..2).unwrap();
+        assert_eq!(rank_files(&prepared).unwrap().len(), 1);
+        let prepared = prepare(&dir, 0..2).unwrap();
         assert!(rank_files(&prepared).unwrap().is_empty());
         assert!(!prepared.join(MERGED).exists());
         assert!(prepared.join("notes.json").exists());
