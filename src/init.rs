@@ -5,7 +5,10 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::{Backend, Deadline, HostBackend, HostConfig, Transport};
+use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
+use ringccl_collectives::{
+    Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, Transport,
+};
 use ringccl_rendezvous::{connect_mesh, Mesh, MeshConfig, SetupError};
 use ringccl_transports::{shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
 
@@ -72,10 +75,11 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
         config,
         kind: opts.resolved_transport()?,
         mesh: opts.mesh_settings(None),
+        trace: crate::trace::open_trace(&opts)?,
     };
     let deadline = Deadline::after(opts.timeout).at();
     let mesh = connect_mesh(opts.mesh_config())?;
-    gloo_over_mesh(mesh, Arc::new(recipe), deadline)
+    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives")
 }
 
 /// What a `"gloo"` group was made with, kept so that the groups formed from it
@@ -86,6 +90,8 @@ pub(crate) struct GlooRecipe {
     pub(crate) kind: TransportKind,
     /// The rendezvous settings; rank and world size are the original group's.
     pub(crate) mesh: MeshConfig,
+    /// This rank's trace file, shared by the groups formed from this one.
+    pub(crate) trace: Option<Arc<TraceFile>>,
 }
 
 impl GlooRecipe {
@@ -101,11 +107,13 @@ impl GlooRecipe {
 
 /// The rest of a `"gloo"` start-up once `mesh` is connected: shared memory where
 /// `recipe` allows it, the connections handed to the transport, the control thread;
-/// all by `deadline`, the start-up's.
+/// all by `deadline`, the start-up's. With a trace, the group's calls go on a new row of
+/// it called `row`.
 pub(crate) fn gloo_over_mesh(
     mut mesh: Mesh,
     recipe: Arc<GlooRecipe>,
     deadline: Instant,
+    row: &str,
 ) -> Result<ProcessGroup, Error> {
     let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
     let rings = match recipe.kind {
@@ -142,15 +150,37 @@ pub(crate) fn gloo_over_mesh(
         })?;
     let control = connections.control;
     let config = recipe.config.clone();
+    let transport = if rings.is_some() { "shm" } else { "tcp" };
+    let trace = recipe
+        .trace
+        .as_ref()
+        .map(|file| CollectiveTrace::new(file.new_row(row), transport));
     let backend: Box<dyn Backend> = match rings {
         Some(rings) => with_control_link(
-            HostBackend::new("gloo", ShmTransport::new(rings, tcp), config),
+            host_backend(ShmTransport::new(rings, tcp), config, trace),
             control,
             dead_peer,
         )?,
-        None => with_control_link(HostBackend::new("gloo", tcp, config), control, dead_peer)?,
+        None => with_control_link(host_backend(tcp, config, trace), control, dead_peer)?,
     };
-    Ok(ProcessGroup::from_backend(backend).keeping_store(store, recipe))
+    let hold = recipe.trace.as_ref().map(TraceFile::hold);
+    Ok(ProcessGroup::from_backend(backend)
+        .keeping_store(store, recipe)
+        .holding_trace(hold))
+}
+
+/// The `"gloo"` backend over `transport`, its calls traced on `trace` if given.
+fn host_backend<T: Transport>(
+    transport: T,
+    config: HostConfig,
+    trace: Option<CollectiveTrace>,
+) -> HostBackend<T> {
+    let (rank, world_size, timeout) = (transport.rank(), transport.world_size(), config.timeout);
+    let mut engine = HostEngine::new(transport, config);
+    if let Some(trace) = trace {
+        engine = engine.with_trace(trace);
+    }
+    GroupRunner::with_engine("gloo", rank, world_size, timeout, engine)
 }
 
 /// `RINGCCL_DEBUG=info`: what this rank's group runs on, in one line.
@@ -217,10 +247,14 @@ fn with_control_link<T: Transport + 'static>(
 #[cfg(feature = "nccl")]
 fn start_nccl(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     opts.validate()?;
+    let trace = crate::trace::open_trace(&opts)?;
     let mut config = ringccl_nccl::NcclConfig::new(opts.mesh_config());
     config.device = opts.device;
     config.local_rank = opts.local_rank;
-    Ok(ProcessGroup::from_nccl(Arc::new(
-        ringccl_nccl::NcclBackend::connect(config)?,
-    )))
+    // NCCL's calls are not on the timeline yet; the trainer's and DDP's rows are.
+    let hold = trace.as_ref().map(TraceFile::hold);
+    Ok(
+        ProcessGroup::from_nccl(Arc::new(ringccl_nccl::NcclBackend::connect(config)?))
+            .holding_trace(hold),
+    )
 }

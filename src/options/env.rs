@@ -2,6 +2,7 @@
 //! (torchrun, Slurm, OpenMPI) and ringccl's own `RINGCCL_*` settings. (`RINGCCL_DEBUG`
 //! belongs to logging and is read by [`crate::logging`].)
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use ringccl_collectives::AllReduceAlgo;
@@ -183,6 +184,28 @@ pub(crate) fn transport(
         .transpose()
 }
 
+/// `RINGCCL_TRACE`, if set to a directory: where every rank writes its Chrome trace.
+/// Unset, empty or blank means no trace; a value with leading or trailing blanks is
+/// refused (almost certainly a quoting mistake in a launch script).
+pub(crate) fn trace_dir(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<PathBuf>, Error> {
+    let Some(value) = lookup("RINGCCL_TRACE") else {
+        return Ok(None);
+    };
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
+    if value.trim() != value {
+        return Err(Error::InvalidEnv {
+            var: "RINGCCL_TRACE",
+            value,
+            reason: "the directory name starts or ends with blanks; remove them (or set an \
+                     empty value to turn tracing off)"
+                .into(),
+        });
+    }
+    Ok(Some(PathBuf::from(value)))
+}
+
 /// Reads the process environment.
 pub(crate) fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
@@ -339,6 +362,28 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_trace_directory_is_optional_and_checked() {
+        assert_eq!(trace_dir(vars(&[])).unwrap(), None);
+        assert_eq!(trace_dir(vars(&[("RINGCCL_TRACE", "  ")])).unwrap(), None);
+        assert_eq!(
+            trace_dir(vars(&[("RINGCCL_TRACE", "/tmp/t r")])).unwrap(),
+            Some(PathBuf::from("/tmp/t r"))
+        );
+        let err = trace_dir(vars(&[("RINGCCL_TRACE", "/tmp/t ")])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidEnv {
+                    var: "RINGCCL_TRACE",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("blanks"), "{err}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub(crate) mod env;
 mod slurm;
 mod transport_kind;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ringccl_collectives::wire::MAX_FRAME_PAYLOAD;
@@ -64,6 +65,9 @@ pub struct InitOptions {
     pub dead_peer_timeout: Duration,
     /// Which attempt of a restarted job this process belongs to (0 for the first).
     pub attempt: u32,
+    /// Where this rank writes its Chrome trace (the timeline); `None` defers to
+    /// `RINGCCL_TRACE`, then no trace.
+    pub trace_dir: Option<PathBuf>,
     store_listener: Option<StoreListener>,
 }
 
@@ -91,13 +95,15 @@ impl InitOptions {
             auth_token: None,
             dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
             attempt: 0,
+            trace_dir: None,
         }
     }
 
     /// Reads the launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (or
     /// Slurm's and OpenMPI's equivalents) and, if set, LOCAL_RANK,
     /// TORCHELASTIC_RESTART_COUNT, RINGCCL_TIMEOUT, RINGCCL_DEAD_PEER_TIMEOUT (seconds)
-    /// and RINGCCL_AUTH_TOKEN. A missing or
+    /// and RINGCCL_AUTH_TOKEN. (RINGCCL_ALGO, RINGCCL_TRANSPORT and RINGCCL_TRACE are read
+    /// when the group starts, for whatever the code left unset.) A missing or
     /// malformed variable is an error that names it.
     ///
     /// ```no_run
@@ -268,6 +274,22 @@ impl InitOptions {
         self
     }
 
+    /// Makes this rank write a Chrome trace of its collectives (one span per call, with
+    /// its op number, kind, size, algorithm and transport) to `dir/rank-<rank>.json`,
+    /// creating `dir`; Perfetto (ui.perfetto.dev) and chrome://tracing open it, and
+    /// `ringrun --trace DIR` merges the ranks' files into `DIR/trace.json`. Without this
+    /// call, the `RINGCCL_TRACE` environment variable names the directory (unset or empty:
+    /// no trace). Tracing off costs one branch per call.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").trace_dir("/tmp/trace");
+    /// assert_eq!(opts.trace_dir.as_deref(), Some(std::path::Path::new("/tmp/trace")));
+    /// ```
+    pub fn trace_dir(mut self, dir: impl AsRef<Path>) -> InitOptions {
+        self.trace_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -313,6 +335,14 @@ impl InitOptions {
         match self.transport {
             Some(kind) => Ok(kind),
             None => Ok(env::transport(env::process_env)?.unwrap_or_default()),
+        }
+    }
+
+    /// The trace directory: the setting in code, else `RINGCCL_TRACE`, else none.
+    pub(crate) fn resolved_trace_dir(&self) -> Result<Option<PathBuf>, Error> {
+        match &self.trace_dir {
+            Some(dir) => Ok(Some(dir.clone())),
+            None => env::trace_dir(env::process_env),
         }
     }
 
