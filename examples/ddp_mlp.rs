@@ -14,6 +14,10 @@
 //! only after the whole backward pass (no overlap), for comparison; `--hook fp16|bf16`
 //! compresses the gradients on the wire. With `--hidden 2048 --layers 6 --input 1024` the
 //! model has about 25M parameters; the `step_time_ms` line then measures the overlap.
+//!
+//! `ringrun --trace DIR ...` writes the timeline of every rank and merges it into
+//! `DIR/trace.json` (Perfetto, chrome://tracing; `scripts/trace-to-png.py` draws it):
+//! forward and backward on each rank's `trainer` row, the buckets on its `ddp` row.
 
 use std::time::Instant;
 
@@ -59,6 +63,9 @@ struct Args {
     /// Communication hook: allreduce, fp16 or bf16.
     #[arg(long, default_value = "allreduce")]
     hook: String,
+    /// DDP's bucket size in MiB (torch's bucket_cap_mb).
+    #[arg(long, default_value_t = 25.0)]
+    bucket_cap_mb: f64,
     /// Backend: gloo or nccl.
     #[arg(long, default_value = "gloo")]
     backend: String,
@@ -157,18 +164,9 @@ impl Mlp {
         out
     }
 
-    /// Forward and backward over a batch; returns the mean loss. `ready(index, grad)` is
-    /// called as each parameter's gradient (of the mean loss) is produced, last layer
-    /// first.
-    fn step(
-        &self,
-        x: &[Vec<f32>],
-        y: &[f32],
-        mut ready: impl FnMut(usize, &[f32]) -> Result<(), ringccl::ddp::DdpError>,
-    ) -> Result<f32, ringccl::ddp::DdpError> {
-        let batch = x.len();
+    /// The forward pass over a batch: the activations of every layer (`[0]` = inputs).
+    fn forward(&self, x: &[Vec<f32>]) -> Vec<Vec<Vec<f32>>> {
         let last = self.layers.len() - 1;
-        // Activations per layer: acts[0] = inputs.
         let mut acts: Vec<Vec<Vec<f32>>> = vec![x.to_vec()];
         for (l, layer) in self.layers.iter().enumerate() {
             let out: Vec<Vec<f32>> = acts[l]
@@ -189,6 +187,20 @@ impl Mlp {
                 .collect();
             acts.push(out);
         }
+        acts
+    }
+
+    /// The backward pass from `forward`'s activations; returns the mean loss.
+    /// `ready(index, grad)` is called as each parameter's gradient (of the mean loss) is
+    /// produced, last layer first.
+    fn backward(
+        &self,
+        acts: &[Vec<Vec<f32>>],
+        y: &[f32],
+        mut ready: impl FnMut(usize, &[f32]) -> Result<(), ringccl::ddp::DdpError>,
+    ) -> Result<f32, ringccl::ddp::DdpError> {
+        let batch = y.len();
+        let last = self.layers.len() - 1;
         let mut loss = 0.0f32;
         // d(mean loss)/d(output): (pred - y) / batch.
         let mut delta: Vec<Vec<f32>> = (0..batch)
@@ -258,7 +270,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let labels: Vec<f32> = data.iter().map(|x| target(x)).collect();
 
     let mut model = Mlp::new(&args);
-    let mut ddp = DistributedDataParallel::<f32>::new(&pg, &model.specs(), DdpConfig::default())?;
+    let config =
+        DdpConfig::default().bucket_cap_bytes((args.bucket_cap_mb * (1 << 20) as f64) as usize);
+    let mut ddp = DistributedDataParallel::<f32>::new(&pg, &model.specs(), config)?;
     match args.hook.as_str() {
         "allreduce" => {}
         "fp16" => ddp.register_comm_hook(Fp16CompressHook),
@@ -285,18 +299,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let y: Vec<f32> = batch.iter().map(|&i| labels[i]).collect();
 
         let started = Instant::now();
+        // Under RINGCCL_TRACE (ringrun --trace), the trainer row of the timeline shows
+        // forward and backward, and the ddp row the buckets' all-reduces overlapping them.
+        let forward = ddp.trainer_span("forward");
+        let acts = model.forward(&x);
+        drop(forward);
+        let backward = ddp.backward_span();
         let loss = if args.overlap == "off" {
             let mut grads: Vec<(usize, Vec<f32>)> = Vec::new();
-            let loss = model.step(&x, &y, |i, g| {
+            let loss = model.backward(&acts, &y, |i, g| {
                 grads.push((i, g.to_vec()));
                 Ok(())
             })?;
+            drop(backward);
             for (i, g) in grads {
                 ddp.mark_grad_ready(i, &g)?;
             }
             loss
         } else {
-            model.step(&x, &y, |i, g| ddp.mark_grad_ready(i, g))?
+            let loss = model.backward(&acts, &y, |i, g| ddp.mark_grad_ready(i, g))?;
+            drop(backward);
+            loss
         };
         ddp.finish()?;
         for (i, p) in model.params_mut().into_iter().enumerate() {

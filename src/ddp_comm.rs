@@ -1,8 +1,12 @@
 //! `ProcessGroup` as the [`Communicator`](ringccl_ddp::Communicator) of the DDP layer,
 //! which speaks the runtime's error: facade errors convert losslessly both ways.
 
-use ringccl_collectives::{BufferMut, Error as RuntimeError, ReduceOp};
-use ringccl_ddp::{Communicator, GradBuf, Pending, Wait};
+use std::sync::Arc;
+use std::time::Instant;
+
+use ringccl_collectives::timeline::{BucketArgs, Span, SpanArgs, Timeline, TraceFile};
+use ringccl_collectives::{BufferMut, Element, Error as RuntimeError, ReduceOp};
+use ringccl_ddp::{BucketLabel, Communicator, GradBuf, Pending, Wait};
 
 use crate::{ProcessGroup, Work};
 
@@ -57,4 +61,60 @@ impl Communicator for ProcessGroup {
     fn all_gather_i64(&self, input: &[i64], output: &mut [i64]) -> Result<(), RuntimeError> {
         Ok(self.all_gather(input, output)?)
     }
+
+    fn trace_file(&self) -> Option<Arc<TraceFile>> {
+        ProcessGroup::trace_file(self).cloned()
+    }
+
+    /// With a trace, the bucket's all-reduce is also a span on the `ddp` row, from the
+    /// moment it starts on the background worker to its end.
+    fn all_reduce_bucket_async(
+        &self,
+        buf: GradBuf,
+        label: BucketLabel,
+    ) -> Result<Pending<GradBuf>, RuntimeError> {
+        let Some(file) = ProcessGroup::trace_file(self) else {
+            return self.all_reduce_sum_async(buf);
+        };
+        let row = file.row("ddp");
+        match buf {
+            GradBuf::F32(v) => traced_bucket(self, v, GradBuf::F32, label, row),
+            GradBuf::F64(v) => traced_bucket(self, v, GradBuf::F64, label, row),
+            GradBuf::F16(v) => traced_bucket(self, v, GradBuf::F16, label, row),
+            GradBuf::BF16(v) => traced_bucket(self, v, GradBuf::BF16, label, row),
+            other => self.all_reduce_sum_async(other),
+        }
+    }
+}
+
+/// Queues the all-reduce of bucket `label` and records its span on `row` when it ends.
+fn traced_bucket<T: Element>(
+    pg: &ProcessGroup,
+    mut values: Vec<T>,
+    wrap: fn(Vec<T>) -> GradBuf,
+    label: BucketLabel,
+    row: Timeline,
+) -> Result<Pending<GradBuf>, RuntimeError> {
+    let queued = Instant::now();
+    let work = pg.queue("all_reduce", move |backend, deadline| {
+        let started = Instant::now();
+        let result =
+            backend.all_reduce(BufferMut::from_slice(&mut values), ReduceOp::Sum, deadline);
+        let args = BucketArgs {
+            bucket: label.bucket,
+            step: label.step,
+            count: values.len(),
+            bytes: (values.len() * T::DTYPE.size()) as u64,
+            waited: started.saturating_duration_since(queued),
+        };
+        let name = format!("bucket {}", label.bucket);
+        row.record(Span::new(
+            name,
+            started,
+            Instant::now(),
+            SpanArgs::Bucket(args),
+        ));
+        result.map(|()| values)
+    })?;
+    Ok(Box::new(Rewrap { work, wrap }))
 }

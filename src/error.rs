@@ -126,6 +126,12 @@ ringccl_rendezvous::setup_error_variants! {
             detail: String,
         },
 
+        /// A peer's process went away during start-up after the ranks had connected
+        /// (shared-memory set-up); `SetupError::PeerGone` under its own name. It names the
+        /// rank that went away and the step.
+        #[error(transparent)]
+        PeerGone(ringccl_transports::PeerGone),
+
         /// A CUDA or NCCL call failed.
         #[error("rank {rank}: {call} failed during {op}: {reason}")]
         Device {
@@ -175,6 +181,7 @@ macro_rules! runtime_variants {
             Timeout { rank, peer, op, moved, expected, timeout, gone },
             PeerLost { rank, observer, op, reason, gone },
             CollectiveMismatch { rank, mine, peer, theirs },
+            Deadlock { rank, mine, peer, theirs, why },
             Protocol { rank, peer, op, reason },
             GroupAborted { rank, by, reason },
             GroupBroken { rank, cause },
@@ -199,6 +206,7 @@ impl From<SetupError> for Error {
             SetupError::InvalidArgument(reason) => Error::InvalidArgument(reason),
             // Forcing shared memory where it cannot work is a setting to change.
             SetupError::SharedMemory(unavailable) => Error::InvalidArgument(unavailable.to_string()),
+            SetupError::PeerGone(gone) => Error::PeerGone(gone),
             other => Error::Engine {
                 source: Box::new(other),
                 breaks_group: false,

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringccl_collectives::flight::{FlightConfig, MAIN_GROUP};
-use ringccl_collectives::{Backend, Deadline, HostBackend, HostConfig, Transport};
+use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
+use ringccl_collectives::{
+    Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, Transport,
+};
 use ringccl_rendezvous::{connect_mesh, Mesh, MeshConfig, SetupError};
 use ringccl_transports::{shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
 
@@ -74,12 +77,13 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
         config,
         kind: opts.resolved_transport()?,
         mesh: opts.mesh_settings(None),
-        flight_dir: opts.resolved_flight_dir(),
+        trace: crate::trace::open_trace(&opts)?,
+        flight_dir: opts.resolved_flight_dir()?,
         flight_entries: opts.resolved_flight_entries()?,
     };
     let deadline = Deadline::after(opts.timeout).at();
     let mesh = connect_mesh(opts.mesh_config())?;
-    gloo_over_mesh(mesh, Arc::new(recipe), deadline, MAIN_GROUP)
+    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", MAIN_GROUP)
 }
 
 /// What a `"gloo"` group was made with, kept so that the groups formed from it
@@ -93,6 +97,8 @@ pub(crate) struct GlooRecipe {
     /// Where the groups' flight recorders write, and how many calls they keep.
     pub(crate) flight_dir: Option<PathBuf>,
     pub(crate) flight_entries: usize,
+    /// This rank's trace file, shared by the groups formed from this one.
+    pub(crate) trace: Option<Arc<TraceFile>>,
 }
 
 impl GlooRecipe {
@@ -119,27 +125,41 @@ impl GlooRecipe {
 /// The rest of a `"gloo"` start-up once `mesh` is connected: shared memory where
 /// `recipe` allows it, the connections handed to the transport, the flight recorder (its
 /// files named after `group`), the control thread; all by `deadline`, the start-up's.
+/// With a trace, the group's calls go on a new row of it called `row`.
 pub(crate) fn gloo_over_mesh(
     mut mesh: Mesh,
     recipe: Arc<GlooRecipe>,
     deadline: Instant,
+    row: &str,
     group: &str,
 ) -> Result<ProcessGroup, Error> {
     let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
     let rings = match recipe.kind {
         TransportKind::Tcp => None,
-        required => shm::set_up(
-            mesh.store(),
-            rank,
-            world_size,
-            job,
-            DEFAULT_RING_BYTES,
-            deadline,
-            required == TransportKind::SharedMemory,
-        )?,
+        required => {
+            // Watching the data connections: a peer that dies in set-up is named at once.
+            let (store, connections) = mesh.store_and_connections();
+            shm::set_up(
+                store,
+                &*connections.data,
+                rank,
+                world_size,
+                job,
+                DEFAULT_RING_BYTES,
+                deadline,
+                required == TransportKind::SharedMemory,
+            )?
+        }
     };
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
+    log_summary(
+        rank,
+        world_size,
+        &recipe,
+        rings.is_some(),
+        &connections.data,
+    );
     let tcp =
         TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
             rank,
@@ -148,19 +168,82 @@ pub(crate) fn gloo_over_mesh(
         })?;
     let control = connections.control;
     let config = recipe.config.clone();
+    let transport = if rings.is_some() { "shm" } else { "tcp" };
+    let trace = recipe
+        .trace
+        .as_ref()
+        .map(|file| CollectiveTrace::new(file.new_row(row), transport));
     let backend: Box<dyn Backend> = match rings {
         Some(rings) => {
-            let mut backend = HostBackend::new("gloo", ShmTransport::new(rings, tcp), config);
+            let mut backend = host_backend(ShmTransport::new(rings, tcp), config, trace);
             backend.configure_flight(recipe.flight(group, "shm"));
             with_control_link(backend, control, dead_peer)?
         }
         None => {
-            let mut backend = HostBackend::new("gloo", tcp, config);
+            let mut backend = host_backend(tcp, config, trace);
             backend.configure_flight(recipe.flight(group, "tcp"));
             with_control_link(backend, control, dead_peer)?
         }
     };
-    Ok(ProcessGroup::from_backend(backend).keeping_store(store, recipe))
+    let hold = recipe.trace.as_ref().map(TraceFile::hold);
+    Ok(ProcessGroup::from_backend(backend)
+        .keeping_store(store, recipe)
+        .holding_trace(hold))
+}
+
+/// The `"gloo"` backend over `transport`, its calls traced on `trace` if given.
+fn host_backend<T: Transport>(
+    transport: T,
+    config: HostConfig,
+    trace: Option<CollectiveTrace>,
+) -> HostBackend<T> {
+    let (rank, world_size, timeout) = (transport.rank(), transport.world_size(), config.timeout);
+    let mut engine = HostEngine::new(transport, config);
+    if let Some(trace) = trace {
+        engine = engine.with_trace(trace);
+    }
+    GroupRunner::with_engine("gloo", rank, world_size, timeout, engine)
+}
+
+/// `RINGCCL_DEBUG=info`: what this rank's group runs on, in one line.
+fn log_summary(
+    rank: usize,
+    world_size: usize,
+    recipe: &GlooRecipe,
+    shared_memory: bool,
+    data: &[Option<TcpStream>],
+) {
+    if !tracing::enabled!(tracing::Level::INFO) {
+        return;
+    }
+    let transport = if shared_memory { "shm" } else { "tcp" };
+    let peers: Vec<&str> = (0..world_size)
+        .map(|peer| if peer == rank { "self" } else { transport })
+        .collect();
+    let address = data
+        .iter()
+        .flatten()
+        .find_map(|c| c.local_addr().ok())
+        .map_or_else(
+            || "none (a group of one)".to_string(),
+            |a| a.ip().to_string(),
+        );
+    let config = &recipe.config;
+    tracing::info!(
+        rank,
+        world_size,
+        backend = "gloo",
+        transport,
+        peers = %peers.join(","),
+        address = %address,
+        all_reduce = ?config.all_reduce_algo,
+        recursive_doubling_up_to = config.small_all_reduce_max_bytes,
+        tree_broadcast_up_to = config.tree_broadcast_max_bytes,
+        chunk_bytes = config.chunk_bytes,
+        timeout = ?config.timeout,
+        auth = recipe.mesh.auth_token.is_some(),
+        "process group ready"
+    );
 }
 
 /// Starts the group's control thread over the mesh's control connections, so an abort
@@ -186,16 +269,20 @@ fn with_control_link<T: Transport + 'static>(
 #[cfg(feature = "nccl")]
 fn start_nccl(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     opts.validate()?;
+    let trace = crate::trace::open_trace(&opts)?;
     let mut config = ringccl_nccl::NcclConfig::new(opts.mesh_config());
     config.device = opts.device;
     config.local_rank = opts.local_rank;
     config.flight = FlightConfig {
         entries: opts.resolved_flight_entries()?,
-        dir: opts.resolved_flight_dir(),
+        dir: opts.resolved_flight_dir()?,
         group: MAIN_GROUP.into(),
         transport: "nccl",
     };
-    Ok(ProcessGroup::from_nccl(Arc::new(
-        ringccl_nccl::NcclBackend::connect(config)?,
-    )))
+    // NCCL's calls are not on the timeline yet; the trainer's and DDP's rows are.
+    let hold = trace.as_ref().map(TraceFile::hold);
+    Ok(
+        ProcessGroup::from_nccl(Arc::new(ringccl_nccl::NcclBackend::connect(config)?))
+            .holding_trace(hold),
+    )
 }

@@ -42,6 +42,7 @@ mod options;
 mod process_group;
 mod sequencer;
 mod subgroup;
+mod trace;
 mod work;
 mod worker;
 
@@ -61,7 +62,14 @@ pub use ringccl_collectives::{
     OpDesc, ReduceOp,
 };
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
+pub use ringccl_transports::PeerGone;
 pub use work::Work;
+
+/// The timeline: each rank's Chrome trace (`RINGCCL_TRACE=DIR` or
+/// [`InitOptions::trace_dir`]), with one span per collective, DDP's buckets and the
+/// spans a trainer marks ([`ProcessGroup::trace_span`]). See the user guide's
+/// "Timeline" section.
+pub use ringccl_collectives::timeline;
 
 /// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in
 /// buckets while backward runs; [`ddp::DistributedSampler`] splits a dataset between

@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ringccl_collectives::timeline::TraceHold;
 use ringccl_collectives::{Backend, Deadline};
 use ringccl_rendezvous::KeptStore;
 
@@ -45,6 +46,9 @@ pub struct ProcessGroup {
     /// How the group was made, and its rendezvous store, kept for the life of the group
     /// (dropped after the backend) to form sub-groups through.
     pub(crate) origin: Option<Origin>,
+    /// This rank's trace file, kept open while the group lives; dropped last, so that
+    /// dropping the group finishes the file (see [`ProcessGroup::trace_file`]).
+    pub(crate) trace: Option<TraceHold>,
 }
 
 impl ProcessGroup {
@@ -70,7 +74,14 @@ impl ProcessGroup {
             worker: Mutex::new(None),
             fusion_buffers: FusionPool::default(),
             origin: None,
+            trace: None,
         }
+    }
+
+    /// Keeps this rank's trace file open for the life of the group.
+    pub(crate) fn holding_trace(mut self, trace: Option<TraceHold>) -> ProcessGroup {
+        self.trace = trace;
+        self
     }
 
     /// Keeps the rendezvous store alive as long as the group, with the recipe the group

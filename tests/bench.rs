@@ -233,6 +233,25 @@ fn ringccl_debug_sets_what_the_library_logs() {
     assert!(debug.contains("DEBUG"), "{debug}");
     assert!(debug.contains("connected to a lower rank"), "{debug}");
     assert!(debug.contains("TCP mesh connected"), "{debug}");
+    // The start-up summary, once per rank: transport per peer, address, thresholds, auth.
+    let info = stderr_with(Some("info"));
+    let ready: Vec<&str> = info
+        .lines()
+        .filter(|l| l.contains("process group ready"))
+        .collect();
+    assert_eq!(ready.len(), 2, "{info}");
+    for line in ready {
+        for field in [
+            "peers=",
+            "address=127.0.0.1",
+            "recursive_doubling_up_to=",
+            "auth=false",
+        ] {
+            assert!(line.contains(field), "{field} missing: {line}");
+        }
+        assert!(line.contains(",self") || line.contains("self,"), "{line}");
+    }
+    assert!(!info.contains("DEBUG"), "{info}");
 
     let default = stderr_with(None);
     assert!(!default.contains("TCP mesh connected"), "{default}");
@@ -244,4 +263,59 @@ fn ringccl_debug_sets_what_the_library_logs() {
         "{unknown}"
     );
     assert!(!unknown.contains("TCP mesh connected"), "{unknown}");
+}
+
+/// Progress never lands in the table: with stdout and stderr going to pipes there is no
+/// progress at all; on a terminal each progress line is erased before the next row.
+#[test]
+fn progress_appears_only_on_a_terminal_and_never_inside_the_table() {
+    let _guard = heavy_lock();
+    let args = [
+        "--np", "2", "-b", "8", "-e", "1K", "-f", "2", "-n", "3", "-w", "1",
+    ];
+    let out = bench(&args, false);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(rows(&stdout).len(), 8, "{stdout}");
+    assert!(!stdout.contains("RINGCCL_BENCH_PROGRESS") && !stdout.contains("(1/8)"));
+    assert!(
+        !stderr.contains("(1/8)"),
+        "progress went to a non-terminal: {stderr}"
+    );
+
+    // On a pseudo-terminal (util-linux `script`), stdout and stderr share it.
+    let script = Command::new("script").arg("--version").output();
+    if !script.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped the terminal half: `script` (util-linux) is not installed");
+        return;
+    }
+    let command = format!("{BENCH} {}", args.join(" "));
+    let out = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .output()
+        .expect("run script");
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    let screen = text(&out.stdout);
+    assert!(
+        screen.contains("(8/8)"),
+        "no progress on the terminal: {screen:?}"
+    );
+    // Every table row starts right after an erased line, never after progress text.
+    let table_rows: Vec<&str> = screen
+        .split(['\n'])
+        .filter(|l| l.contains("float") && l.contains("sum"))
+        .collect();
+    assert_eq!(table_rows.len(), 8, "{screen:?}");
+    for row in table_rows {
+        let last_piece = row.rsplit("\x1b[2K").next().unwrap_or(row);
+        assert!(
+            !last_piece.contains("ringccl-bench:"),
+            "progress shares a line with a row: {row:?}"
+        );
+        assert_eq!(
+            rows(last_piece.trim_start_matches('\r')).len(),
+            1,
+            "row not intact: {row:?}"
+        );
+    }
 }

@@ -84,6 +84,23 @@ macro_rules! runtime_error_enum {
         theirs: $crate::OpDesc,
     },
 
+    /// Two ranks' calls wait on each other, so neither can finish: a point-to-point
+    /// message against a collective, two receives that each wait for the other's later
+    /// send, or two sends that filled the connection both ways.
+    #[error("rank {rank} is in {mine} while rank {peer} is in {theirs}, waiting for rank {rank}: the two calls wait on each other ({why}); order the calls so that every send meets its recv and every rank reaches each collective")]
+    Deadlock {
+        /// The rank that noticed.
+        rank: usize,
+        /// Its call (boxed: errors stay small).
+        mine: Box<$crate::control::CallDesc>,
+        /// The peer it waits on.
+        peer: usize,
+        /// The peer's call.
+        theirs: Box<$crate::control::CallDesc>,
+        /// What each call waits for.
+        why: String,
+    },
+
     /// A peer sent bytes that break the protocol.
     #[error("rank {rank}: protocol error from rank {peer} during {op}: {reason}")]
     Protocol {
@@ -152,6 +169,7 @@ macro_rules! runtime_error_enum {
                         | $name::PeerLost { .. }
                         | $name::GroupAborted { .. }
                         | $name::CollectiveMismatch { .. }
+                        | $name::Deadlock { .. }
                         | $name::Protocol { .. }
                         | $name::Io { .. }
                         | $name::Engine {

@@ -13,7 +13,7 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
 
-use crate::control::Activity;
+use crate::control::{Activity, RETRY_EVERY};
 use crate::flight::FlightRecorder;
 use crate::kernels;
 use crate::progress::{Destination, Progress};
@@ -62,6 +62,8 @@ pub(crate) fn execute<T: Transport + ?Sized>(
     let mut progress = Progress::new(schedule, call.elem_size);
     let mut outgoing = [0u8; FRAME_HEADER_LEN];
     let mut incoming = [0u8; FRAME_HEADER_LEN];
+    // Bytes sent and received so far, for what this rank tells a peer that asks.
+    let mut moved = 0u64;
     loop {
         let mut progressed = false;
 
@@ -87,6 +89,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                 Ok(0) => break,
                 Ok(n) => {
                     progressed = true;
+                    moved += n as u64;
                     progress.sent(n);
                     if let Some(flight) = call.flight {
                         flight.sent(send.peer, n);
@@ -130,6 +133,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                     }
                     Ok(n) => {
                         progressed = true;
+                        moved += n as u64;
                         progress.received(n);
                         if let Some(flight) = call.flight {
                             flight.received(recv.peer, n);
@@ -189,13 +193,19 @@ pub(crate) fn execute<T: Transport + ?Sized>(
             )));
         };
         if let Some(activity) = call.activity {
-            activity.blocked_on(blocked.blamed());
+            activity.blocked_on(blocked.blamed(), moved);
         }
         if let Some(flight) = call.flight {
             flight.blocked_on(blocked.blamed());
         }
-        match transport.wait(blocked.writable, blocked.readable, call.deadline) {
+        // Try again at least every RETRY_EVERY, so what a peer that asks is told stays
+        // fresh (control::deadlock::stalled_on).
+        let until = Instant::now()
+            .checked_add(RETRY_EVERY)
+            .map_or(call.deadline, |retry| retry.min(call.deadline));
+        match transport.wait(blocked.writable, blocked.readable, until) {
             Ok(Readiness::Ready) => {}
+            Ok(Readiness::TimedOut) if until < call.deadline => {}
             Ok(Readiness::TimedOut) => return Err(timed_out(call, &progress, blocked.blamed())),
             Err(e) => {
                 return Err(Error::Io {

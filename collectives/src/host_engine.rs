@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::control::GroupControl;
 use crate::executor::{execute, Call};
@@ -14,6 +14,7 @@ use crate::schedule::{
     recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
     ring_reduce_scatter, segment, send_to, Schedule,
 };
+use crate::timeline::{self, CollectiveTrace, PeerTraffic};
 use crate::transport::Transport;
 use crate::wire::{Algorithm, MAX_FRAME_PAYLOAD};
 use crate::{AllReduceAlgo, DType, Error, OpDesc, ReduceOp};
@@ -80,6 +81,8 @@ pub struct HostEngine<T> {
     control: Option<Arc<GroupControl>>,
     /// The group's flight recorder, once a runner has taken the engine.
     flight: Option<Arc<FlightRecorder>>,
+    /// Where each call's span goes, when tracing is on.
+    trace: Option<CollectiveTrace>,
 }
 
 /// What one call asks of the executor.
@@ -110,7 +113,26 @@ impl<T: Transport> HostEngine<T> {
             scratch: Vec::new(),
             control: None,
             flight: None,
+            trace: None,
         }
+    }
+
+    /// Records a span for every call on `trace`'s row of the timeline (Chrome trace).
+    ///
+    /// ```
+    /// use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
+    /// use ringccl_collectives::{HostConfig, HostEngine, MemoryConfig, MemoryTransport};
+    ///
+    /// let transport = MemoryTransport::mesh(1, MemoryConfig::default()).remove(0);
+    /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let engine = HostEngine::new(transport, HostConfig::default())
+    ///     .with_trace(CollectiveTrace::new(file.new_row("collectives"), "memory"));
+    /// # let _ = engine;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn with_trace(mut self, trace: CollectiveTrace) -> HostEngine<T> {
+        self.trace = Some(trace);
+        self
     }
 
     /// The configuration in force.
@@ -137,6 +159,7 @@ impl<T: Transport> HostEngine<T> {
         if let Some(flight) = call.flight {
             flight.running(call.op, call.algorithm);
         }
+        let started = self.trace.is_some().then(Instant::now);
         let result = execute(
             &mut self.transport,
             &job.schedule,
@@ -147,6 +170,24 @@ impl<T: Transport> HostEngine<T> {
         );
         if let Some(activity) = call.activity {
             activity.end();
+        }
+        if let (Some(trace), Some(started)) = (&self.trace, started) {
+            // The schedule moves into the span: its bytes per peer are totalled on the
+            // writer thread, not here.
+            let traffic = match result {
+                Ok(()) => PeerTraffic::planned(job.schedule, job.elem_size),
+                Err(_) => PeerTraffic::default(),
+            };
+            trace.record(timeline::Call {
+                op,
+                algorithm: Some(job.algorithm),
+                rank: call.rank,
+                world_size: call.world_size,
+                traffic,
+                deadline,
+                started,
+                result: &result,
+            });
         }
         result
     }

@@ -4,8 +4,10 @@
 //! backends, so it runs unchanged over `"gloo"` and `"nccl"`.
 
 use std::fmt;
+use std::sync::Arc;
 
 use ringccl_collectives::half::{bf16, f16};
+use ringccl_collectives::timeline::TraceFile;
 use ringccl_collectives::{BufferMut, DType, Error};
 
 /// A gradient buffer of one of the float types, moved into an asynchronous all-reduce.
@@ -74,6 +76,15 @@ impl<V: Send> Wait<V> for Ready<V> {
     }
 }
 
+/// Which DDP bucket an all-reduce is, for the timeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketLabel {
+    /// The bucket's index (buckets start in index order).
+    pub bucket: usize,
+    /// The training step, counted by DDP from 0.
+    pub step: u64,
+}
+
 /// The collectives DDP uses. Every call follows the group's rules: every rank issues
 /// the same calls in the same order.
 pub trait Communicator: Send + Sync {
@@ -92,4 +103,22 @@ pub trait Communicator: Send + Sync {
 
     /// Gathers every rank's `input` (equal lengths) into `output`, in rank order.
     fn all_gather_i64(&self, input: &[i64], output: &mut [i64]) -> Result<(), Error>;
+
+    /// This rank's trace file when tracing is on (`RINGCCL_TRACE`): DDP marks the
+    /// trainer's backward pass and its own waits there. The default: no trace.
+    fn trace_file(&self) -> Option<Arc<TraceFile>> {
+        None
+    }
+
+    /// [`all_reduce_sum_async`](Self::all_reduce_sum_async) of DDP bucket `label`, which
+    /// an implementation with a trace also shows on the timeline's `ddp` row. The
+    /// default: the plain all-reduce.
+    fn all_reduce_bucket_async(
+        &self,
+        buf: GradBuf,
+        label: BucketLabel,
+    ) -> Result<Pending<GradBuf>, Error> {
+        let _ = label;
+        self.all_reduce_sum_async(buf)
+    }
 }

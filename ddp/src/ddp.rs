@@ -3,9 +3,11 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 
+use ringccl_collectives::timeline::{SpanGuard, Timeline};
 use ringccl_collectives::{BufferMut, Error};
 
-use crate::communicator::{Communicator, Pending};
+use crate::bucket_comm::BucketComm;
+use crate::communicator::{BucketLabel, Communicator, Pending};
 use crate::config::{DdpConfig, ParamSpec};
 use crate::element::GradElement;
 use crate::hooks::{AllReduceHook, CommHook};
@@ -69,6 +71,8 @@ pub struct DistributedDataParallel<'c, T: GradElement> {
     arrival: Vec<usize>,
     rebuilt: bool,
     broken: Option<String>,
+    /// The timeline's `trainer` row, when the communicator traces.
+    trainer: Option<Timeline>,
 }
 
 /// The buckets and slots being replaced by a rebuild.
@@ -118,6 +122,7 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
             arrival: Vec::with_capacity(params.len()),
             rebuilt: false,
             broken: None,
+            trainer: comm.trace_file().map(|file| file.row("trainer")),
         };
         ddp.layout(&order, None);
         Ok(ddp)
@@ -183,6 +188,64 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
         }
         self.buckets = buckets;
         self.slots = slots;
+    }
+
+    /// Times the trainer's backward pass on the timeline (the `trainer` row of this
+    /// rank's Chrome trace, when tracing is on): from now until the returned guard is
+    /// dropped. With it, the trace shows the buckets' all-reduces (the `ddp` row)
+    /// overlapping the backward pass. Records nothing when tracing is off.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// # let pg = Solo;
+    /// let params = [ParamSpec::new("w", 2, DType::F32)];
+    /// let mut ddp = DistributedDataParallel::<f32>::new(&pg, &params, DdpConfig::default())?;
+    /// let backward = ddp.backward_span();
+    /// ddp.mark_grad_ready(0, &[1.0, 2.0])?; // as backward produces it
+    /// drop(backward); // the backward pass ends
+    /// ddp.finish()?;
+    /// # Ok::<(), DdpError>(())
+    /// ```
+    pub fn backward_span(&self) -> SpanGuard {
+        self.trainer_span("backward")
+    }
+
+    /// Times any part of the training step (`"forward"`, `"optimizer"`) on the timeline's
+    /// `trainer` row, like [`backward_span`](Self::backward_span). Spans of that row
+    /// should follow each other (or nest), not overlap.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// # let pg = Solo;
+    /// # let params = [ParamSpec::new("w", 2, DType::F32)];
+    /// let ddp = DistributedDataParallel::<f32>::new(&pg, &params, DdpConfig::default())?;
+    /// let forward = ddp.trainer_span("forward");
+    /// assert!(!forward.is_on()); // this communicator does not trace
+    /// # Ok::<(), DdpError>(())
+    /// ```
+    pub fn trainer_span(&self, name: &'static str) -> SpanGuard {
+        match &self.trainer {
+            Some(row) => row.span(name),
+            None => SpanGuard::off(),
+        }
     }
 
     /// Turns synchronisation off (`true`) or back on: while off, gradients accumulate in
@@ -337,7 +400,14 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
                 let n = self.comm.world_size();
                 data.iter_mut().for_each(|x| *x = x.div_count(n));
             }
-            match self.hook.start(self.comm, data) {
+            let comm = BucketComm {
+                comm: self.comm,
+                label: BucketLabel {
+                    bucket: self.next_launch,
+                    step: self.step,
+                },
+            };
+            match self.hook.start(&comm, data) {
                 Ok(pending) => bucket.in_flight = Some(pending),
                 Err(e) => return Err(self.fail(e.into())),
             }
@@ -351,6 +421,7 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
     /// closes the step (nothing is communicated; gradients keep accumulating).
     pub fn finish(&mut self) -> Result<(), DdpError> {
         self.check_usable()?;
+        let _waiting = self.trainer_span("ddp finish");
         let missing: Vec<usize> = (0..self.params.len()).filter(|&i| !self.ready[i]).collect();
         if !missing.is_empty() && !self.no_sync {
             if !self.config.find_unused_parameters {

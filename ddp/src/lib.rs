@@ -15,6 +15,7 @@
 
 #![deny(unsafe_code)]
 
+mod bucket_comm;
 mod communicator;
 mod config;
 mod ddp;
@@ -24,7 +25,7 @@ mod hooks;
 mod plan;
 mod sampler;
 
-pub use communicator::{Communicator, GradBuf, Pending, Ready, Wait};
+pub use communicator::{BucketLabel, Communicator, GradBuf, Pending, Ready, Wait};
 pub use config::{DdpConfig, ParamSpec};
 pub use ddp::{DistributedDataParallel, NoSync};
 pub use element::GradElement;

@@ -215,6 +215,28 @@ pub(crate) fn flight_entries(
         .transpose()
 }
 
+/// `RINGCCL_TRACE`, if set to a directory: where every rank writes its Chrome trace.
+/// Unset, empty or blank means no trace; a value with leading or trailing blanks is
+/// refused (almost certainly a quoting mistake in a launch script).
+pub(crate) fn trace_dir(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<PathBuf>, Error> {
+    let Some(value) = lookup("RINGCCL_TRACE") else {
+        return Ok(None);
+    };
+    if value.trim().is_empty() {
+        return Ok(None);
+    }
+    if value.trim() != value {
+        return Err(Error::InvalidEnv {
+            var: "RINGCCL_TRACE",
+            value,
+            reason: "the directory name starts or ends with blanks; remove them (or set an \
+                     empty value to turn tracing off)"
+                .into(),
+        });
+    }
+    Ok(Some(PathBuf::from(value)))
+}
+
 /// Reads the process environment.
 pub(crate) fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
@@ -393,6 +415,41 @@ mod tests {
                 other => panic!("{bad}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_flight_recorder_and_the_trace_cannot_share_a_directory() {
+        let opts = InitOptions::new(0, 1, "h:1")
+            .flight_dir("/tmp/same")
+            .trace_dir("/tmp/same");
+        let err = opts.resolved_flight_dir().unwrap_err();
+        assert!(err.to_string().contains("different directories"), "{err}");
+        let opts = InitOptions::new(0, 1, "h:1")
+            .flight_dir("/tmp/f")
+            .trace_dir("/tmp/t");
+        assert_eq!(opts.resolved_flight_dir().unwrap(), Some("/tmp/f".into()));
+    }
+
+    #[test]
+    fn the_trace_directory_is_optional_and_checked() {
+        assert_eq!(trace_dir(vars(&[])).unwrap(), None);
+        assert_eq!(trace_dir(vars(&[("RINGCCL_TRACE", "  ")])).unwrap(), None);
+        assert_eq!(
+            trace_dir(vars(&[("RINGCCL_TRACE", "/tmp/t r")])).unwrap(),
+            Some(PathBuf::from("/tmp/t r"))
+        );
+        let err = trace_dir(vars(&[("RINGCCL_TRACE", "/tmp/t ")])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidEnv {
+                    var: "RINGCCL_TRACE",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("blanks"), "{err}");
     }
 
     #[test]

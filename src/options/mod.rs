@@ -6,7 +6,7 @@ pub(crate) mod env;
 mod slurm;
 mod transport_kind;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ringccl_collectives::flight::{DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES};
@@ -72,6 +72,9 @@ pub struct InitOptions {
     /// How many calls the flight recorder keeps per group; `None` defers to
     /// `RINGCCL_FLIGHT_ENTRIES`, then 2000.
     pub flight_entries: Option<usize>,
+    /// Where this rank writes its Chrome trace (the timeline); `None` defers to
+    /// `RINGCCL_TRACE`, then no trace.
+    pub trace_dir: Option<PathBuf>,
     store_listener: Option<StoreListener>,
 }
 
@@ -101,13 +104,15 @@ impl InitOptions {
             attempt: 0,
             flight_dir: None,
             flight_entries: None,
+            trace_dir: None,
         }
     }
 
     /// Reads the launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (or
     /// Slurm's and OpenMPI's equivalents) and, if set, LOCAL_RANK,
     /// TORCHELASTIC_RESTART_COUNT, RINGCCL_TIMEOUT, RINGCCL_DEAD_PEER_TIMEOUT (seconds)
-    /// and RINGCCL_AUTH_TOKEN. A missing or
+    /// and RINGCCL_AUTH_TOKEN. (RINGCCL_ALGO, RINGCCL_TRANSPORT and RINGCCL_TRACE are read
+    /// when the group starts, for whatever the code left unset.) A missing or
     /// malformed variable is an error that names it.
     ///
     /// ```no_run
@@ -307,6 +312,22 @@ impl InitOptions {
         self
     }
 
+    /// Makes this rank write a Chrome trace of its collectives (one span per call, with
+    /// its op number, kind, size, algorithm and transport) to `dir/rank-<rank>.json`,
+    /// creating `dir`; Perfetto (ui.perfetto.dev) and chrome://tracing open it, and
+    /// `ringrun --trace DIR` merges the ranks' files into `DIR/trace.json`. Without this
+    /// call, the `RINGCCL_TRACE` environment variable names the directory (unset or empty:
+    /// no trace). Tracing off costs one branch per call.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").trace_dir("/tmp/trace");
+    /// assert_eq!(opts.trace_dir.as_deref(), Some(std::path::Path::new("/tmp/trace")));
+    /// ```
+    pub fn trace_dir(mut self, dir: impl AsRef<Path>) -> InitOptions {
+        self.trace_dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -347,11 +368,32 @@ impl InitOptions {
     }
 
     /// The flight recorder's directory: the setting in code, else `RINGCCL_FLIGHT_DIR`,
-    /// else none.
-    pub(crate) fn resolved_flight_dir(&self) -> Option<PathBuf> {
-        self.flight_dir
+    /// else none; refused when it is the trace's directory too.
+    pub(crate) fn resolved_flight_dir(&self) -> Result<Option<PathBuf>, Error> {
+        let Some(dir) = self
+            .flight_dir
             .clone()
             .or_else(|| env::flight_dir(env::process_env))
+        else {
+            return Ok(None);
+        };
+        // The trace and the dumps both name their files rank-<rank>.json.
+        if let Some(trace) = self.resolved_trace_dir()? {
+            let same = match (std::fs::canonicalize(&dir), std::fs::canonicalize(&trace)) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => dir == trace,
+            };
+            if same {
+                return Err(Error::InvalidArgument(format!(
+                    "the flight recorder's directory (RINGCCL_FLIGHT_DIR or \
+                     InitOptions::flight_dir) and the trace's (RINGCCL_TRACE or \
+                     InitOptions::trace_dir) are both {}: each writes rank-<rank>.json there; \
+                     give them different directories",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(Some(dir))
     }
 
     /// The flight recorder's size: the setting in code, else `RINGCCL_FLIGHT_ENTRIES`,
@@ -376,6 +418,14 @@ impl InitOptions {
         match self.transport {
             Some(kind) => Ok(kind),
             None => Ok(env::transport(env::process_env)?.unwrap_or_default()),
+        }
+    }
+
+    /// The trace directory: the setting in code, else `RINGCCL_TRACE`, else none.
+    pub(crate) fn resolved_trace_dir(&self) -> Result<Option<PathBuf>, Error> {
+        match &self.trace_dir {
+            Some(dir) => Ok(Some(dir.clone())),
+            None => env::trace_dir(env::process_env),
         }
     }
 

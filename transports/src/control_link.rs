@@ -326,7 +326,7 @@ impl Driver {
             match ControlMessage::decode(&peer.inbox) {
                 Ok(Some((message, used))) => {
                     peer.inbox.drain(..used);
-                    let mine = self.control.activity().snapshot();
+                    let mine = self.control.activity().snapshot_for(from);
                     self.sentinel.handle_message(now, from, message, &mine);
                 }
                 Ok(None) => return,

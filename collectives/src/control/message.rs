@@ -11,15 +11,23 @@
 //! | 4    | `Leaving` | nothing                                                   |
 //! | 5    | `Fingerprint` | the op, as a 32-byte frame header (payload length zero) |
 //!
-//! A snapshot is a flags byte (bit 0: an op is running, bit 1: it is blocked), then the
-//! running op as a 32-byte frame header (payload length zero) if bit 0, then the u32 rank
-//! it is blocked on if bit 1.
+//! A snapshot is a flags byte, then one block per flag set, in this order:
+//!
+//! | flag  | block (when set)                                                          |
+//! |-------|---------------------------------------------------------------------------|
+//! | bit 0 | the running op: a 32-byte frame header (payload length zero); its numbering: u8 (0 unknown, 1 the group's, 2 sent to, 3 received from) and u32 peer (`u32::MAX` for 0 and 1); u64 waits, u64 waiting-on-since, u64 stalled-since |
+//! | bit 1 | u32 rank it is blocked on                                                 |
+//! | bit 2 | counts with one peer: u32 peer, u64 collectives, u64 sent, u64 received   |
+//!
+//! (Layout 2. Layout 1 had bits 0 and 1 only, with the header alone; a build of either
+//! layout refuses the other's `Ask` and `Status` as malformed.)
 
 use std::fmt;
 
 use bytes::{Buf, BufMut};
 
-use super::Snapshot;
+use super::{PairCounts, Snapshot};
+use crate::group::Sequence;
 use crate::wire::{Algorithm, FrameHeader, WireError, FRAME_HEADER_LEN};
 use crate::OpDesc;
 
@@ -37,6 +45,13 @@ const FINGERPRINT: u8 = 5;
 
 const RUNNING: u8 = 1;
 const BLOCKED: u8 = 2;
+const COUNTED: u8 = 4;
+
+const NUMBERED_UNKNOWN: u8 = 0;
+const NUMBERED_BY_GROUP: u8 = 1;
+const NUMBERED_SENT_TO: u8 = 2;
+const NUMBERED_RECEIVED_FROM: u8 = 3;
+const NO_PEER: u32 = u32::MAX;
 
 /// One control message.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,6 +141,9 @@ fn put_snapshot(out: &mut Vec<u8>, snapshot: &Snapshot) {
     if snapshot.blocked_on.is_some() {
         flags |= BLOCKED;
     }
+    if snapshot.counts.is_some() {
+        flags |= COUNTED;
+    }
     out.put_u8(flags);
     if let Some((op, algorithm)) = snapshot.current {
         out.put_slice(
@@ -136,34 +154,79 @@ fn put_snapshot(out: &mut Vec<u8>, snapshot: &Snapshot) {
             }
             .encode(),
         );
+        let (code, peer) = match snapshot.sequence {
+            None => (NUMBERED_UNKNOWN, NO_PEER),
+            Some(Sequence::Collective) => (NUMBERED_BY_GROUP, NO_PEER),
+            Some(Sequence::SentTo(peer)) => (NUMBERED_SENT_TO, rank_u32(peer)),
+            Some(Sequence::ReceivedFrom(peer)) => (NUMBERED_RECEIVED_FROM, rank_u32(peer)),
+        };
+        out.put_u8(code);
+        out.put_u32_le(peer);
+        out.put_u64_le(snapshot.waits);
+        out.put_u64_le(snapshot.waiting_on_since);
+        out.put_u64_le(snapshot.stalled_since);
     }
     if let Some(peer) = snapshot.blocked_on {
         out.put_u32_le(rank_u32(peer));
     }
+    if let Some(counts) = snapshot.counts {
+        out.put_u32_le(rank_u32(counts.peer));
+        out.put_u64_le(counts.collectives);
+        out.put_u64_le(counts.sent);
+        out.put_u64_le(counts.received);
+    }
+}
+
+fn get_sequence(body: &mut &[u8]) -> Result<Option<Sequence>, ControlError> {
+    let code = body.try_get_u8()?;
+    let peer = body.try_get_u32_le()?;
+    let sequence = match code {
+        NUMBERED_UNKNOWN => None,
+        NUMBERED_BY_GROUP => Some(Sequence::Collective),
+        NUMBERED_SENT_TO => Some(Sequence::SentTo(peer as usize)),
+        NUMBERED_RECEIVED_FROM => Some(Sequence::ReceivedFrom(peer as usize)),
+        other => {
+            return Err(ControlError::Body(format!(
+                "unknown numbering code {other}"
+            )))
+        }
+    };
+    if matches!(code, NUMBERED_UNKNOWN | NUMBERED_BY_GROUP) && peer != NO_PEER {
+        return Err(ControlError::Body(format!(
+            "numbering code {code} names peer {peer}"
+        )));
+    }
+    Ok(sequence)
 }
 
 fn get_snapshot(body: &mut &[u8]) -> Result<Snapshot, ControlError> {
     let flags = body.try_get_u8()?;
-    if flags & !(RUNNING | BLOCKED) != 0 {
+    if flags & !(RUNNING | BLOCKED | COUNTED) != 0 {
         return Err(ControlError::Body(format!("unknown flags {flags:#04x}")));
     }
-    let current = if flags & RUNNING != 0 {
+    let mut snapshot = Snapshot::default();
+    if flags & RUNNING != 0 {
         let mut raw = [0u8; FRAME_HEADER_LEN];
         body.try_copy_to_slice(&mut raw)?;
         let header = FrameHeader::decode(&raw)?;
-        Some((header.op, header.algorithm))
-    } else {
-        None
-    };
-    let blocked_on = if flags & BLOCKED != 0 {
-        Some(body.try_get_u32_le()? as usize)
-    } else {
-        None
-    };
-    Ok(Snapshot {
-        current,
-        blocked_on,
-    })
+        snapshot.current = Some((header.op, header.algorithm));
+        snapshot.sequence = get_sequence(body)?;
+        snapshot.waits = body.try_get_u64_le()?;
+        snapshot.waiting_on_since = body.try_get_u64_le()?;
+        snapshot.stalled_since = body.try_get_u64_le()?;
+    }
+    if flags & BLOCKED != 0 {
+        snapshot.blocked_on = Some(body.try_get_u32_le()? as usize);
+    }
+    if flags & COUNTED != 0 {
+        snapshot.counts = Some(PairCounts {
+            peer: body.try_get_u32_le()? as usize,
+            collectives: body.try_get_u64_le()?,
+            sent: body.try_get_u64_le()?,
+            received: body.try_get_u64_le()?,
+        });
+    }
+    Ok(snapshot)
 }
 
 impl ControlMessage {
@@ -274,8 +337,7 @@ impl ControlMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Algorithm;
-    use crate::{DType, OpDesc, ReduceOp};
+    use crate::{DType, ReduceOp};
 
     fn all_kinds() -> Vec<ControlMessage> {
         let busy = Snapshot {
@@ -284,6 +346,21 @@ mod tests {
                 Algorithm::Ring,
             )),
             blocked_on: Some(3),
+            sequence: Some(Sequence::Collective),
+            waits: 12,
+            waiting_on_since: 4,
+            stalled_since: 9,
+            counts: Some(PairCounts {
+                peer: 3,
+                collectives: 17,
+                sent: 2,
+                received: u64::MAX,
+            }),
+        };
+        let receiving = Snapshot {
+            current: Some((OpDesc::send_recv(3, DType::U8, 5, 42), Algorithm::Direct)),
+            sequence: Some(Sequence::ReceivedFrom(1)),
+            ..busy
         };
         vec![
             ControlMessage::Abort {
@@ -301,8 +378,34 @@ mod tests {
             ControlMessage::Status {
                 nonce: u32::MAX,
                 snapshot: Snapshot {
-                    current: busy.current,
                     blocked_on: None,
+                    counts: None,
+                    ..busy
+                },
+            },
+            ControlMessage::Ask {
+                nonce: 8,
+                snapshot: receiving,
+            },
+            ControlMessage::Status {
+                nonce: 8,
+                snapshot: Snapshot {
+                    sequence: Some(Sequence::SentTo(0)),
+                    ..receiving
+                },
+            },
+            ControlMessage::Status {
+                nonce: 9,
+                snapshot: Snapshot {
+                    sequence: None,
+                    ..receiving
+                },
+            },
+            ControlMessage::Status {
+                nonce: 10,
+                snapshot: Snapshot {
+                    counts: busy.counts,
+                    ..Snapshot::default()
                 },
             },
             ControlMessage::Leaving,
@@ -310,6 +413,87 @@ mod tests {
                 op: OpDesc::broadcast(9, DType::BF16, 77, 1),
             },
         ]
+    }
+
+    /// The encoding of a `Status` whose snapshot is `snapshot` (flags first).
+    fn status_bytes(snapshot: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        bytes.put_u32_le(4 + snapshot.len() as u32);
+        bytes.put_u8(STATUS);
+        bytes.put_u32_le(1);
+        bytes.put_slice(snapshot);
+        bytes
+    }
+
+    #[test]
+    fn the_snapshot_layout_is_as_documented() {
+        let snapshot = Snapshot {
+            current: Some((OpDesc::send_recv(3, DType::F32, 8, 0), Algorithm::Direct)),
+            blocked_on: Some(1),
+            sequence: Some(Sequence::SentTo(1)),
+            waits: 5,
+            waiting_on_since: 2,
+            stalled_since: 3,
+            counts: Some(PairCounts {
+                peer: 1,
+                collectives: 7,
+                sent: 3,
+                received: 0,
+            }),
+        };
+        let mut bytes = Vec::new();
+        ControlMessage::Status { nonce: 1, snapshot }.encode_into(&mut bytes);
+        let body = &bytes[PREFIX + 4..];
+        assert_eq!(body[0], RUNNING | BLOCKED | COUNTED);
+        let running = &body[1 + FRAME_HEADER_LEN..];
+        assert_eq!(running[0], NUMBERED_SENT_TO);
+        assert_eq!(running[1..5], 1u32.to_le_bytes());
+        assert_eq!(running[5..13], 5u64.to_le_bytes());
+        assert_eq!(running[13..21], 2u64.to_le_bytes());
+        assert_eq!(running[21..29], 3u64.to_le_bytes());
+        assert_eq!(running[29..33], 1u32.to_le_bytes(), "blocked on");
+        let counts = &running[33..];
+        assert_eq!(counts.len(), 4 + 3 * 8);
+        assert_eq!(counts[4..12], 7u64.to_le_bytes());
+        assert_eq!(status_bytes(body), bytes);
+    }
+
+    #[test]
+    fn malformed_snapshots_are_refused() {
+        let mut running = vec![RUNNING];
+        running.extend_from_slice(
+            &FrameHeader {
+                op: OpDesc::barrier(1),
+                algorithm: Algorithm::Dissemination,
+                payload_len: 0,
+            }
+            .encode(),
+        );
+        let with_numbering = |code: u8, peer: u32| {
+            let mut body = running.clone();
+            body.put_u8(code);
+            body.put_u32_le(peer);
+            body.put_slice(&[0u8; 24]);
+            status_bytes(&body)
+        };
+        assert!(ControlMessage::decode(&with_numbering(NUMBERED_BY_GROUP, NO_PEER)).is_ok());
+        for (code, peer) in [(4, NO_PEER), (NUMBERED_BY_GROUP, 0), (NUMBERED_UNKNOWN, 2)] {
+            assert!(
+                matches!(
+                    ControlMessage::decode(&with_numbering(code, peer)),
+                    Err(ControlError::Body(_))
+                ),
+                "code {code}, peer {peer}"
+            );
+        }
+        // Layout 1 (a header and nothing after it) is cut short under layout 2.
+        assert!(ControlMessage::decode(&status_bytes(&running)).is_err());
+        // Counts announced but missing; an unknown flag.
+        assert!(ControlMessage::decode(&status_bytes(&[COUNTED, 1, 0, 0, 0])).is_err());
+        assert_eq!(
+            ControlMessage::decode(&status_bytes(&[8])),
+            Err(ControlError::Body("unknown flags 0x08".into()))
+        );
     }
 
     #[test]
@@ -356,20 +540,40 @@ mod tests {
         );
         assert!(ControlMessage::decode(&[1, 0, 0, 0, STATUS, 0]).is_err());
         assert!(ControlMessage::decode(&[2, 0, 0, 0, LEAVING, 0, 0]).is_err());
-        // Random bytes: any answer but a panic.
+        // Random bytes: any answer but a panic; an accepted question or answer is
+        // canonical (it encodes back to the same bytes).
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for _ in 0..20_000 {
-            let mut bytes = [0u8; 48];
+        let valid_header = FrameHeader {
+            op: OpDesc::send_recv(3, DType::F32, 8, 0),
+            algorithm: Algorithm::Direct,
+            payload_len: 0,
+        }
+        .encode();
+        for i in 0..20_000 {
+            let mut bytes = [0u8; 128];
             for b in &mut bytes {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
                 *b = x as u8;
             }
-            bytes[0] %= 64;
+            bytes[0] %= 128;
             (bytes[1], bytes[2], bytes[3]) = (0, 0, 0);
             bytes[4] = 1 + bytes[4] % 5;
-            let _ = ControlMessage::decode(&bytes);
+            if i % 2 == 0 {
+                // Half of them get a valid op, so the blocks after it are exercised too.
+                bytes[4] = STATUS;
+                bytes[9] &= RUNNING | BLOCKED | COUNTED | 8;
+                bytes[10..10 + FRAME_HEADER_LEN].copy_from_slice(&valid_header);
+                bytes[42] %= 5;
+            }
+            if let Ok(Some((message, used))) = ControlMessage::decode(&bytes) {
+                if matches!(message, ControlMessage::Status { .. }) {
+                    let mut again = Vec::new();
+                    message.encode_into(&mut again);
+                    assert_eq!(again, bytes[..used], "{message:?}");
+                }
+            }
         }
     }
 }

@@ -7,8 +7,11 @@
 //! Both travel on a second, always-read connection per pair of ranks, as small
 //! [`ControlMessage`]s:
 //!
-//! - [`activity`]: what this rank is doing now (its op and the peer it is blocked on),
-//!   published by the executor, read by the control thread;
+//! - [`activity`]: what this rank is doing now (its op, how it was numbered, the peer it
+//!   is blocked on, its counts of calls with each peer), published by the runner and the
+//!   executor, read by the control thread;
+//! - [`deadlock`]: when two ranks' calls provably wait on each other (point-to-point
+//!   against a collective, two receives, two sends that filled the connection);
 //! - [`message`]: the control messages and their encoding;
 //! - [`sentinel`]: the protocol, as a pure state machine that takes `now` and messages and
 //!   says what to send and what it concluded; the I/O driver lives with the transports
@@ -17,11 +20,13 @@
 //!   the abort record, and how to close the data connections and wake their waiters.
 
 pub mod activity;
+pub mod deadlock;
 pub mod group_control;
 pub mod message;
 pub mod sentinel;
 
-pub use activity::{Activity, Snapshot};
+pub use activity::{Activity, PairCounts, Snapshot};
+pub use deadlock::CallDesc;
 pub use group_control::{AbortRecord, GroupControl};
 pub use message::{ControlMessage, MAX_CONTROL_BODY};
-pub use sentinel::{Sentinel, Verdict, ASK_AFTER, ASK_EVERY, TICK};
+pub use sentinel::{Sentinel, Verdict, ASK_AFTER, ASK_EVERY, FOLLOW_UP, RETRY_EVERY, TICK};

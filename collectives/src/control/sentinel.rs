@@ -6,17 +6,28 @@
 //!   why. When a peer's notice arrives, the machine concludes [`Verdict::Aborted`] and
 //!   passes the notice on to every other peer, so a rank that dies half-way through
 //!   telling the group still reaches everyone.
-//! - **Finding mismatches no frame shows.** When this rank's op has been blocked on one
-//!   peer for [`ASK_AFTER`], it asks that peer what it is doing (and says what it is
-//!   doing itself). If both are in collectives with the same sequence number but
-//!   different descriptions, that is a mismatch, whichever side sees it first
-//!   ([`Verdict::Broken`]); otherwise the peer is only slow and the question is asked
-//!   again every [`ASK_EVERY`].
+//! - **Finding mismatches and deadlocks no frame shows.** When this rank's op has been
+//!   blocked on one peer for [`ASK_AFTER`], it asks that peer what it is doing (and says
+//!   what it is doing itself). Both sides then judge ([`Verdict::Broken`]):
+//!   - both in collectives with the same sequence number but different descriptions: a
+//!     mismatch ([`disagreement`]);
+//!   - each call waits for a call the other rank has not started (a receive against a
+//!     collective, two receives): a deadlock ([`deadlock::wait_on_each_other`]);
+//!   - on the asking side only, two calls that only send, each blocked writing to the
+//!     other: a deadlock once both are seen stalled after a moment at which both were
+//!     already in these calls. The first answer sets that moment; the question is asked
+//!     again after [`FOLLOW_UP`], and the second answer must show both ranks' writes still
+//!     failing since ([`deadlock::stalled_on`]).
+//!
+//!   Otherwise the peer is only slower and the question is asked again every
+//!   [`ASK_EVERY`].
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use super::deadlock::{self, CallDesc};
 use super::{ControlMessage, Snapshot};
+use crate::group::Sequence;
 use crate::wire::same_call;
 use crate::{CollectiveKind, Error, OpDesc};
 
@@ -26,12 +37,18 @@ pub const TICK: Duration = Duration::from_millis(100);
 pub const ASK_AFTER: Duration = Duration::from_millis(250);
 /// How often the question is asked again while the op stays blocked.
 pub const ASK_EVERY: Duration = Duration::from_secs(1);
+/// How soon the question is asked again when the first answer showed two calls that only
+/// send, each blocked on the other: the second answer decides.
+pub const FOLLOW_UP: Duration = Duration::from_millis(300);
+/// A blocked op tries to move bytes again at least this often, even when nothing woke
+/// it, so that its snapshot shows fresh attempts (see [`deadlock::stalled_on`]).
+pub const RETRY_EVERY: Duration = Duration::from_millis(100);
 
 /// What the machine concluded.
 #[derive(Debug)]
 pub enum Verdict {
-    /// This rank and a peer are in different collectives: the group must be aborted
-    /// with this error.
+    /// This rank and a peer are in different collectives, or their calls wait on each
+    /// other: the group must be aborted with this error.
     Broken(Error),
     /// Rank `origin` aborted the group for `reason`.
     Aborted {
@@ -49,9 +66,16 @@ pub enum Verdict {
     },
 }
 
+/// Which call a snapshot shows running: its description and numbering.
+type Running = (OpDesc, Option<Sequence>);
+
+fn running(snapshot: &Snapshot) -> Option<Running> {
+    snapshot.current.map(|(op, _)| (op, snapshot.sequence))
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Watch {
-    op: OpDesc,
+    call: Running,
     since: Instant,
 }
 
@@ -59,8 +83,26 @@ struct Watch {
 struct Question {
     peer: usize,
     nonce: u32,
-    op: OpDesc,
+    /// What this rank said it was doing when it asked.
+    asked: Snapshot,
     at: Instant,
+}
+
+/// Two calls that only send, each blocked on the other, first seen in the answer to a
+/// question this rank asked while already in `mine`. The moment the peer answered is the
+/// one after which both ranks' writes must be seen failing again.
+#[derive(Debug, Clone, Copy)]
+struct BothSending {
+    peer: usize,
+    mine: CallDesc,
+    theirs: CallDesc,
+    /// This rank's wait count when it asked (every later wait must be on the peer and
+    /// move nothing).
+    my_waits_asked: u64,
+    /// This rank's wait count when the answer arrived.
+    my_waits_answered: u64,
+    /// The peer's wait count in its answer.
+    their_waits: u64,
 }
 
 /// One rank's control protocol. See the module documentation.
@@ -87,6 +129,7 @@ pub struct Sentinel {
     world_size: usize,
     watching: Option<Watch>,
     asked: Option<Question>,
+    both_sending: Option<BothSending>,
     next_nonce: u32,
     aborted: bool,
     left: Vec<bool>,
@@ -102,6 +145,7 @@ impl Sentinel {
             world_size,
             watching: None,
             asked: None,
+            both_sending: None,
             next_nonce: 1,
             aborted: false,
             left: vec![false; world_size],
@@ -154,16 +198,17 @@ impl Sentinel {
         }
     }
 
-    /// Time passes: ask the peer this rank has been blocked on for a while.
+    /// Time passes: ask the peer this rank has been blocked on for a while. `mine`
+    /// carries this rank's counts with the peer it is blocked on.
     pub fn handle_timeout(&mut self, now: Instant, mine: &Snapshot) {
-        let Some((op, _)) = mine.current else {
+        let Some(call) = running(mine) else {
             self.watching = None;
             return;
         };
         let since = match self.watching {
-            Some(w) if w.op == op => w.since,
+            Some(w) if w.call == call => w.since,
             _ => {
-                self.watching = Some(Watch { op, since: now });
+                self.watching = Some(Watch { call, since: now });
                 now
             }
         };
@@ -176,9 +221,15 @@ impl Sentinel {
         if self.aborted || now.saturating_duration_since(since) < ASK_AFTER {
             return;
         }
+        let following_up = self
+            .both_sending
+            .is_some_and(|b| b.peer == peer && CallDesc::running(mine) == Some(b.mine));
         let due = match self.asked {
             Some(q) => {
-                q.op != op || q.peer != peer || now.saturating_duration_since(q.at) >= ASK_EVERY
+                let after = if following_up { FOLLOW_UP } else { ASK_EVERY };
+                running(&q.asked) != Some(call)
+                    || q.peer != peer
+                    || now.saturating_duration_since(q.at) >= after
             }
             None => true,
         };
@@ -188,7 +239,7 @@ impl Sentinel {
             self.asked = Some(Question {
                 peer,
                 nonce,
-                op,
+                asked: *mine,
                 at: now,
             });
             self.transmits.push_back((
@@ -201,7 +252,8 @@ impl Sentinel {
         }
     }
 
-    /// `message` arrived from `from`; `mine` is what this rank is doing now.
+    /// `message` arrived from `from`; `mine` is what this rank is doing now, with its
+    /// counts for `from`.
     pub fn handle_message(
         &mut self,
         _now: Instant,
@@ -231,12 +283,12 @@ impl Sentinel {
                 self.judge(from, mine, &snapshot);
             }
             ControlMessage::Status { nonce, snapshot } => {
-                if self
-                    .asked
-                    .is_some_and(|q| q.nonce == nonce && q.peer == from)
-                {
-                    self.judge(from, mine, &snapshot);
-                }
+                let Some(question) = self.asked.filter(|q| q.nonce == nonce && q.peer == from)
+                else {
+                    return;
+                };
+                self.judge(from, mine, &snapshot);
+                self.judge_both_sending(from, &question, mine, &snapshot);
             }
             ControlMessage::Leaving => {
                 if let Some(left) = self.left.get_mut(from) {
@@ -253,9 +305,62 @@ impl Sentinel {
         if self.aborted {
             return;
         }
-        if let Some(error) = disagreement(self.rank, peer, mine, theirs) {
-            self.verdicts.push_back(Verdict::Broken(error));
+        let error = disagreement(self.rank, peer, mine, theirs)
+            .or_else(|| deadlock::wait_on_each_other(self.rank, peer, mine, theirs));
+        if let Some(error) = error {
+            self.conclude(error);
         }
+    }
+
+    /// Rule 2 of [`deadlock`]: two calls that only send, each blocked on the other. The
+    /// first answer records the moment; a later answer to a later question must show
+    /// both sides' writes failing since, with no byte moved, in the same two calls.
+    fn judge_both_sending(
+        &mut self,
+        peer: usize,
+        question: &Question,
+        mine: &Snapshot,
+        theirs: &Snapshot,
+    ) {
+        let shape = deadlock::both_only_send(self.rank, peer, mine, theirs);
+        let Some((my_call, their_call)) = shape.filter(|_| !self.aborted) else {
+            self.both_sending = None;
+            return;
+        };
+        // This rank was in `my_call` from the question to the answer, so the peer's
+        // answer was taken while this rank was in it.
+        if CallDesc::running(&question.asked) != Some(my_call) {
+            self.both_sending = None;
+            return;
+        }
+        match self.both_sending {
+            Some(seen)
+                if seen.peer == peer && seen.mine == my_call && seen.theirs == their_call =>
+            {
+                let i_stalled =
+                    deadlock::stalled_on(mine, peer, seen.my_waits_asked, seen.my_waits_answered);
+                let they_stalled =
+                    deadlock::stalled_on(theirs, self.rank, seen.their_waits, seen.their_waits);
+                if i_stalled && they_stalled {
+                    self.both_sending = None;
+                    self.conclude(deadlock::both_full(self.rank, my_call, peer, their_call));
+                }
+            }
+            _ => {
+                self.both_sending = Some(BothSending {
+                    peer,
+                    mine: my_call,
+                    theirs: their_call,
+                    my_waits_asked: question.asked.waits,
+                    my_waits_answered: mine.waits,
+                    their_waits: theirs.waits,
+                });
+            }
+        }
+    }
+
+    fn conclude(&mut self, error: Error) {
+        self.verdicts.push_back(Verdict::Broken(error));
     }
 
     /// The next message to send, and to whom.

@@ -667,3 +667,56 @@ fn a_schedule_that_cannot_progress_is_an_invalid_argument() {
         other => panic!("expected an invalid argument, got {other:?}"),
     }
 }
+
+#[test]
+fn a_stalled_send_tries_again_and_publishes_each_attempt() {
+    // Rank 1 never reads: rank 0's send fills the 64-byte pipe and stalls. Nothing wakes
+    // it, yet it must try again every RETRY_EVERY, so a peer that asks sees fresh waits,
+    // all on rank 1, none of which moved a byte.
+    let mut ranks = MemoryTransport::mesh(2, config(64, 64));
+    let _reader = ranks.pop();
+    let mut transport = ranks.pop().unwrap();
+    let activity = Activity::default();
+    let op = OpDesc::send_recv(1, DType::F32, 1024, 0);
+    activity.begin(op, Algorithm::Direct);
+    let timeout = RETRY_EVERY * 6;
+    let started = Instant::now();
+    let call = Call {
+        rank: 0,
+        world_size: 2,
+        op,
+        algorithm: Algorithm::Direct,
+        elem_size: 4,
+        reduce: None,
+        deadline: started + timeout,
+        timeout,
+        activity: Some(&activity),
+        flight: None,
+    };
+    let outgoing = vec![1.0f32; 1024];
+    let result = execute(
+        &mut transport,
+        &send_to(1, 1024, 4, 1 << 20),
+        &call,
+        &mut [],
+        Some(bytemuck::cast_slice(&outgoing)),
+        &mut Vec::new(),
+    );
+    let took = started.elapsed();
+    assert!(
+        matches!(
+            result,
+            Err(Error::Timeout {
+                peer: 1,
+                moved: 64,
+                ..
+            })
+        ),
+        "{result:?}"
+    );
+    assert!(took >= timeout && took < LONG, "{took:?}");
+    let seen = activity.snapshot();
+    assert_eq!(seen.blocked_on, Some(1));
+    assert!(seen.waits >= 3, "tried again only {} times", seen.waits);
+    assert_eq!((seen.waiting_on_since, seen.stalled_since), (1, 1));
+}

@@ -172,6 +172,7 @@ impl<E: Engine> GroupRunner<E> {
         };
         *counter += 1;
         let seq = *counter;
+        self.control.activity().numbered(sequence, seq);
         self.flight.start(sequence, seq);
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| body(&mut state.engine, seq)));
         let result = match outcome {

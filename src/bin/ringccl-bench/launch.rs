@@ -6,6 +6,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::progress::{Progress, PROGRESS_PREFIX};
+
 /// Set in the environment of ranks this launcher started.
 pub(crate) const CHILD_VAR: &str = "RINGCCL_BENCH_CHILD";
 /// Rank 0 prints this followed by the store's port, for the launcher to pass on.
@@ -42,6 +44,7 @@ pub(crate) fn launch(np: usize) -> Result<(), String> {
         let _ = tx.send(None);
     });
     let deadline = Instant::now() + RUN_LIMIT;
+    let mut progress = Progress::for_launcher();
     let kill = |children: &mut Vec<Child>| {
         for c in children.iter_mut() {
             let _ = c.kill();
@@ -64,7 +67,10 @@ pub(crate) fn launch(np: usize) -> Result<(), String> {
                         }
                         children.push(child);
                     }
+                } else if let Some(text) = line.strip_prefix(PROGRESS_PREFIX) {
+                    progress.show(text);
                 } else {
+                    progress.clear();
                     println!("{line}");
                     let _ = std::io::stdout().flush();
                 }
@@ -76,6 +82,7 @@ pub(crate) fn launch(np: usize) -> Result<(), String> {
             }
         }
     }
+    progress.clear();
     let mut failed = Vec::new();
     for (rank, child) in children.iter_mut().enumerate() {
         match child.wait() {

@@ -28,6 +28,7 @@ mod launch;
 mod measure;
 mod memory;
 mod overlap;
+mod progress;
 mod rank;
 mod report;
 mod sweep;

@@ -47,7 +47,7 @@ pub(crate) fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
     if coll == BenchOp::Async {
         return run_overlap(&pg, args);
     }
-    let mut report = Report::create(rank0, args.json.as_deref())?;
+    let mut report = Report::create(rank0, own_launcher, args.json.as_deref())?;
     report.print_header(coll, args.tensors);
     for dtype in dtypes {
         for &op in &ops {

@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::{Serialize, Serializer};
 
 use super::bench_op::BenchOp;
+use super::progress::Progress;
 
 /// One row of the table; also one line (a JSON object) of the `--json` file.
 #[derive(Serialize)]
@@ -53,11 +54,17 @@ pub(crate) struct Report {
     busbw_sum: f64,
     rows: usize,
     wrong: i64,
+    /// Rank 0's "which size now" line, cleared before every row.
+    progress: Progress,
 }
 
 impl Report {
     /// Rank 0's report creates the `--json` file, if one is asked for.
-    pub(crate) fn create(rank0: bool, json: Option<&Path>) -> Result<Report, String> {
+    pub(crate) fn create(
+        rank0: bool,
+        launched: bool,
+        json: Option<&Path>,
+    ) -> Result<Report, String> {
         let json = match (json, rank0) {
             (Some(path), true) => {
                 Some(File::create(path).map_err(|e| format!("creating {}: {e}", path.display()))?)
@@ -70,6 +77,7 @@ impl Report {
             busbw_sum: 0.0,
             rows: 0,
             wrong: 0,
+            progress: Progress::for_rank(launched),
         })
     }
 
@@ -106,6 +114,7 @@ impl Report {
         if !self.rank0 {
             return Ok(());
         }
+        self.progress.clear();
         println!(
             "{:>12} {:>12} {:>8} {:>6} {:>5} {:>10.1} {:>10.3} {:>10.3} {:>7} {:>10.1} {:>7}",
             row.size,
@@ -129,11 +138,19 @@ impl Report {
         Ok(())
     }
 
+    /// Shows rank 0's progress (a terminal line, or a message to the launcher).
+    pub(crate) fn progress(&mut self, text: &str) {
+        if self.rank0 {
+            self.progress.show(text);
+        }
+    }
+
     /// The lines below the rows: the wrong elements and the mean bus bandwidth.
-    pub(crate) fn print_footer(&self) {
+    pub(crate) fn print_footer(&mut self) {
         if !self.rank0 {
             return;
         }
+        self.progress.clear();
         println!(
             "# Out of bounds values : {} {}",
             self.wrong,

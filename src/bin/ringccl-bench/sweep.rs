@@ -23,7 +23,7 @@ fn sweep<T: BenchElem>(
     on_device: Option<&DeviceStream>,
     report: &mut Report,
 ) -> Result<(), Error> {
-    let (n, rank0) = (pg.world_size(), pg.rank() == 0);
+    let n = pg.world_size();
     let es = T::DTYPE.size();
     let iterations = match args.iters {
         Some(n) => Iterations::Fixed(n),
@@ -36,14 +36,14 @@ fn sweep<T: BenchElem>(
     };
     let total = all_sizes.len();
     for (k, bytes) in all_sizes.into_iter().enumerate() {
-        if rank0 && total > 1 {
-            eprintln!(
+        if total > 1 {
+            report.progress(&format!(
                 "ringccl-bench: {} {} {} {bytes} B ({}/{total})",
                 coll.name(),
                 T::NAME,
                 op,
                 k + 1
-            );
+            ));
         }
         let mut count = (bytes / es).max(usize::from(coll.kind() != CollectiveKind::Barrier));
         if coll.in_blocks() {

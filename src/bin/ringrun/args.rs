@@ -47,6 +47,12 @@ pub(crate) struct Args {
         verbatim_doc_comment
     )]
     pub(crate) max_restarts: u32,
+    /// Every rank writes a Chrome trace of its collectives to DIR/rank-<r>.json (through
+    /// RINGCCL_TRACE); when the job ends, ringrun merges them into DIR/trace.json, one row
+    /// per rank, for Perfetto (ui.perfetto.dev) or chrome://tracing. The files an earlier
+    /// job left in DIR for this node's ranks, and DIR/trace.json, are removed first.
+    #[arg(long, value_name = "DIR", verbatim_doc_comment)]
+    pub(crate) trace: Option<std::path::PathBuf>,
     /// The program and its arguments (torchrun style: everything from the program on is
     /// passed to it; a `--` before the program is accepted too).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]

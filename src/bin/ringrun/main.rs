@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! ringrun --nproc-per-node N [--nnodes M --node-rank K --master-addr H --master-port P]
-//!         [--max-restarts R] -- PROGRAM ARGS...
+//!         [--max-restarts R] [--trace DIR] -- PROGRAM ARGS...
 //! ```
 //!
 //! - **Environment.** Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
@@ -25,6 +25,9 @@
 //!   (0 at the first start), as under torchrun. Each node's ringrun counts the restarts of
 //!   the ranks it started; a failure on one node normally fails the ranks of every node
 //!   (their peer is lost), so the nodes' counts move together.
+//! - **Timeline.** With `--trace DIR` every rank writes a Chrome trace (RINGCCL_TRACE);
+//!   when the job ends, however it ends, ringrun merges them into `DIR/trace.json` (see
+//!   [`trace`]).
 //! - **ringrun's own death.** The ranks are started with `PR_SET_PDEATHSIG`: if ringrun
 //!   dies, even by SIGKILL, the kernel kills them. A watchdog process (see [`watchdog`])
 //!   then kills whatever they had started.
@@ -48,6 +51,7 @@ mod signals;
 mod spawn;
 mod stop;
 mod supervise;
+mod trace;
 mod watchdog;
 
 use std::io;
@@ -77,7 +81,7 @@ fn free_port(addr: &str) -> io::Result<u16> {
 /// one's process group with the watchdog. Stops at the first rank that cannot start.
 fn start_ranks(
     args: &Args,
-    launch: Launch,
+    launch: Launch<'_>,
     done: &mpsc::Sender<()>,
     watchdog: &mut Watchdog,
 ) -> Result<Vec<Rank>, StartFailure> {
@@ -106,7 +110,11 @@ fn start_ranks(
 }
 
 /// Runs the job, restarting it as `--max-restarts` allows; returns ringrun's exit code.
-fn run_job(args: &Args, watchdog: &mut Watchdog) -> Result<ExitCode, String> {
+fn run_job(
+    args: &Args,
+    trace: Option<&std::path::Path>,
+    watchdog: &mut Watchdog,
+) -> Result<ExitCode, String> {
     for restart in 0..=args.max_restarts {
         let port = match args.master_port {
             Some(port) => port,
@@ -115,7 +123,11 @@ fn run_job(args: &Args, watchdog: &mut Watchdog) -> Result<ExitCode, String> {
             None => 29500,
         };
         let (done, streams_done) = mpsc::channel();
-        let launch = Launch { port, restart };
+        let launch = Launch {
+            port,
+            restart,
+            trace,
+        };
         let mut ranks = match start_ranks(args, launch, &done, watchdog) {
             Ok(ranks) => ranks,
             Err(StartFailure {
@@ -192,12 +204,24 @@ fn run_job(args: &Args, watchdog: &mut Watchdog) -> Result<ExitCode, String> {
 
 fn run(args: &Args) -> Result<ExitCode, String> {
     args.validate()?;
+    let trace = args
+        .trace
+        .as_deref()
+        .map(|dir| {
+            let first = args.global_rank(0);
+            trace::prepare(dir, first..first.saturating_add(args.nproc_per_node))
+        })
+        .transpose()
+        .map_err(|e| format!("--trace: cannot prepare the trace directory: {e}"))?;
     signals::install();
     let mut watchdog = Watchdog::start().map_err(|e| {
         format!("could not start the watchdog that stops the ranks if ringrun is killed: {e}")
     })?;
-    let result = run_job(args, &mut watchdog);
+    let result = run_job(args, trace.as_deref(), &mut watchdog);
     watchdog.finish();
+    if let Some(dir) = &trace {
+        trace::merge_and_report(dir);
+    }
     result
 }
 

@@ -58,18 +58,20 @@ impl Rank {
 
 /// What one rank is started with.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Launch {
+pub(crate) struct Launch<'a> {
     /// The store's port (MASTER_PORT).
     pub(crate) port: u16,
     /// Restarts of the job so far (TORCHELASTIC_RESTART_COUNT).
     pub(crate) restart: u32,
+    /// Where the ranks write their traces (RINGCCL_TRACE), with `--trace`.
+    pub(crate) trace: Option<&'a std::path::Path>,
 }
 
 /// Starts this node's `local`-th rank: stdin from /dev/null, stdout and stderr piped to
 /// ringrun, in a new process group of its own, killed by the kernel if ringrun dies.
 /// Call from the main thread: the kernel's parent-death signal fires when the *thread*
 /// that forked the child ends.
-pub(crate) fn spawn_rank(args: &Args, local: usize, launch: Launch) -> io::Result<Rank> {
+pub(crate) fn spawn_rank(args: &Args, local: usize, launch: Launch<'_>) -> io::Result<Rank> {
     let rank = args.global_rank(local);
     let program = args.program.first().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, "no program to start was given")
@@ -85,7 +87,11 @@ pub(crate) fn spawn_rank(args: &Args, local: usize, launch: Launch) -> io::Resul
         .env("MASTER_ADDR", &args.master_addr)
         .env("MASTER_PORT", launch.port.to_string())
         .env("TORCHELASTIC_RESTART_COUNT", launch.restart.to_string())
-        .env("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string())
+        .env("TORCHELASTIC_MAX_RESTARTS", args.max_restarts.to_string());
+    if let Some(dir) = launch.trace {
+        command.env("RINGCCL_TRACE", dir);
+    }
+    command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
