@@ -605,7 +605,9 @@ impl FlightRecorder {
     }
 
     /// For the request thread: when a peer has aborted the group and this rank has not
-    /// dumped since, dumps (a rank running a call dumps from its runner instead).
+    /// taken its break dump yet, takes it. This is how a rank that runs no call (it
+    /// computes, or waits in user code) leaves its record; a rank inside a call usually
+    /// takes it first, from its runner, as the call fails.
     pub(crate) fn dump_if_aborted(&self) {
         let Some(control) = self.control.upgrade() else {
             return;
