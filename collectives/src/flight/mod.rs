@@ -5,6 +5,8 @@
 //! - [`dump`]: the dump's format, shared by the library that writes it and the tools
 //!   that read it.
 //! - [`beacon`]: the progress beacon, a tiny file per rank that a watcher polls.
+//! - [`diagnose`]: the analysis across ranks that reads them (`ringrun diagnose`).
 
 pub mod beacon;
+pub mod diagnose;
 pub mod dump;
