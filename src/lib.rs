@@ -57,6 +57,9 @@ pub use ringccl_collectives::{
     OpDesc, ReduceOp,
 };
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
+/// The flight recorder's files (dumps and progress beacons in `RINGCCL_FLIGHT_DIR`) and
+/// [`flight::diagnose`], the analysis across ranks behind `ringrun diagnose`.
+pub use ringccl_collectives::flight;
 pub use work::Work;
 
 /// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in

@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! ringrun --nproc-per-node N [--nnodes M --node-rank K --master-addr H --master-port P]
-//!         [--max-restarts R] -- PROGRAM ARGS...
+//!         [--max-restarts R] [--hang-timeout SECS [--hang-action report|stop]]
+//!         -- PROGRAM ARGS...
+//! ringrun diagnose DIR
 //! ```
 //!
 //! - **Environment.** Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
@@ -25,6 +27,13 @@
 //!   (0 at the first start), as under torchrun. Each node's ringrun counts the restarts of
 //!   the ranks it started; a failure on one node normally fails the ranks of every node
 //!   (their peer is lost), so the nodes' counts move together.
+//! - **Hangs.** With `--hang-timeout SECS` every rank gets RINGCCL_FLIGHT_DIR, and
+//!   ringrun polls the ranks' progress beacons there (see [`hang_watch`]). When no rank
+//!   has finished a collective for SECS while some rank has one in flight, it asks every
+//!   live rank for a flight dump (SIGUSR1), and prints one diagnosis naming who is stuck
+//!   where and why (see [`diagnosis`]); `--hang-action stop` then stops the job as if a
+//!   rank had failed. A failed rank gets the same diagnosis. `ringrun diagnose DIR` runs
+//!   the analysis offline on the dumps in DIR.
 //! - **ringrun's own death.** The ranks are started with `PR_SET_PDEATHSIG`: if ringrun
 //!   dies, even by SIGKILL, the kernel kills them. A watchdog process (see [`watchdog`])
 //!   then kills whatever they had started.
@@ -42,6 +51,10 @@ macro_rules! say {
 pub(crate) use say;
 
 mod args;
+mod diagnose_command;
+mod diagnosis;
+mod flight_dir;
+mod hang_watch;
 mod output;
 mod process_group;
 mod signals;
@@ -58,6 +71,8 @@ use std::sync::mpsc;
 use clap::Parser;
 
 use args::Args;
+use diagnosis::HangCheck;
+use flight_dir::FlightDir;
 use spawn::{Launch, Rank};
 use supervise::Outcome;
 use watchdog::Watchdog;
@@ -77,7 +92,7 @@ fn free_port(addr: &str) -> io::Result<u16> {
 /// one's process group with the watchdog. Stops at the first rank that cannot start.
 fn start_ranks(
     args: &Args,
-    launch: Launch,
+    launch: &Launch,
     done: &mpsc::Sender<()>,
     watchdog: &mut Watchdog,
 ) -> Result<Vec<Rank>, StartFailure> {
@@ -106,7 +121,14 @@ fn start_ranks(
 }
 
 /// Runs the job, restarting it as `--max-restarts` allows; returns ringrun's exit code.
-fn run_job(args: &Args, watchdog: &mut Watchdog) -> Result<ExitCode, String> {
+/// With a flight directory, hangs are watched for and failures diagnosed; `diagnosed`
+/// tells whether any diagnosis was printed.
+fn run_job(
+    args: &Args,
+    watchdog: &mut Watchdog,
+    flight: Option<&FlightDir>,
+    diagnosed: &mut bool,
+) -> Result<ExitCode, String> {
     for restart in 0..=args.max_restarts {
         let port = match args.master_port {
             Some(port) => port,
@@ -115,8 +137,18 @@ fn run_job(args: &Args, watchdog: &mut Watchdog) -> Result<ExitCode, String> {
             None => 29500,
         };
         let (done, streams_done) = mpsc::channel();
-        let launch = Launch { port, restart };
-        let mut ranks = match start_ranks(args, launch, &done, watchdog) {
+        let launch = Launch {
+            port,
+            restart,
+            flight_dir: flight.map(|f| f.path.clone()),
+        };
+        let mut hang = match (flight, args.hang_timeout) {
+            (Some(flight), Some(timeout)) => {
+                Some(HangCheck::new(&flight.path, timeout, args.hang_action))
+            }
+            _ => None,
+        };
+        let mut ranks = match start_ranks(args, &launch, &done, watchdog) {
             Ok(ranks) => ranks,
             Err(StartFailure {
                 mut started,
@@ -141,16 +173,25 @@ fn run_job(args: &Args, watchdog: &mut Watchdog) -> Result<ExitCode, String> {
                 return Ok(ExitCode::FAILURE);
             }
         };
-        let outcome = supervise::supervise(&mut ranks);
+        let outcome = supervise::supervise(&mut ranks, hang.as_mut());
         match outcome {
             Outcome::Succeeded => {}
             Outcome::Interrupted(signal) => {
                 say!("got {}, forwarding it to every rank", signals::name(signal))
             }
-            Outcome::Failed { rank, status } => say!(
-                "rank {rank} failed ({}); stopping the other ranks",
-                supervise::describe(status)
-            ),
+            Outcome::Failed { rank, status } => {
+                say!(
+                    "rank {rank} failed ({}); stopping the other ranks",
+                    supervise::describe(status)
+                );
+                if let Some(hang) = hang.as_mut() {
+                    hang.after_failure(&mut ranks, rank);
+                }
+            }
+            Outcome::Hung => {}
+        }
+        if hang.as_ref().is_some_and(HangCheck::diagnosed) {
+            *diagnosed = true;
         }
         let signal = match outcome {
             Outcome::Interrupted(signal) => signal,
@@ -162,7 +203,9 @@ fn run_job(args: &Args, watchdog: &mut Watchdog) -> Result<ExitCode, String> {
         output::drain(2 * ranks.len(), &streams_done);
         // A signal while a failed run was being stopped means: stop, do not restart.
         let outcome = match (outcome, interrupted) {
-            (Outcome::Failed { .. }, Some(signal)) => Outcome::Interrupted(signal),
+            (Outcome::Failed { .. } | Outcome::Hung, Some(signal)) => {
+                Outcome::Interrupted(signal)
+            }
             (outcome, _) => outcome,
         };
         match outcome {
@@ -171,12 +214,12 @@ fn run_job(args: &Args, watchdog: &mut Watchdog) -> Result<ExitCode, String> {
                 let code = u8::try_from(signal).map_or(u8::MAX, |s| 128u8.saturating_add(s));
                 return Ok(ExitCode::from(code));
             }
-            Outcome::Failed { .. } if restart < args.max_restarts => say!(
+            Outcome::Failed { .. } | Outcome::Hung if restart < args.max_restarts => say!(
                 "restarting the job (restart {} of {})",
                 restart + 1,
                 args.max_restarts
             ),
-            Outcome::Failed { .. } => {
+            Outcome::Failed { .. } | Outcome::Hung => {
                 if args.max_restarts > 0 {
                     say!(
                         "giving up after {} restarts (the budget counts restarts of the whole job)",
@@ -196,8 +239,24 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let mut watchdog = Watchdog::start().map_err(|e| {
         format!("could not start the watchdog that stops the ranks if ringrun is killed: {e}")
     })?;
-    let result = run_job(args, &mut watchdog);
+    let flight = match args.hang_timeout {
+        Some(_) => {
+            let flight = FlightDir::prepare()?;
+            say!(
+                "watching for hangs; the ranks' flight records go to {} (RINGCCL_FLIGHT_DIR)",
+                flight.path.display()
+            );
+            Some(flight)
+        }
+        None => None,
+    };
+    let mut diagnosed = false;
+    let result = run_job(args, &mut watchdog, flight.as_ref(), &mut diagnosed);
     watchdog.finish();
+    if let Some(flight) = flight {
+        let succeeded = matches!(&result, Ok(code) if *code == ExitCode::SUCCESS);
+        flight.finish(diagnosed || !succeeded);
+    }
     result
 }
 
@@ -209,6 +268,12 @@ fn main() -> ExitCode {
         return watchdog::run();
     }
     ringccl::logging::init_from_env();
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == diagnose_command::COMMAND)
+    {
+        return diagnose_command::run(std::env::args_os().skip(2));
+    }
     let args = Args::parse();
     match run(&args) {
         Ok(code) => code,

@@ -211,8 +211,15 @@ pub fn load_dir(dir: &Path, now_us: u64, not_before_us: u64) -> io::Result<Evide
     Ok(evidence)
 }
 
-/// A file's modification time in µs since the Unix epoch.
-pub(crate) fn modified_us(path: &Path) -> Option<u64> {
+/// A file's modification time in µs since the Unix epoch (`None` if it cannot be read).
+///
+/// ```
+/// use ringccl_collectives::flight::diagnose::modified_us;
+///
+/// assert!(modified_us(&std::env::temp_dir()).is_some_and(|t| t > 0));
+/// assert_eq!(modified_us("/no/such/file".as_ref()), None);
+/// ```
+pub fn modified_us(path: &Path) -> Option<u64> {
     let modified = fs::metadata(path).ok()?.modified().ok()?;
     let since = modified.duration_since(UNIX_EPOCH).ok()?;
     u64::try_from(since.as_micros()).ok()

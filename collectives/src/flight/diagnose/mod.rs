@@ -32,7 +32,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub use evidence::{BeaconReading, Evidence, RankExit, RankProcess};
 pub use finding::{CallRef, Culprit, Diagnosis, Finding, GroupDiagnosis, Suspect};
-pub use load::{load_dir, read_beacon, read_dump, scan, FlightFile, FlightFileKind};
+pub use load::{
+    load_dir, modified_us, read_beacon, read_dump, scan, FlightFile, FlightFileKind,
+};
 pub use report::rank_list;
 
 use crate::flight::dump::FlightDump;
