@@ -2,9 +2,11 @@
 //! into a connected [`ProcessGroup`].
 
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ringccl_collectives::flight::{FlightConfig, MAIN_GROUP};
 use ringccl_collectives::{Backend, Deadline, HostBackend, HostConfig, Transport};
 use ringccl_rendezvous::{connect_mesh, Mesh, MeshConfig, SetupError};
 use ringccl_transports::{shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
@@ -72,10 +74,12 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
         config,
         kind: opts.resolved_transport()?,
         mesh: opts.mesh_settings(None),
+        flight_dir: opts.resolved_flight_dir(),
+        flight_entries: opts.resolved_flight_entries()?,
     };
     let deadline = Deadline::after(opts.timeout).at();
     let mesh = connect_mesh(opts.mesh_config())?;
-    gloo_over_mesh(mesh, Arc::new(recipe), deadline)
+    gloo_over_mesh(mesh, Arc::new(recipe), deadline, MAIN_GROUP)
 }
 
 /// What a `"gloo"` group was made with, kept so that the groups formed from it
@@ -86,9 +90,22 @@ pub(crate) struct GlooRecipe {
     pub(crate) kind: TransportKind,
     /// The rendezvous settings; rank and world size are the original group's.
     pub(crate) mesh: MeshConfig,
+    /// Where the groups' flight recorders write, and how many calls they keep.
+    pub(crate) flight_dir: Option<PathBuf>,
+    pub(crate) flight_entries: usize,
 }
 
 impl GlooRecipe {
+    /// The flight recorder's settings for the group named `group` over `transport`.
+    pub(crate) fn flight(&self, group: &str, transport: &'static str) -> FlightConfig {
+        FlightConfig {
+            entries: self.flight_entries,
+            dir: self.flight_dir.clone(),
+            group: group.into(),
+            transport,
+        }
+    }
+
     /// The rendezvous settings for rank `rank` of a group of `world_size`.
     pub(crate) fn mesh_config(&self, rank: usize, world_size: usize) -> MeshConfig {
         let mut config = MeshConfig::new(rank, world_size, &self.mesh.master, self.mesh.timeout);
@@ -100,12 +117,13 @@ impl GlooRecipe {
 }
 
 /// The rest of a `"gloo"` start-up once `mesh` is connected: shared memory where
-/// `recipe` allows it, the connections handed to the transport, the control thread;
-/// all by `deadline`, the start-up's.
+/// `recipe` allows it, the connections handed to the transport, the flight recorder (its
+/// files named after `group`), the control thread; all by `deadline`, the start-up's.
 pub(crate) fn gloo_over_mesh(
     mut mesh: Mesh,
     recipe: Arc<GlooRecipe>,
     deadline: Instant,
+    group: &str,
 ) -> Result<ProcessGroup, Error> {
     let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
     let rings = match recipe.kind {
@@ -132,12 +150,16 @@ pub(crate) fn gloo_over_mesh(
     let control = connections.control;
     let config = recipe.config.clone();
     let backend: Box<dyn Backend> = match rings {
-        Some(rings) => with_control_link(
-            HostBackend::new("gloo", ShmTransport::new(rings, tcp), config),
-            control,
-            dead_peer,
-        )?,
-        None => with_control_link(HostBackend::new("gloo", tcp, config), control, dead_peer)?,
+        Some(rings) => {
+            let mut backend = HostBackend::new("gloo", ShmTransport::new(rings, tcp), config);
+            backend.configure_flight(recipe.flight(group, "shm"));
+            with_control_link(backend, control, dead_peer)?
+        }
+        None => {
+            let mut backend = HostBackend::new("gloo", tcp, config);
+            backend.configure_flight(recipe.flight(group, "tcp"));
+            with_control_link(backend, control, dead_peer)?
+        }
     };
     Ok(ProcessGroup::from_backend(backend).keeping_store(store, recipe))
 }
@@ -206,6 +228,12 @@ fn start_nccl(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     let mut config = ringccl_nccl::NcclConfig::new(opts.mesh_config());
     config.device = opts.device;
     config.local_rank = opts.local_rank;
+    config.flight = FlightConfig {
+        entries: opts.resolved_flight_entries()?,
+        dir: opts.resolved_flight_dir(),
+        group: MAIN_GROUP.into(),
+        transport: "nccl",
+    };
     Ok(ProcessGroup::from_nccl(Arc::new(
         ringccl_nccl::NcclBackend::connect(config)?,
     )))

@@ -57,8 +57,10 @@ pub use ringccl_collectives::{
     OpDesc, ReduceOp,
 };
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
-/// The flight recorder's files (dumps and progress beacons in `RINGCCL_FLIGHT_DIR`) and
-/// [`flight::diagnose`], the analysis across ranks behind `ringrun diagnose`.
+/// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the
+/// JSON dumps it writes to `RINGCCL_FLIGHT_DIR` ([`flight::FlightDump`]) and the progress
+/// beacon ([`flight::beacon::Beacon`]), and the analysis across ranks behind `ringrun
+/// diagnose` ([`flight::diagnose`]). See docs/debugging.md.
 pub use ringccl_collectives::flight;
 pub use work::Work;
 

@@ -63,7 +63,7 @@ impl ProcessGroup {
 
     fn around(backend: Arc<dyn Backend>) -> ProcessGroup {
         ProcessGroup {
-            sequencer: Arc::new(Sequencer::new(backend.rank())),
+            sequencer: Arc::new(Sequencer::new(backend.rank(), backend.flight_recorder())),
             backend,
             #[cfg(feature = "nccl")]
             nccl: None,
@@ -101,6 +101,22 @@ impl ProcessGroup {
     /// The backend's name (`"gloo"` or `"nccl"`).
     pub fn backend(&self) -> &str {
         self.backend.name()
+    }
+
+    /// The group's flight recorder (for groups started by `init_process_group`): its
+    /// last calls, which it dumps to `RINGCCL_FLIGHT_DIR` when the group breaks, when a
+    /// call times out and on `SIGUSR1`; or on demand, as here.
+    ///
+    /// ```
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// pg.barrier()?;
+    /// let dump = pg.flight_recorder().expect("gloo keeps one").snapshot("requested");
+    /// assert_eq!(dump.entries[0].description, "barrier");
+    /// assert_eq!(dump.entries[0].state, ringccl::flight::CallState::Done);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn flight_recorder(&self) -> Option<Arc<ringccl_collectives::flight::FlightRecorder>> {
+        self.backend.flight_recorder()
     }
 
     /// The type-erased backend underneath. Calls made on it directly bypass the group's

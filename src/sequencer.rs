@@ -4,9 +4,11 @@
 //! threads at once are refused rather than left to pair up differently on other ranks.
 
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::fmt::Display;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, Thread};
 
+use ringccl_collectives::flight::FlightRecorder;
 use ringccl_collectives::Deadline;
 
 use crate::Error;
@@ -20,6 +22,8 @@ struct Pending {
     started: bool,
     /// Its caller gave up while it was queued: it is passed over when its turn comes.
     abandoned: bool,
+    /// Its number in the group's flight recorder (0 without one).
+    call: u64,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +70,8 @@ pub(crate) struct Refusal {
 #[derive(Debug)]
 pub(crate) struct Sequencer {
     rank: usize,
+    /// Where every call's issue, turn and abandonment are recorded.
+    flight: Option<Arc<FlightRecorder>>,
     state: Mutex<State>,
     turn_changed: Condvar,
 }
@@ -87,10 +93,11 @@ fn describe(thread: &Thread) -> String {
 }
 
 impl Sequencer {
-    /// The issue order of rank `rank`'s group.
-    pub(crate) fn new(rank: usize) -> Sequencer {
+    /// The issue order of rank `rank`'s group, recorded in `flight`.
+    pub(crate) fn new(rank: usize, flight: Option<Arc<FlightRecorder>>) -> Sequencer {
         Sequencer {
             rank,
+            flight,
             state: Mutex::default(),
             turn_changed: Condvar::new(),
         }
@@ -110,6 +117,13 @@ impl Sequencer {
         // Every update of the state is complete before the lock is released (nothing in
         // between can panic): a poisoned lock still holds consistent values.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that the call numbered `call` in the flight recorder will never run.
+    fn gave_up(&self, call: u64, error: &dyn Display) {
+        if let Some(flight) = &self.flight {
+            flight.gave_up(call, error);
+        }
     }
 
     fn broken_error(&self, cause: &str) -> Error {
@@ -149,10 +163,12 @@ impl Sequencer {
             _ => state.issuer = Some(me),
         }
         let ticket = state.next_ticket();
+        let call = self.flight.as_ref().map_or(0, |flight| flight.issued(op));
         state.pending.push_back(Pending {
             op,
             started: false,
             abandoned: false,
+            call,
         });
         Ok(ticket)
     }
@@ -208,6 +224,7 @@ impl Sequencer {
             if index == 0 {
                 if let Some(cause) = &state.broken {
                     let error = self.broken_error(cause);
+                    self.gave_up(state.pending[0].call, &error);
                     state.advance();
                     self.notify(&state);
                     return Err(Refusal {
@@ -216,6 +233,9 @@ impl Sequencer {
                     });
                 }
                 state.pending[0].started = true;
+                if let Some(flight) = &self.flight {
+                    flight.turn(state.pending[0].call);
+                }
                 return Ok(Turn {
                     sequencer: self,
                     passed: false,
@@ -259,6 +279,7 @@ impl Sequencer {
             behind,
         };
         state.pending[index].abandoned = true;
+        self.gave_up(state.pending[index].call, &error);
         let abort = state.broken.is_none().then(|| error.to_string());
         if let Some(cause) = &abort {
             state.broken = Some(cause.clone());
@@ -297,6 +318,8 @@ impl Sequencer {
         };
         if let Some(pending) = state.pending.get_mut(index) {
             pending.abandoned = true;
+            let call = pending.call;
+            self.gave_up(call, &"never queued: the group's background worker has stopped");
             if index == 0 {
                 state.advance();
                 self.notify(&state);
@@ -350,7 +373,7 @@ mod tests {
 
     #[test]
     fn turns_follow_ticket_order_across_threads() {
-        let seq = Arc::new(Sequencer::new(0));
+        let seq = Arc::new(Sequencer::new(0, None));
         let log = Arc::new(Mutex::new(Vec::new()));
         let tickets: Vec<u64> = (0..8).map(|_| seq.issue("op", |t| t).unwrap()).collect();
         let handles: Vec<_> = tickets
@@ -373,7 +396,7 @@ mod tests {
 
     #[test]
     fn a_queued_call_gives_up_at_its_deadline_and_is_passed_over() {
-        let seq = Sequencer::new(3);
+        let seq = Sequencer::new(3, None);
         let running = seq
             .issue_and_wait("all_reduce", Deadline::after(LONG))
             .unwrap();
@@ -412,7 +435,7 @@ mod tests {
 
     #[test]
     fn a_second_thread_issuing_while_calls_are_pending_is_refused_by_name() {
-        let seq = Arc::new(Sequencer::new(1));
+        let seq = Arc::new(Sequencer::new(1, None));
         let turn = seq
             .issue_and_wait("all_reduce", Deadline::after(LONG))
             .unwrap();
@@ -445,7 +468,7 @@ mod tests {
 
     #[test]
     fn threads_taking_turns_one_after_the_other_are_fine() {
-        let seq = Arc::new(Sequencer::new(0));
+        let seq = Arc::new(Sequencer::new(0, None));
         for _ in 0..3 {
             let seq = Arc::clone(&seq);
             std::thread::spawn(move || {
@@ -464,7 +487,7 @@ mod tests {
 
     #[test]
     fn giving_up_an_async_call_at_the_front_lets_the_next_one_run() {
-        let seq = Sequencer::new(0);
+        let seq = Sequencer::new(0, None);
         let first = seq.issue("all_reduce", |t| t).unwrap();
         let second = seq.issue("barrier", |t| t).unwrap();
         let refusal = seq.give_up(first, Deadline::after(Duration::ZERO)).unwrap();

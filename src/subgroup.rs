@@ -255,7 +255,7 @@ impl ProcessGroup {
         let mut config = recipe.mesh_config(sub_rank, members.len());
         config.timeout = left.max(Duration::from_millis(1));
         let mesh = origin.store.connect_sub_mesh(&namespace, config)?;
-        let group = gloo_over_mesh(mesh, recipe, deadline)?;
+        let group = gloo_over_mesh(mesh, recipe, deadline, &namespace)?;
         info!(
             rank = self.rank(),
             sub_rank,

@@ -14,6 +14,7 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
 
 use crate::control::Activity;
+use crate::flight::FlightRecorder;
 use crate::kernels;
 use crate::progress::{Destination, Progress};
 use crate::schedule::{RecvAction, Schedule};
@@ -35,6 +36,8 @@ pub(crate) struct Call<'a> {
     pub(crate) timeout: Duration,
     /// Where to say which peer this rank is waiting for, for a peer that asks.
     pub(crate) activity: Option<&'a Activity>,
+    /// Where to count the bytes moved per peer and say whom this rank waits for.
+    pub(crate) flight: Option<&'a FlightRecorder>,
 }
 
 fn is_would_block(e: &io::Error) -> bool {
@@ -85,6 +88,9 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                 Ok(n) => {
                     progressed = true;
                     progress.sent(n);
+                    if let Some(flight) = call.flight {
+                        flight.sent(send.peer, n);
+                    }
                 }
                 Err(e) if is_would_block(&e) => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -125,6 +131,9 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                     Ok(n) => {
                         progressed = true;
                         progress.received(n);
+                        if let Some(flight) = call.flight {
+                            flight.received(recv.peer, n);
+                        }
                     }
                     Err(e) if is_would_block(&e) => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -181,6 +190,9 @@ pub(crate) fn execute<T: Transport + ?Sized>(
         };
         if let Some(activity) = call.activity {
             activity.blocked_on(blocked.blamed());
+        }
+        if let Some(flight) = call.flight {
+            flight.blocked_on(blocked.blamed());
         }
         match transport.wait(blocked.writable, blocked.readable, call.deadline) {
             Ok(Readiness::Ready) => {}

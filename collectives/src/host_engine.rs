@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::control::GroupControl;
 use crate::executor::{execute, Call};
+use crate::flight::FlightRecorder;
 use crate::group::{Deadline, Engine, GroupRunner, Request};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, pairwise_all_to_all,
@@ -77,6 +78,8 @@ pub struct HostEngine<T> {
     scratch: Vec<u64>,
     /// Where the running op is published, once a runner has taken the engine.
     control: Option<Arc<GroupControl>>,
+    /// The group's flight recorder, once a runner has taken the engine.
+    flight: Option<Arc<FlightRecorder>>,
 }
 
 /// What one call asks of the executor.
@@ -106,6 +109,7 @@ impl<T: Transport> HostEngine<T> {
             config,
             scratch: Vec::new(),
             control: None,
+            flight: None,
         }
     }
 
@@ -125,9 +129,13 @@ impl<T: Transport> HostEngine<T> {
             deadline: deadline.at(),
             timeout: deadline.timeout(),
             activity: self.control.as_deref().map(GroupControl::activity),
+            flight: self.flight.as_deref(),
         };
         if let Some(activity) = call.activity {
             activity.begin(call.op, call.algorithm);
+        }
+        if let Some(flight) = call.flight {
+            flight.running(call.op, call.algorithm);
         }
         let result = execute(
             &mut self.transport,
@@ -286,6 +294,10 @@ impl<T: Transport> Engine for HostEngine<T> {
             control.add_closer(closer);
         }
         self.control = Some(Arc::clone(control));
+    }
+
+    fn attach_recorder(&mut self, recorder: &Arc<FlightRecorder>) {
+        self.flight = Some(Arc::clone(recorder));
     }
 }
 

@@ -1,5 +1,6 @@
 //! What joining an NCCL communicator needs to know, besides the mesh.
 
+use ringccl_collectives::flight::FlightConfig;
 use ringccl_rendezvous::MeshConfig;
 
 /// The settings of [`NcclBackend::connect`](crate::NcclBackend::connect): how to reach
@@ -14,6 +15,8 @@ pub struct NcclConfig {
     pub device: Option<usize>,
     /// This process's rank on its node, if known.
     pub local_rank: Option<usize>,
+    /// The group's flight recorder: how many calls it keeps, where its files go.
+    pub flight: FlightConfig,
 }
 
 impl NcclConfig {
@@ -23,6 +26,10 @@ impl NcclConfig {
             mesh,
             device: None,
             local_rank: None,
+            flight: FlightConfig {
+                transport: "nccl",
+                ..FlightConfig::default()
+            },
         }
     }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
 use ringccl_collectives::control::GroupControl;
+use ringccl_collectives::flight::FlightRecorder;
 use ringccl_collectives::wire::Algorithm;
 use ringccl_collectives::{
     CollectiveKind, DType, Deadline, Engine, Error, OpDesc, ReduceOp, Request, Transport,
@@ -36,6 +37,8 @@ pub struct NcclEngine {
     timeout: Duration,
     /// The group's shared state, once a runner has taken the engine.
     control: Option<Arc<GroupControl>>,
+    /// The group's flight recorder, once a runner has taken the engine.
+    flight: Option<Arc<FlightRecorder>>,
 }
 
 impl NcclEngine {
@@ -56,6 +59,7 @@ impl NcclEngine {
             peers,
             timeout,
             control: None,
+            flight: None,
         }
     }
 
@@ -121,6 +125,10 @@ impl Engine for NcclEngine {
         self.control = Some(Arc::clone(control));
     }
 
+    fn attach_recorder(&mut self, recorder: &Arc<FlightRecorder>) {
+        self.flight = Some(Arc::clone(recorder));
+    }
+
     fn abort(&mut self) {
         if let Some(comm) = self.comm.take() {
             comm.abort();
@@ -143,6 +151,9 @@ impl NcclEngine {
     ) -> Result<(), Error> {
         let control = self.control.clone();
         let checked = op.kind != CollectiveKind::SendRecv;
+        if let Some(flight) = &self.flight {
+            flight.running(*op, Algorithm::Device);
+        }
         if let Some(control) = &control {
             control.activity().begin(*op, Algorithm::Device);
             if checked {

@@ -24,6 +24,7 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
         mesh,
         device,
         local_rank,
+        flight,
     } = config;
     mesh.validate()?;
     let device_count = probe()?;
@@ -102,6 +103,7 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
     }
     let engine = NcclEngine::new(rank, world_size, comm, Arc::clone(&stream), peers, timeout);
     let mut group = GroupRunner::with_engine("nccl", rank, world_size, timeout, engine);
+    group.configure_flight(flight);
     // The TCP side of an abort: peers hear of it even while NCCL is stuck.
     let link = ControlLink::start(
         rank,

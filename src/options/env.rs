@@ -2,8 +2,10 @@
 //! (torchrun, Slurm, OpenMPI) and ringccl's own `RINGCCL_*` settings. (`RINGCCL_DEBUG`
 //! belongs to logging and is read by [`crate::logging`].)
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use ringccl_collectives::flight::MAX_FLIGHT_ENTRIES;
 use ringccl_collectives::AllReduceAlgo;
 use ringccl_rendezvous::AuthToken;
 
@@ -183,6 +185,36 @@ pub(crate) fn transport(
         .transpose()
 }
 
+/// `RINGCCL_FLIGHT_DIR`, if set and not empty: where the flight recorder writes.
+pub(crate) fn flight_dir(lookup: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    lookup("RINGCCL_FLIGHT_DIR")
+        .filter(|dir| !dir.trim().is_empty())
+        .map(PathBuf::from)
+}
+
+/// `RINGCCL_FLIGHT_ENTRIES`, if set: how many calls the flight recorder keeps.
+pub(crate) fn flight_entries(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<usize>, Error> {
+    lookup("RINGCCL_FLIGHT_ENTRIES")
+        .map(|value| {
+            value
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_FLIGHT_ENTRIES).contains(n))
+                .ok_or_else(|| Error::InvalidEnv {
+                    var: "RINGCCL_FLIGHT_ENTRIES",
+                    value: value.clone(),
+                    reason: format!(
+                        "expected how many calls the flight recorder keeps, from 1 to \
+                         {MAX_FLIGHT_ENTRIES} (about 400 bytes each)"
+                    ),
+                })
+        })
+        .transpose()
+}
+
 /// Reads the process environment.
 pub(crate) fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
@@ -339,6 +371,25 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn flight_recorder_variables_are_read_and_checked() {
+        assert_eq!(flight_dir(vars(&[("RINGCCL_FLIGHT_DIR", "/tmp/f")])), Some("/tmp/f".into()));
+        assert_eq!(flight_dir(vars(&[("RINGCCL_FLIGHT_DIR", " ")])), None);
+        assert_eq!(flight_dir(vars(&[])), None);
+        let entries = |v: &str| flight_entries(vars(&[("RINGCCL_FLIGHT_ENTRIES", v)]));
+        assert_eq!(entries("500").ok(), Some(Some(500)));
+        assert_eq!(flight_entries(vars(&[])).ok(), Some(None));
+        for bad in ["0", "-1", "many", "100001"] {
+            match entries(bad) {
+                Err(Error::InvalidEnv { var, reason, .. }) => {
+                    assert_eq!(var, "RINGCCL_FLIGHT_ENTRIES");
+                    assert!(reason.contains("100000"), "{reason}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -6,8 +6,10 @@ pub(crate) mod env;
 mod slurm;
 mod transport_kind;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use ringccl_collectives::flight::{DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES};
 use ringccl_collectives::wire::MAX_FRAME_PAYLOAD;
 use ringccl_collectives::AllReduceAlgo;
 use ringccl_rendezvous::{AuthToken, MeshConfig, StoreListener};
@@ -64,6 +66,12 @@ pub struct InitOptions {
     pub dead_peer_timeout: Duration,
     /// Which attempt of a restarted job this process belongs to (0 for the first).
     pub attempt: u32,
+    /// Where the flight recorder writes its dumps and progress beacons; `None` defers to
+    /// `RINGCCL_FLIGHT_DIR`, then writes nothing.
+    pub flight_dir: Option<PathBuf>,
+    /// How many calls the flight recorder keeps per group; `None` defers to
+    /// `RINGCCL_FLIGHT_ENTRIES`, then 2000.
+    pub flight_entries: Option<usize>,
     store_listener: Option<StoreListener>,
 }
 
@@ -91,6 +99,8 @@ impl InitOptions {
             auth_token: None,
             dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
             attempt: 0,
+            flight_dir: None,
+            flight_entries: None,
         }
     }
 
@@ -268,6 +278,35 @@ impl InitOptions {
         self
     }
 
+    /// Makes the flight recorder write its files to `dir` (created if missing): each
+    /// group's dump (`rank-<rank>.json`, written when the group breaks, when a call times
+    /// out, and on `SIGUSR1`) and its progress beacon (`rank-<rank>.beacon`). Setting it
+    /// also makes the process answer `SIGUSR1` with the dumps instead of exiting. The
+    /// `RINGCCL_FLIGHT_DIR` environment variable applies when this is not called.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").flight_dir("/tmp/flight");
+    /// assert_eq!(opts.flight_dir.as_deref(), Some(std::path::Path::new("/tmp/flight")));
+    /// ```
+    pub fn flight_dir(mut self, dir: impl Into<PathBuf>) -> InitOptions {
+        self.flight_dir = Some(dir.into());
+        self
+    }
+
+    /// How many of its last calls each group's flight recorder keeps (default 2000, at
+    /// most 100000, about 400 bytes each; `RINGCCL_FLIGHT_ENTRIES` applies when this is
+    /// not called).
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").flight_entries(500);
+    /// assert_eq!(opts.flight_entries, Some(500));
+    /// assert!(ringccl::InitOptions::new(0, 1, "h:1").flight_entries(0).validate().is_err());
+    /// ```
+    pub fn flight_entries(mut self, entries: usize) -> InitOptions {
+        self.flight_entries = Some(entries);
+        self
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -297,7 +336,31 @@ impl InitOptions {
                 )));
             }
         }
+        if let Some(entries) = self.flight_entries {
+            if !(1..=MAX_FLIGHT_ENTRIES).contains(&entries) {
+                return Err(Error::InvalidArgument(format!(
+                    "flight_entries must be between 1 and {MAX_FLIGHT_ENTRIES}, got {entries}"
+                )));
+            }
+        }
         Ok(())
+    }
+
+    /// The flight recorder's directory: the setting in code, else `RINGCCL_FLIGHT_DIR`,
+    /// else none.
+    pub(crate) fn resolved_flight_dir(&self) -> Option<PathBuf> {
+        self.flight_dir
+            .clone()
+            .or_else(|| env::flight_dir(env::process_env))
+    }
+
+    /// The flight recorder's size: the setting in code, else `RINGCCL_FLIGHT_ENTRIES`,
+    /// else 2000.
+    pub(crate) fn resolved_flight_entries(&self) -> Result<usize, Error> {
+        match self.flight_entries {
+            Some(entries) => Ok(entries),
+            None => Ok(env::flight_entries(env::process_env)?.unwrap_or(DEFAULT_FLIGHT_ENTRIES)),
+        }
     }
 
     /// The all-reduce algorithm: the setting in code, else `RINGCCL_ALGO`, else auto.

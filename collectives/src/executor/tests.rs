@@ -61,6 +61,7 @@ impl Rank {
             deadline: Instant::now() + timeout,
             timeout,
             activity: None,
+            flight: None,
         };
         execute(
             &mut self.transport,

@@ -116,8 +116,16 @@ pub struct FlightEntry {
     pub started_us: Option<u64>,
     /// When it finished.
     pub ended_us: Option<u64>,
-    /// Bytes exchanged with each peer it talked to.
+    /// Bytes exchanged with each peer it talked to (the first
+    /// [`PEER_SLOTS`](crate::flight::PEER_SLOTS) peers of the call, in the order it first
+    /// moved bytes with them; see [`FlightEntry::other_peers`] for the rest).
     pub peers: Vec<PeerBytes>,
+    /// Bytes exchanged with the peers beyond the first
+    /// [`PEER_SLOTS`](crate::flight::PEER_SLOTS), summed: only calls that talk to more
+    /// peers than that (an all-to-all of more than 9 ranks, a barrier of more than 16)
+    /// have it. Absent from files that do not need it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_peers: Option<OtherPeers>,
     /// The peer it is blocked on at the moment of the dump, if running and waiting.
     pub blocked_on: Option<usize>,
     /// The error, if it failed.
@@ -132,5 +140,14 @@ pub struct PeerBytes {
     /// Bytes sent to it.
     pub sent: u64,
     /// Bytes received from it.
+    pub received: u64,
+}
+
+/// Bytes one call exchanged with the peers that did not get a [`PeerBytes`] of their own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OtherPeers {
+    /// Bytes sent to them, together.
+    pub sent: u64,
+    /// Bytes received from them, together.
     pub received: u64,
 }

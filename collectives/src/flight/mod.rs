@@ -5,8 +5,29 @@
 //! - [`dump`]: the dump's format, shared by the library that writes it and the tools
 //!   that read it.
 //! - [`beacon`]: the progress beacon, a tiny file per rank that a watcher polls.
+//! - [`FlightRecorder`]: one group's recorder (`recorder.rs`), over the ring of calls
+//!   (`ring.rs`), the running call's live counters (`live.rs`) and the beacon file
+//!   (`beacon_file.rs`, mapped by `mapping.rs`).
+//! - [`dump_all`]: the dumps on request (`SIGUSR1`, `requests.rs`); file names and
+//!   atomic replacement in `files.rs`.
 //! - [`diagnose`]: the analysis across ranks that reads them (`ringrun diagnose`).
 
 pub mod beacon;
+mod beacon_file;
 pub mod diagnose;
 pub mod dump;
+mod files;
+mod live;
+mod mapping;
+mod recorder;
+mod requests;
+mod ring;
+
+pub use dump::{CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FORMAT_VERSION};
+pub use files::{file_name, group_tag, MAIN_GROUP};
+pub use recorder::{
+    algorithm_label, FlightConfig, FlightRecorder, DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES,
+};
+pub(crate) use recorder::break_reason;
+pub use requests::{dump_all, WATCH_EVERY};
+pub use ring::PEER_SLOTS;

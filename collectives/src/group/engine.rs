@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::{Deadline, Request};
 use crate::control::GroupControl;
+use crate::flight::FlightRecorder;
 use crate::{Error, OpDesc};
 
 /// The part of a backend that moves data: it runs one call that
@@ -33,6 +34,15 @@ pub trait Engine: Send + fmt::Debug {
     /// abort can wake a call in progress.
     fn attach(&mut self, control: &Arc<GroupControl>) {
         let _ = control;
+    }
+
+    /// Called when the runner takes the engine, and again if the group's recorder is
+    /// replaced ([`GroupRunner::configure_flight`](super::GroupRunner::configure_flight)):
+    /// the engine tells `recorder` what each call runs
+    /// ([`FlightRecorder::running`]) and, where it can, the bytes it moves per peer and
+    /// the peer it waits for.
+    fn attach_recorder(&mut self, recorder: &Arc<FlightRecorder>) {
+        let _ = recorder;
     }
 
     /// The group has broken: release whatever could still be waiting on peers (NCCL

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::{Deadline, Engine, Request, Sequence};
 use crate::control::{AbortRecord, GroupControl};
+use crate::flight::{break_reason, FlightConfig, FlightDump, FlightRecorder};
 use crate::{Backend, BufferMut, BufferRef, Error, ReduceOp};
 
 /// After a peer failure, how long to wait for other failing connections to show, so the
@@ -54,6 +55,8 @@ pub struct GroupRunner<E> {
     state: Mutex<RunState<E>>,
     /// The control thread's handle, dropped with the group (it then says goodbye).
     control_link: Option<Box<dyn Any + Send + Sync>>,
+    /// The group's flight recorder: its last calls, dumped when it breaks.
+    flight: Arc<FlightRecorder>,
 }
 
 impl<E: Engine> GroupRunner<E> {
@@ -67,6 +70,14 @@ impl<E: Engine> GroupRunner<E> {
     ) -> GroupRunner<E> {
         let control = GroupControl::new(rank);
         engine.attach(&control);
+        let flight = FlightRecorder::watching(
+            rank,
+            world_size,
+            name,
+            FlightConfig::default(),
+            Arc::downgrade(&control),
+        );
+        engine.attach_recorder(&flight);
         GroupRunner {
             name,
             rank,
@@ -74,6 +85,7 @@ impl<E: Engine> GroupRunner<E> {
             timeout,
             control,
             control_link: None,
+            flight,
             state: Mutex::new(RunState {
                 engine,
                 seq: 0,
@@ -87,6 +99,21 @@ impl<E: Engine> GroupRunner<E> {
     /// The state this group's runner, engine and control thread share.
     pub fn control(&self) -> &Arc<GroupControl> {
         &self.control
+    }
+
+    /// Replaces the group's flight recorder by one set up by `config` (its size, where
+    /// its dumps and beacon go); call it before the group runs anything.
+    pub fn configure_flight(&mut self, config: FlightConfig) {
+        let flight = FlightRecorder::watching(
+            self.rank,
+            self.world_size,
+            self.name,
+            config,
+            Arc::downgrade(&self.control),
+        );
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        state.engine.attach_recorder(&flight);
+        self.flight = flight;
     }
 
     /// Keeps the control thread's handle for the life of the group.
@@ -111,16 +138,21 @@ impl<E: Engine> GroupRunner<E> {
         deadline: Deadline,
         body: impl FnOnce(&mut E, u64) -> Result<R, Error>,
     ) -> Result<R, Error> {
-        let mut state = self.lock()?;
+        let mut state = self.lock().inspect_err(|e| self.flight.refused(sequence, e))?;
         if let Some(cause) = &state.broken {
-            return Err(Error::GroupBroken {
+            let error = Error::GroupBroken {
                 rank: self.rank,
                 cause: cause.clone(),
-            });
+            };
+            self.flight.refused(sequence, &error);
+            return Err(error);
         }
         if let Some(record) = self.control.aborted() {
             let error = self.abort_error(record);
-            self.break_group(&mut state, &error);
+            let dump = self.break_group(&mut state, &error);
+            self.flight.refused(sequence, &error);
+            drop(state);
+            self.flight.write_break(dump);
             return Err(error);
         }
         let counter = match sequence {
@@ -129,13 +161,16 @@ impl<E: Engine> GroupRunner<E> {
             Sequence::ReceivedFrom(peer) => state.received_from.get_mut(peer),
         };
         let Some(counter) = counter else {
-            return Err(Error::InvalidArgument(format!(
+            let error = Error::InvalidArgument(format!(
                 "rank {}: {sequence:?} names no rank of a group of {}",
                 self.rank, self.world_size
-            )));
+            ));
+            self.flight.refused(sequence, &error);
+            return Err(error);
         };
         *counter += 1;
         let seq = *counter;
+        self.flight.start(sequence, seq);
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| body(&mut state.engine, seq)));
         let result = match outcome {
             Ok(result) => result,
@@ -149,25 +184,31 @@ impl<E: Engine> GroupRunner<E> {
                     rank: self.rank,
                     cause: format!("a panic inside call #{seq} ({sequence:?}): {what}"),
                 };
-                self.break_group(&mut state, &error);
+                let dump = self.break_group(&mut state, &error);
+                self.flight.finish(Some(&error));
                 drop(state);
+                self.flight.write_break(dump);
                 panic::resume_unwind(payload);
             }
         };
         let result = result.map_err(|e| self.diagnose(&mut state, e, deadline));
-        if let Err(e) = &result {
-            if e.breaks_group() {
-                self.break_group(&mut state, e);
-            }
-        }
+        let dump = match &result {
+            Err(e) if e.breaks_group() => self.break_group(&mut state, e),
+            _ => None,
+        };
+        self.flight.finish(result.as_ref().err());
+        drop(state);
+        self.flight.write_break(dump);
         result
     }
 
     /// Marks the group broken by `error`, releases the engine, and aborts the group (the
-    /// peers are told, unless the abort came from one of them).
-    fn break_group(&self, state: &mut RunState<E>, error: &Error) {
+    /// peers are told, unless the abort came from one of them). Returns the flight
+    /// recorder's dump, taken while the failed call still shows as running, for the
+    /// caller to write once it has released the group's lock.
+    fn break_group(&self, state: &mut RunState<E>, error: &Error) -> Option<FlightDump> {
         if state.broken.is_some() {
-            return;
+            return None;
         }
         let cause = match error {
             Error::GroupBroken { cause, .. } => cause.clone(),
@@ -176,6 +217,7 @@ impl<E: Engine> GroupRunner<E> {
         state.broken = Some(cause.clone());
         state.engine.abort();
         self.control.abort(self.rank, cause, None);
+        self.flight.break_snapshot(&break_reason(error))
     }
 
     /// The error a call gets once the group has been aborted.
@@ -197,7 +239,9 @@ impl<E: Engine> GroupRunner<E> {
 
     /// Runs a [`Request`]: checks it, numbers it, executes it.
     fn submit(&self, request: Request<'_>, deadline: Deadline) -> Result<(), Error> {
-        request.validate(self.rank, self.world_size)?;
+        request
+            .validate(self.rank, self.world_size)
+            .inspect_err(|e| self.flight.refused(request.sequence(), e))?;
         self.run(request.sequence(), deadline, |engine, seq| {
             let op = request.describe(seq);
             engine.execute(&op, request, deadline)
@@ -254,6 +298,12 @@ impl<E: Engine> Backend for GroupRunner<E> {
 
     fn abort(&self, cause: &str) {
         self.control.abort(self.rank, cause.to_string(), None);
+        let dump = self.flight.break_snapshot(&format!("group broken: {cause}"));
+        self.flight.write_break(dump);
+    }
+
+    fn flight_recorder(&self) -> Option<Arc<FlightRecorder>> {
+        Some(Arc::clone(&self.flight))
     }
 
     fn rank(&self) -> usize {

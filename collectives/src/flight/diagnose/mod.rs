@@ -38,11 +38,9 @@ pub use load::{
 pub use report::rank_list;
 
 use crate::flight::dump::FlightDump;
+use crate::flight::MAIN_GROUP;
 use analysis::GroupEvidence;
 use rank_view::{Process, RankView};
-
-/// The group made by `init_process_group`.
-const MAIN_GROUP: &str = "main";
 /// Larger groups get no list of expected ranks (only the ranks seen count).
 const MAX_EXPECTED: usize = 1 << 16;
 

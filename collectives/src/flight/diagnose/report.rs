@@ -260,7 +260,7 @@ fn last_progress_text(group: &GroupDiagnosis, now_us: u64) -> String {
 
 /// The group's name in front of its lines, for groups formed from the first one.
 fn prefix(group: &GroupDiagnosis) -> String {
-    if group.group == "main" {
+    if group.group == crate::flight::MAIN_GROUP {
         String::new()
     } else {
         format!("in group {}: ", group.group)

@@ -1,0 +1,619 @@
+//! The flight recorder of one group on one rank: its last calls in a fixed-size ring,
+//! what the running call has moved and whom it waits for, the beacon file, and the
+//! dumps.
+//!
+//! Who records what:
+//! - the facade's issue order (`ringccl`'s sequencer): a call is issued
+//!   ([`FlightRecorder::issued`]), gets its turn ([`FlightRecorder::turn`]), or is given
+//!   up while queued ([`FlightRecorder::gave_up`]);
+//! - the [`GroupRunner`](crate::GroupRunner): a call starts, finishes or fails, and the
+//!   group breaks (the dump);
+//! - the engine: what the call is and its algorithm ([`FlightRecorder::running`]), and,
+//!   for the host engine's executor, bytes per peer and the peer it waits for.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::beacon_file::BeaconFile;
+use super::dump::{CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FORMAT_VERSION};
+use super::files::{file_name, write_atomically, MAIN_GROUP};
+use super::live::LiveCall;
+use super::ring::{PeerCounts, Ring, Slot};
+use super::requests;
+use crate::control::GroupControl;
+use crate::group::Sequence;
+use crate::wire::Algorithm;
+use crate::{CollectiveKind, Error, OpDesc};
+
+/// Calls kept by default (`RINGCCL_FLIGHT_ENTRIES`).
+pub const DEFAULT_FLIGHT_ENTRIES: usize = 2000;
+/// The most calls a recorder keeps (each takes about 400 bytes).
+pub const MAX_FLIGHT_ENTRIES: usize = 100_000;
+
+/// How one group's recorder is set up.
+///
+/// ```
+/// use ringccl_collectives::flight::{FlightConfig, DEFAULT_FLIGHT_ENTRIES};
+///
+/// let config = FlightConfig::default();
+/// assert_eq!((config.entries, config.dir, config.group.as_str()), (DEFAULT_FLIGHT_ENTRIES, None, "main"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlightConfig {
+    /// How many calls the ring keeps (clamped to `1..=`[`MAX_FLIGHT_ENTRIES`]).
+    pub entries: usize,
+    /// Where the dumps and the beacon go (`RINGCCL_FLIGHT_DIR`); `None`: no files, and
+    /// no SIGUSR1 handler (the ring is kept all the same).
+    pub dir: Option<PathBuf>,
+    /// `"main"` for the group `init_process_group` made, else the formed group's
+    /// namespace (it names the files; see [`file_name`](super::file_name)).
+    pub group: String,
+    /// `"tcp"`, `"shm"` or `"nccl"`, for the dump.
+    pub transport: &'static str,
+}
+
+impl Default for FlightConfig {
+    fn default() -> FlightConfig {
+        FlightConfig {
+            entries: DEFAULT_FLIGHT_ENTRIES,
+            dir: None,
+            group: MAIN_GROUP.into(),
+            transport: "",
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The algorithm's name in dumps and traces: `"ring"`, `"recursive_doubling"`, ….
+///
+/// ```
+/// use ringccl_collectives::{flight::algorithm_label, wire::Algorithm};
+/// assert_eq!(algorithm_label(Algorithm::RecursiveDoubling), "recursive_doubling");
+/// ```
+pub fn algorithm_label(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::Ring => "ring",
+        Algorithm::RecursiveDoubling => "recursive_doubling",
+        Algorithm::BinomialTree => "binomial_tree",
+        Algorithm::Chain => "chain",
+        Algorithm::Dissemination => "dissemination",
+        Algorithm::Pairwise => "pairwise",
+        Algorithm::Direct => "direct",
+        Algorithm::Device => "device",
+    }
+}
+
+struct Book {
+    ring: Ring,
+    /// The call running now.
+    running: Option<u64>,
+    /// Calls finished so far, either way.
+    finished: u64,
+}
+
+/// One group's flight recorder on one rank. See the module documentation.
+///
+/// ```
+/// use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+///
+/// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
+/// let call = recorder.issued("barrier");
+/// recorder.turn(call);
+/// let dump = recorder.snapshot("requested");
+/// assert_eq!(dump.entries[0].state, CallState::Queued);
+/// assert_eq!((dump.entries[0].call, dump.entries[0].kind.as_str()), (1, "barrier"));
+/// ```
+pub struct FlightRecorder {
+    rank: usize,
+    world_size: usize,
+    backend: &'static str,
+    config: FlightConfig,
+    book: Mutex<Book>,
+    /// The call whose turn it is, until the runner starts it (0: none).
+    turn: AtomicU64,
+    live: LiveCall,
+    beacon: Option<BeaconFile>,
+    control: Weak<GroupControl>,
+    /// The group broke and its dump was taken: later breaks do not dump again, and the
+    /// beacon stays behind for the diagnosis.
+    broken: AtomicBool,
+}
+
+impl FlightRecorder {
+    /// A recorder for rank `rank` of `world_size` on `backend`, set up by `config`.
+    /// With `config.dir`, the directory is created, the beacon written, and the
+    /// recorder answers SIGUSR1 (see [`dump_all`](super::dump_all)).
+    ///
+    /// ```
+    /// use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// let recorder = FlightRecorder::new(1, 4, "gloo", FlightConfig { entries: 16, ..FlightConfig::default() });
+    /// assert_eq!(recorder.capacity(), 16);
+    /// ```
+    pub fn new(
+        rank: usize,
+        world_size: usize,
+        backend: &'static str,
+        config: FlightConfig,
+    ) -> Arc<FlightRecorder> {
+        FlightRecorder::watching(rank, world_size, backend, config, Weak::new())
+    }
+
+    /// [`FlightRecorder::new`] for a group whose aborts it watches: when a peer aborts
+    /// the group while this rank runs no call, the request thread writes the dump.
+    pub(crate) fn watching(
+        rank: usize,
+        world_size: usize,
+        backend: &'static str,
+        mut config: FlightConfig,
+        control: Weak<GroupControl>,
+    ) -> Arc<FlightRecorder> {
+        config.entries = config.entries.clamp(1, MAX_FLIGHT_ENTRIES);
+        let beacon = config.dir.as_deref().and_then(|dir| {
+            let path = dir.join(file_name(rank, &config.group, "beacon"));
+            let made = std::fs::create_dir_all(dir).and_then(|()| BeaconFile::create(path));
+            made.map_err(|e| {
+                tracing::warn!(rank, dir = %dir.display(), error = %e,
+                    "the flight recorder cannot write its beacon there; dumps may fail too")
+            })
+            .ok()
+        });
+        let recorder = Arc::new(FlightRecorder {
+            rank,
+            world_size,
+            backend,
+            book: Mutex::new(Book {
+                ring: Ring::new(config.entries),
+                running: None,
+                finished: 0,
+            }),
+            config,
+            turn: AtomicU64::new(0),
+            live: LiveCall::default(),
+            beacon,
+            control,
+            broken: AtomicBool::new(false),
+        });
+        if recorder.config.dir.is_some() {
+            requests::register(&recorder);
+        }
+        recorder
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Book> {
+        // Every update completes before the lock is released: a poisoned lock holds
+        // consistent entries.
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many calls the ring keeps.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig { entries: 0, ..FlightConfig::default() });
+    /// assert_eq!(recorder.capacity(), 1);
+    /// ```
+    pub fn capacity(&self) -> usize {
+        self.config.entries
+    }
+
+    /// Where the dumps go, if anywhere.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
+    /// assert!(recorder.dump_path().is_none());
+    /// ```
+    pub fn dump_path(&self) -> Option<PathBuf> {
+        let dir = self.config.dir.as_ref()?;
+        Some(dir.join(file_name(self.rank, &self.config.group, "json")))
+    }
+
+    /// The beacon file, if one was made.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
+    /// assert!(recorder.beacon_path().is_none());
+    /// ```
+    pub fn beacon_path(&self) -> Option<&Path> {
+        self.beacon.as_ref().map(BeaconFile::path)
+    }
+
+    /// A call of `kind` (`"all_reduce"`) was issued; returns its number, which the
+    /// issuer passes to [`FlightRecorder::turn`] or [`FlightRecorder::gave_up`].
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
+    /// assert_eq!((recorder.issued("barrier"), recorder.issued("barrier")), (1, 2));
+    /// ```
+    pub fn issued(&self, kind: &'static str) -> u64 {
+        let now = now_us();
+        let mut book = self.lock();
+        let call = book.ring.push(kind, now);
+        if let Some(beacon) = &self.beacon {
+            beacon.issued(call);
+        }
+        call
+    }
+
+    /// It is call `call`'s turn: the next call the runner starts on this thread is it.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
+    /// recorder.turn(recorder.issued("barrier"));
+    /// ```
+    pub fn turn(&self, call: u64) {
+        self.turn.store(call, Ordering::Relaxed);
+    }
+
+    /// Call `call` will never run (given up while queued, or refused): it failed with
+    /// `error`.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
+    /// let call = recorder.issued("barrier");
+    /// recorder.gave_up(call, &"queued past its deadline");
+    /// assert_eq!(recorder.snapshot("requested").entries[0].state, CallState::Failed);
+    /// ```
+    pub fn gave_up(&self, call: u64, error: &dyn fmt::Display) {
+        let error = error.to_string();
+        let now = now_us();
+        let mut book = self.lock();
+        let Some(slot) = book.ring.get_mut(call) else {
+            return;
+        };
+        if slot.state != CallState::Queued {
+            return;
+        }
+        slot.state = CallState::Failed;
+        slot.ended_us = Some(now);
+        slot.error = Some(error);
+        self.finished_one(&mut book, now);
+    }
+
+    fn finished_one(&self, book: &mut Book, now: u64) {
+        book.finished += 1;
+        if let Some(beacon) = &self.beacon {
+            beacon.finished(book.finished, now);
+        }
+    }
+
+    /// The call whose turn it is, if it is still queued; else a new call, for one that
+    /// came to the runner without the facade (or a second one in the same turn).
+    fn claim(&self, book: &mut Book, sequence: Sequence, now: u64) -> u64 {
+        let turn = self.turn.swap(0, Ordering::Relaxed);
+        let queued = book
+            .ring
+            .get_mut(turn)
+            .is_some_and(|slot| slot.state == CallState::Queued);
+        if queued {
+            return turn;
+        }
+        let kind = match sequence {
+            Sequence::Collective => "collective",
+            Sequence::SentTo(_) => "send",
+            Sequence::ReceivedFrom(_) => "recv",
+        };
+        let call = book.ring.push(kind, now);
+        if let Some(beacon) = &self.beacon {
+            beacon.issued(call);
+        }
+        call
+    }
+
+    /// The runner starts a call numbered `seq` in `sequence`.
+    pub(crate) fn start(&self, sequence: Sequence, seq: u64) {
+        let now = now_us();
+        self.live.reset();
+        let mut book = self.lock();
+        let call = self.claim(&mut book, sequence, now);
+        if let Some(slot) = book.ring.get_mut(call) {
+            slot.state = CallState::Running;
+            slot.started_us = Some(now);
+            slot.seq = Some(seq);
+            slot.peer = match sequence {
+                Sequence::Collective => None,
+                Sequence::SentTo(peer) | Sequence::ReceivedFrom(peer) => Some(peer),
+            };
+        }
+        book.running = Some(call);
+        if let Some(beacon) = &self.beacon {
+            beacon.started(seq, now);
+        }
+    }
+
+    /// The engine runs the current call as `op` with `algorithm`.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// use ringccl_collectives::{wire::Algorithm, OpDesc};
+    /// let recorder = FlightRecorder::new(0, 1, "nccl", FlightConfig::default());
+    /// recorder.running(OpDesc::barrier(1), Algorithm::Device); // no call started: ignored
+    /// assert!(recorder.snapshot("requested").entries.is_empty());
+    /// ```
+    pub fn running(&self, op: OpDesc, algorithm: Algorithm) {
+        let mut book = self.lock();
+        let Some(call) = book.running else {
+            return;
+        };
+        if let Some(slot) = book.ring.get_mut(call) {
+            slot.op = Some(op);
+            slot.algorithm = Some(algorithm);
+        }
+    }
+
+    /// The current call ended, with `error` if it failed.
+    pub(crate) fn finish(&self, error: Option<&Error>) {
+        let error = error.map(ToString::to_string);
+        let now = now_us();
+        let counts = self.live.counts();
+        let mut book = self.lock();
+        let Some(call) = book.running.take() else {
+            return;
+        };
+        if let Some(slot) = book.ring.get_mut(call) {
+            slot.state = if error.is_some() {
+                CallState::Failed
+            } else {
+                CallState::Done
+            };
+            slot.ended_us = Some(now);
+            slot.peers = counts;
+            slot.error = error;
+        }
+        self.finished_one(&mut book, now);
+    }
+
+    /// The runner refused a call in `sequence` before it started (misuse, or a broken
+    /// group).
+    pub(crate) fn refused(&self, sequence: Sequence, error: &Error) {
+        let error = error.to_string();
+        let now = now_us();
+        let mut book = self.lock();
+        let call = self.claim(&mut book, sequence, now);
+        if let Some(slot) = book.ring.get_mut(call) {
+            slot.state = CallState::Failed;
+            slot.ended_us = Some(now);
+            slot.error = Some(error);
+        }
+        self.finished_one(&mut book, now);
+    }
+
+    /// `n` more bytes of the running call went to `peer`.
+    #[inline]
+    pub(crate) fn sent(&self, peer: usize, n: usize) {
+        self.live.sent(peer, n);
+    }
+
+    /// `n` more bytes of the running call came from `peer`.
+    #[inline]
+    pub(crate) fn received(&self, peer: usize, n: usize) {
+        self.live.received(peer, n);
+    }
+
+    /// The running call is about to sleep until `peer` is ready.
+    #[inline]
+    pub(crate) fn blocked_on(&self, peer: usize) {
+        self.live.blocked_on(peer);
+        if let Some(beacon) = &self.beacon {
+            beacon.blocked_on(peer);
+        }
+    }
+
+    /// Everything recorded, as a dump written for `reason`. The ring is copied under the
+    /// lock; the entries are built outside it.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// let recorder = FlightRecorder::new(2, 4, "gloo", FlightConfig::default());
+    /// let dump = recorder.snapshot("requested");
+    /// assert_eq!((dump.rank, dump.world_size, dump.recorded, dump.reason.as_str()), (2, 4, 0, "requested"));
+    /// ```
+    pub fn snapshot(&self, reason: &str) -> FlightDump {
+        let mut slots: Vec<Slot> = Vec::with_capacity(self.config.entries);
+        let (recorded, running, counts, waiting) = {
+            let book = self.lock();
+            slots.extend(book.ring.iter().cloned());
+            (
+                book.ring.recorded(),
+                book.running,
+                self.live.counts(),
+                self.live.waiting_for(),
+            )
+        };
+        let entries = slots
+            .iter()
+            .map(|slot| {
+                let live = (Some(slot.call) == running).then_some((&counts, waiting));
+                entry(slot, live)
+            })
+            .collect();
+        FlightDump {
+            format: FORMAT_VERSION,
+            rank: self.rank,
+            world_size: self.world_size,
+            group: self.config.group.clone(),
+            backend: self.backend.into(),
+            transport: self.config.transport.into(),
+            host: host_name(),
+            pid: std::process::id(),
+            reason: reason.into(),
+            dumped_at_us: now_us(),
+            capacity: self.config.entries,
+            recorded,
+            entries,
+        }
+    }
+
+    /// Writes `dump` to [`FlightRecorder::dump_path`]; returns where, or `None` without
+    /// a directory.
+    fn write(&self, dump: &FlightDump) -> Option<PathBuf> {
+        let path = self.dump_path()?;
+        let written = serde_json::to_vec_pretty(dump)
+            .map_err(std::io::Error::from)
+            .and_then(|bytes| write_atomically(&path, &bytes));
+        match written {
+            Ok(()) => {
+                tracing::info!(rank = self.rank, path = %path.display(), reason = %dump.reason,
+                    "wrote the flight recorder's dump");
+                Some(path)
+            }
+            Err(e) => {
+                tracing::warn!(rank = self.rank, path = %path.display(), error = %e,
+                    "could not write the flight recorder's dump; check RINGCCL_FLIGHT_DIR");
+                None
+            }
+        }
+    }
+
+    /// Writes the dump now, for `reason` (`"requested"`), when there is a directory.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
+    /// assert_eq!(recorder.dump("requested"), None, "no directory, no file");
+    /// ```
+    pub fn dump(&self, reason: &str) -> Option<PathBuf> {
+        self.config.dir.as_ref()?;
+        self.write(&self.snapshot(reason))
+    }
+
+    /// The group broke, for `reason`: the first time, with a directory, takes the dump
+    /// (calls still running show as running), to be written by
+    /// [`FlightRecorder::write_break`] once the caller has released its locks.
+    pub(crate) fn break_snapshot(&self, reason: &str) -> Option<FlightDump> {
+        self.config.dir.as_ref()?;
+        if self.broken.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        Some(self.snapshot(reason))
+    }
+
+    /// Writes a dump taken by [`FlightRecorder::break_snapshot`].
+    pub(crate) fn write_break(&self, dump: Option<FlightDump>) {
+        if let Some(dump) = dump {
+            self.write(&dump);
+        }
+    }
+
+    /// For the request thread: when a peer has aborted the group and this rank has not
+    /// dumped since, dumps (a rank running a call dumps from its runner instead).
+    pub(crate) fn dump_if_aborted(&self) {
+        let Some(control) = self.control.upgrade() else {
+            return;
+        };
+        if !control.is_aborted() || self.broken.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(record) = control.aborted() else {
+            return;
+        };
+        if record.origin == self.rank {
+            return;
+        }
+        let reason = format!("group broken: rank {} aborted the group: {}", record.origin, record.reason);
+        let dump = self.break_snapshot(&reason);
+        self.write_break(dump);
+    }
+}
+
+/// The reason a dump for the break caused by `error` gives.
+pub(crate) fn break_reason(error: &Error) -> String {
+    match error {
+        Error::Timeout { .. } => format!("timeout: {error}"),
+        _ => format!("group broken: {error}"),
+    }
+}
+
+/// `all_reduce(sum, 1024 x f32)`: the op's description without its number.
+fn describe(op: &OpDesc) -> String {
+    let text = op.to_string();
+    text.splitn(3, ' ').nth(2).map(str::to_string).unwrap_or(text)
+}
+
+fn entry(slot: &Slot, live: Option<(&PeerCounts, Option<usize>)>) -> FlightEntry {
+    let p2p = slot.op.is_some_and(|op| op.kind == CollectiveKind::SendRecv);
+    let counts = live.map_or(&slot.peers, |(counts, _)| counts);
+    FlightEntry {
+        call: slot.call,
+        op: slot.seq,
+        kind: match slot.op {
+            Some(op) if !p2p => op.kind.name().into(),
+            _ => slot.kind.into(),
+        },
+        description: slot
+            .op
+            .as_ref()
+            .map_or_else(|| slot.kind.to_string(), describe),
+        dtype: slot.op.and_then(|op| op.dtype).map(|d| d.name().into()),
+        count: slot.op.map_or(0, |op| op.count),
+        reduce_op: slot.op.and_then(|op| op.op).map(|o| o.name().into()),
+        root: if p2p {
+            slot.peer
+        } else {
+            slot.op.and_then(|op| op.root).map(|r| r as usize)
+        },
+        algorithm: slot.algorithm.map(|a| algorithm_label(a).into()),
+        state: slot.state,
+        issued_us: slot.issued_us,
+        started_us: slot.started_us,
+        ended_us: slot.ended_us,
+        peers: counts
+            .used()
+            .iter()
+            .map(|c| PeerBytes {
+                peer: c.peer,
+                sent: c.sent,
+                received: c.received,
+            })
+            .collect(),
+        other_peers: counts
+            .others
+            .map(|(sent, received)| OtherPeers { sent, received }),
+        blocked_on: live.and_then(|(_, waiting)| waiting),
+        error: slot.error.clone(),
+    }
+}
+
+/// This host's name (Linux), or empty.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .unwrap_or_default()
+}
+
+impl Drop for FlightRecorder {
+    fn drop(&mut self) {
+        if let Some(beacon) = &self.beacon {
+            if !self.broken.load(Ordering::Acquire) {
+                beacon.remove();
+            }
+        }
+    }
+}
+
+impl fmt::Debug for FlightRecorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlightRecorder")
+            .field("rank", &self.rank)
+            .field("group", &self.config.group)
+            .field("entries", &self.config.entries)
+            .field("dir", &self.config.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests;

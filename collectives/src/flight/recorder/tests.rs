@@ -1,0 +1,242 @@
+use std::fs;
+use std::time::Duration;
+
+use super::*;
+use crate::flight::beacon::Beacon;
+use crate::{DType, ReduceOp};
+
+fn recorder(entries: usize) -> Arc<FlightRecorder> {
+    FlightRecorder::new(
+        1,
+        4,
+        "gloo",
+        FlightConfig {
+            entries,
+            transport: "memory",
+            ..FlightConfig::default()
+        },
+    )
+}
+
+/// A temporary directory for one test, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("ringccl-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn timeout_error() -> Error {
+    Error::Timeout {
+        rank: 1,
+        peer: 2,
+        op: OpDesc::barrier(1),
+        moved: 0,
+        expected: 64,
+        timeout: Duration::from_secs(1),
+        gone: Vec::new(),
+    }
+}
+
+#[test]
+fn a_call_goes_from_queued_to_running_to_done_with_its_bytes_per_peer() {
+    let recorder = recorder(8);
+    let call = recorder.issued("all_reduce");
+    assert_eq!(recorder.snapshot("r").entries[0].state, CallState::Queued);
+    recorder.turn(call);
+    recorder.start(Sequence::Collective, 17);
+    recorder.running(
+        OpDesc::all_reduce(17, DType::F32, 1024, ReduceOp::Sum),
+        Algorithm::Ring,
+    );
+    recorder.sent(2, 2048);
+    recorder.received(0, 1000);
+    recorder.blocked_on(0);
+
+    let running = recorder.snapshot("requested").entries.remove(0);
+    assert_eq!(running.call, call);
+    assert_eq!((running.state, running.op), (CallState::Running, Some(17)));
+    assert_eq!(running.kind, "all_reduce");
+    assert_eq!(running.description, "all_reduce(sum, 1024 x f32)");
+    assert_eq!(
+        (running.dtype.as_deref(), running.reduce_op.as_deref(), running.count),
+        (Some("f32"), Some("sum"), 1024)
+    );
+    assert_eq!(running.algorithm.as_deref(), Some("ring"));
+    assert_eq!(running.blocked_on, Some(0), "the peer it waits for");
+    assert_eq!(
+        running.peers,
+        [
+            PeerBytes {
+                peer: 2,
+                sent: 2048,
+                received: 0
+            },
+            PeerBytes {
+                peer: 0,
+                sent: 0,
+                received: 1000
+            }
+        ]
+    );
+    assert!(running.started_us.is_some() && running.ended_us.is_none());
+
+    recorder.received(0, 1048);
+    recorder.finish(None);
+    let done = recorder.snapshot("requested").entries.remove(0);
+    assert_eq!(done.state, CallState::Done);
+    assert_eq!(done.blocked_on, None, "a finished call waits for nobody");
+    assert_eq!(done.peers[1].received, 2048);
+    let (issued, started, ended) = (
+        done.issued_us,
+        done.started_us.unwrap_or(0),
+        done.ended_us.unwrap_or(0),
+    );
+    assert!(issued > 0 && issued <= started && started <= ended);
+}
+
+#[test]
+fn failures_are_recorded_with_their_error_whether_run_refused_or_given_up() {
+    let recorder = recorder(8);
+    recorder.start(Sequence::SentTo(3), 1);
+    recorder.running(
+        OpDesc::new(1, CollectiveKind::SendRecv, DType::U8, 5, None, Some(9)),
+        Algorithm::Direct,
+    );
+    recorder.finish(Some(&timeout_error()));
+    let given_up = recorder.issued("barrier");
+    recorder.gave_up(given_up, &"queued past its deadline");
+    let refused = recorder.issued("broadcast");
+    recorder.turn(refused);
+    recorder.refused(Sequence::Collective, &timeout_error());
+    // A give-up that comes after the call ran changes nothing.
+    recorder.gave_up(1, &"too late");
+
+    let entries = recorder.snapshot("requested").entries;
+    let send = &entries[0];
+    assert_eq!(send.kind, "send", "a call from no issuer is named by its sequence");
+    assert_eq!(send.root, Some(3), "point-to-point: the peer");
+    assert_eq!(send.state, CallState::Failed);
+    assert!(send.error.as_deref().is_some_and(|e| e.contains("timed out")));
+    assert_eq!(
+        (entries[1].state, entries[1].error.as_deref()),
+        (CallState::Failed, Some("queued past its deadline"))
+    );
+    assert_eq!((entries[2].call, entries[2].state), (refused, CallState::Failed));
+    assert!(entries[2].started_us.is_none());
+    assert_eq!(entries.len(), 3);
+}
+
+#[test]
+fn the_recorder_keeps_its_last_calls_and_counts_them_all() {
+    let recorder = recorder(3);
+    for seq in 1..=5 {
+        let call = recorder.issued("barrier");
+        recorder.turn(call);
+        recorder.start(Sequence::Collective, seq);
+        recorder.running(OpDesc::barrier(seq), Algorithm::Dissemination);
+        recorder.finish(None);
+    }
+    let dump = recorder.snapshot("requested");
+    assert_eq!((dump.capacity, dump.recorded), (3, 5));
+    let ops: Vec<_> = dump.entries.iter().map(|e| e.op).collect();
+    assert_eq!(ops, [Some(3), Some(4), Some(5)]);
+    assert!(dump.entries.iter().all(|e| e.state == CallState::Done));
+    assert_eq!(dump.entries[2].description, "barrier");
+}
+
+#[test]
+fn a_second_call_in_one_turn_gets_an_entry_of_its_own() {
+    let recorder = recorder(8);
+    let call = recorder.issued("all_gather");
+    recorder.turn(call);
+    recorder.start(Sequence::Collective, 1);
+    recorder.finish(None);
+    recorder.start(Sequence::Collective, 2);
+    recorder.finish(None);
+    let entries = recorder.snapshot("requested").entries;
+    assert_eq!(entries.len(), 2);
+    assert_eq!((entries[0].call, entries[0].kind.as_str()), (1, "all_gather"));
+    assert_eq!((entries[1].call, entries[1].kind.as_str()), (2, "collective"));
+}
+
+#[test]
+fn a_break_dumps_once_with_the_call_running_and_keeps_the_beacon() {
+    let dir = TempDir::new("flight-break");
+    let recorder = FlightRecorder::new(
+        0,
+        2,
+        "gloo",
+        FlightConfig {
+            dir: Some(dir.0.clone()),
+            group: "group/0/1/".into(),
+            transport: "tcp",
+            ..FlightConfig::default()
+        },
+    );
+    let beacon_path = dir.0.join("rank-0.group-0-1.beacon");
+    assert_eq!(recorder.beacon_path(), Some(beacon_path.as_path()));
+    let call = recorder.issued("all_reduce");
+    recorder.turn(call);
+    recorder.start(Sequence::Collective, 1);
+    recorder.blocked_on(1);
+    let beacon = Beacon::decode(&fs::read(&beacon_path).unwrap()).unwrap();
+    assert_eq!(
+        (beacon.issued, beacon.finished, beacon.current_op, beacon.blocked_on),
+        (1, 0, 1, Some(1))
+    );
+
+    let error = timeout_error();
+    let dump = recorder.break_snapshot(&break_reason(&error));
+    recorder.finish(Some(&error));
+    assert!(recorder.break_snapshot("again").is_none(), "one dump per break");
+    recorder.write_break(dump);
+    let path = dir.0.join("rank-0.group-0-1.json");
+    let written: FlightDump = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    assert!(written.reason.starts_with("timeout: "), "{}", written.reason);
+    assert_eq!((written.group.as_str(), written.transport.as_str()), ("group/0/1/", "tcp"));
+    assert_eq!(written.entries[0].state, CallState::Running);
+    assert_eq!(written.entries[0].blocked_on, Some(1));
+
+    let beacon = Beacon::decode(&fs::read(&beacon_path).unwrap()).unwrap();
+    assert_eq!((beacon.finished, beacon.current_op), (1, 0));
+    drop(recorder);
+    assert!(beacon_path.exists(), "a broken group leaves its beacon for the diagnosis");
+}
+
+#[test]
+fn a_clean_group_removes_its_beacon_and_writes_requested_dumps() {
+    let dir = TempDir::new("flight-clean");
+    let recorder = FlightRecorder::new(
+        3,
+        4,
+        "gloo",
+        FlightConfig {
+            dir: Some(dir.0.join("nested")),
+            ..FlightConfig::default()
+        },
+    );
+    let beacon = dir.0.join("nested/rank-3.beacon");
+    assert!(beacon.exists());
+    let path = recorder.dump("requested");
+    assert_eq!(path, Some(dir.0.join("nested/rank-3.json")));
+    assert!(crate::flight::dump_all("requested").contains(&dir.0.join("nested/rank-3.json")));
+    drop(recorder);
+    assert!(!beacon.exists());
+}
+
+#[test]
+fn an_entry_stays_small() {
+    // The documented memory per kept call ("about 400 bytes").
+    let size = std::mem::size_of::<Slot>();
+    assert!(size <= 420, "{size} bytes per entry");
+}

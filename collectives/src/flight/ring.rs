@@ -1,0 +1,203 @@
+//! The recorder's memory: a fixed-size ring of the last calls, allocated once, where a
+//! new call overwrites the oldest. Plain data under the recorder's lock; nothing here
+//! allocates after [`Ring::new`] (a failed call's error message is the one exception).
+
+use crate::flight::dump::CallState;
+use crate::wire::Algorithm;
+use crate::OpDesc;
+
+/// How many peers of one call get byte counts of their own; the bytes exchanged with
+/// any further peer are summed in one "others" bucket.
+pub const PEER_SLOTS: usize = 8;
+
+/// Bytes one call exchanged with one peer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PeerCount {
+    pub(crate) peer: usize,
+    pub(crate) sent: u64,
+    pub(crate) received: u64,
+}
+
+/// The bytes one call exchanged, per peer: [`PEER_SLOTS`] inline slots, in the order the
+/// call first moved bytes with each peer, and a bucket for the rest.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PeerCounts {
+    pub(crate) slots: [PeerCount; PEER_SLOTS],
+    /// How many of `slots` are in use.
+    pub(crate) used: usize,
+    /// Bytes with peers beyond the slots: `(sent, received)`, when there were any.
+    pub(crate) others: Option<(u64, u64)>,
+}
+
+impl PeerCounts {
+    /// The slots in use.
+    pub(crate) fn used(&self) -> &[PeerCount] {
+        self.slots.get(..self.used).unwrap_or(&self.slots)
+    }
+}
+
+/// One recorded call.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Slot {
+    /// The call's number among every call recorded on this group, from 1 (0: unused).
+    pub(crate) call: u64,
+    /// What was issued (`"all_reduce"`), until the engine describes it.
+    pub(crate) kind: &'static str,
+    /// The call's sequence number and, once an engine started it, its description.
+    pub(crate) seq: Option<u64>,
+    pub(crate) op: Option<OpDesc>,
+    /// For a point-to-point call, the peer.
+    pub(crate) peer: Option<usize>,
+    pub(crate) algorithm: Option<Algorithm>,
+    pub(crate) state: CallState,
+    pub(crate) issued_us: u64,
+    pub(crate) started_us: Option<u64>,
+    pub(crate) ended_us: Option<u64>,
+    /// Final byte counts (a running call's live counts are elsewhere).
+    pub(crate) peers: PeerCounts,
+    pub(crate) error: Option<String>,
+}
+
+impl Slot {
+    const UNUSED: Slot = Slot {
+        call: 0,
+        kind: "",
+        seq: None,
+        op: None,
+        peer: None,
+        algorithm: None,
+        state: CallState::Queued,
+        issued_us: 0,
+        started_us: None,
+        ended_us: None,
+        peers: PeerCounts {
+            slots: [PeerCount {
+                peer: 0,
+                sent: 0,
+                received: 0,
+            }; PEER_SLOTS],
+            used: 0,
+            others: None,
+        },
+        error: None,
+    };
+}
+
+/// The last `capacity` calls, oldest overwritten first.
+#[derive(Debug)]
+pub(crate) struct Ring {
+    slots: Vec<Slot>,
+    /// Calls recorded so far; call `n` lives in slot `(n - 1) % capacity`.
+    recorded: u64,
+}
+
+impl Ring {
+    /// A ring of `capacity` calls (at least one), allocated now.
+    pub(crate) fn new(capacity: usize) -> Ring {
+        Ring {
+            slots: vec![Slot::UNUSED; capacity.max(1)],
+            recorded: 0,
+        }
+    }
+
+    /// How many calls it holds at most.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// How many calls were ever recorded.
+    pub(crate) fn recorded(&self) -> u64 {
+        self.recorded
+    }
+
+    fn index(&self, call: u64) -> Option<usize> {
+        let capacity = self.slots.len() as u64;
+        usize::try_from(call.checked_sub(1)? % capacity).ok()
+    }
+
+    /// Records a new call of `kind`, queued since `issued_us`, over the oldest one; returns
+    /// its number.
+    pub(crate) fn push(&mut self, kind: &'static str, issued_us: u64) -> u64 {
+        self.recorded += 1;
+        let call = self.recorded;
+        if let Some(slot) = self.index(call).and_then(|i| self.slots.get_mut(i)) {
+            *slot = Slot {
+                call,
+                kind,
+                issued_us,
+                ..Slot::UNUSED
+            };
+        }
+        call
+    }
+
+    /// Call `call`, unless it was never recorded or has been overwritten since.
+    pub(crate) fn get_mut(&mut self, call: u64) -> Option<&mut Slot> {
+        let index = self.index(call)?;
+        self.slots.get_mut(index).filter(|slot| slot.call == call)
+    }
+
+    /// The calls held, oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Slot> {
+        let split = self.index(self.recorded + 1).unwrap_or(0);
+        let (newer, older) = self.slots.split_at(split);
+        older.iter().chain(newer).filter(|slot| slot.call != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn calls(ring: &Ring) -> Vec<u64> {
+        ring.iter().map(|s| s.call).collect()
+    }
+
+    #[test]
+    fn a_ring_keeps_the_last_calls_in_order_as_it_wraps_around() {
+        let mut ring = Ring::new(3);
+        assert_eq!(calls(&ring), Vec::<u64>::new());
+        assert_eq!(ring.push("barrier", 10), 1);
+        assert_eq!(ring.push("all_reduce", 20), 2);
+        assert_eq!(calls(&ring), [1, 2]);
+        assert_eq!(ring.push("broadcast", 30), 3);
+        assert_eq!(calls(&ring), [1, 2, 3]);
+        assert_eq!(ring.push("barrier", 40), 4);
+        assert_eq!(calls(&ring), [2, 3, 4], "the oldest is overwritten");
+        for _ in 0..7 {
+            ring.push("barrier", 50);
+        }
+        assert_eq!(calls(&ring), [9, 10, 11]);
+        assert_eq!(ring.recorded(), 11);
+        assert_eq!(ring.capacity(), 3);
+    }
+
+    #[test]
+    fn an_overwritten_call_is_gone_and_a_new_one_starts_clean() {
+        let mut ring = Ring::new(2);
+        let first = ring.push("all_reduce", 1);
+        if let Some(slot) = ring.get_mut(first) {
+            slot.state = CallState::Failed;
+            slot.error = Some("timed out".into());
+            slot.seq = Some(7);
+        }
+        ring.push("barrier", 2);
+        let third = ring.push("broadcast", 3);
+        assert!(ring.get_mut(first).is_none(), "call 1 was overwritten by call 3");
+        assert!(ring.get_mut(0).is_none() && ring.get_mut(4).is_none());
+        let slot = ring.get_mut(third).map(|s| s.clone());
+        let slot = slot.as_ref();
+        assert_eq!(slot.map(|s| (s.kind, s.state)), Some(("broadcast", CallState::Queued)));
+        assert_eq!(slot.map(|s| (s.seq, s.error.is_none())), Some((None, true)));
+    }
+
+    #[test]
+    fn a_ring_of_zero_holds_one_call() {
+        let mut ring = Ring::new(0);
+        ring.push("a", 1);
+        ring.push("b", 2);
+        assert_eq!(ring.capacity(), 1);
+        assert_eq!(calls(&ring), [2]);
+    }
+}
