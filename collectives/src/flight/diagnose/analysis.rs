@@ -324,6 +324,7 @@ fn suspect(group: &GroupEvidence<'_>, rank: usize) -> Culprit {
         (Process::Exited(exit), _) => Suspect::Exited {
             exit: exit.clone(),
             last_finished: view.last_finished.clone(),
+            finished_calls: view.finished_calls,
             in_call,
         },
         (Process::Elsewhere, Activity::Unknown) => Suspect::Elsewhere,

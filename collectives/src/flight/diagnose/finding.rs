@@ -86,6 +86,8 @@ pub enum Suspect {
         exit: RankExit,
         /// Its last finished call.
         last_finished: Option<CallRef>,
+        /// How many calls it finished, when only its beacon is known.
+        finished_calls: Option<u64>,
         /// The call it was in, if its dump shows one.
         in_call: Option<CallRef>,
     },

@@ -81,6 +81,7 @@ fn culprit_text(culprit: &Culprit, now_us: u64) -> String {
         Suspect::Exited {
             exit,
             last_finished,
+            finished_calls,
             in_call,
         } => {
             let when = format!(
@@ -88,10 +89,11 @@ fn culprit_text(culprit: &Culprit, now_us: u64) -> String {
                 exit.status,
                 ago(now_us, exit.at_us)
             );
-            match (in_call, last_finished) {
-                (Some(call), _) => format!("{when}, in {}", call.label()),
-                (None, Some(call)) => format!("{when}; it last finished {}", call.short()),
-                (None, None) => when,
+            match (in_call, last_finished, finished_calls) {
+                (Some(call), _, _) => format!("{when}, in {}", call.label()),
+                (None, Some(call), _) => format!("{when}; it last finished {}", call.short()),
+                (None, None, Some(n)) => format!("{when}; it had finished {n} calls"),
+                (None, None, None) => when,
             }
         }
         Suspect::Busy { call, since_us } => {

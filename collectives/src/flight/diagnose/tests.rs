@@ -186,7 +186,21 @@ fn a_dead_rank_is_named_with_its_exit_status() {
          (exit code 3) 4.0 s ago"
     );
     // Named once: no separate "rank 2 exited" finding, no "no dump from rank 2" line.
-    assert_eq!(d.lines().len(), 2, "{:#?}", d.lines());
+    assert_eq!(d.lines()[1..], ["  rank 1 waits for 0, 0 for 2"], "{:#?}", d.lines());
+    // Its beacon, left behind, tells how far it got.
+    e.beacons.push(BeaconReading {
+        rank: 2,
+        beacon: Beacon {
+            pid: 1002,
+            issued: 16,
+            finished: 16,
+            last_finished_us: at(16),
+            ..Beacon::default()
+        },
+    });
+    assert!(diagnose(&e)
+        .headline()
+        .ends_with("rank 2 exited (exit code 3) 4.0 s ago; it had finished 16 calls"));
 }
 
 #[test]
