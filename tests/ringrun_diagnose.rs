@@ -44,7 +44,8 @@ fn child() -> bool {
     let rank = pg.rank();
     let mut x = vec![1.0f32; 1024];
     for _ in 0..WARM_UP {
-        pg.all_reduce(&mut x, ReduceOp::Sum).expect("warm-up all-reduce");
+        pg.all_reduce(&mut x, ReduceOp::Sum)
+            .expect("warm-up all-reduce");
     }
     println!("\nentering");
     match (scenario.as_str(), rank) {
@@ -163,7 +164,10 @@ fn ringrun(test: &str, scenario: &str, flags: &[&str], env: &[(&str, &Path)]) ->
                 let _ = child.kill();
                 let _ = child.wait();
                 let text: Vec<String> = lines.into_iter().map(|l| l.text).collect();
-                panic!("ringrun did not finish within {LIMIT:?}:\n{}", text.join("\n"));
+                panic!(
+                    "ringrun did not finish within {LIMIT:?}:\n{}",
+                    text.join("\n")
+                );
             }
         }
     }
@@ -180,7 +184,8 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("ringrun-diagnose-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ringrun-diagnose-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         Scratch(dir)
     }
@@ -195,7 +200,10 @@ impl Drop for Scratch {
 /// The op number of the all-reduce after the warm-up: the first op in a line such as
 /// `... wait in op #5 all_reduce(...)`.
 fn op_in(line: &str) -> u64 {
-    let after = line.split("op #").nth(1).unwrap_or_else(|| panic!("no op in {line:?}"));
+    let after = line
+        .split("op #")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no op in {line:?}"));
     after
         .split(|c: char| !c.is_ascii_digit())
         .next()
@@ -219,8 +227,16 @@ fn a_rank_that_skips_a_collective_is_named_seconds_after_the_hang_timeout() {
     );
     let diagnosis = run.diagnosis();
     let all = run.all();
-    assert!(!run.status.success(), "--hang-action stop exits non-zero:\n{all}");
-    assert!(diagnosis.first().is_some_and(|l| l.starts_with("hang: no call has finished")), "{all}");
+    assert!(
+        !run.status.success(),
+        "--hang-action stop exits non-zero:\n{all}"
+    );
+    assert!(
+        diagnosis
+            .first()
+            .is_some_and(|l| l.starts_with("hang: no call has finished")),
+        "{all}"
+    );
     let headline = diagnosis.get(1).copied().unwrap_or_default();
     let op = op_in(headline);
     assert!(
@@ -234,10 +250,20 @@ fn a_rank_that_skips_a_collective_is_named_seconds_after_the_hang_timeout() {
     assert!(all.contains("rank 2's process is running"), "{all}");
     let took = run.entering_to_diagnosis();
     eprintln!("{all}\n(diagnosis {took:?} after rank 0 entered the op)");
-    assert!(took >= SECS && took <= SECS + LATE, "diagnosis {took:?} after the hang began:\n{all}");
+    assert!(
+        took >= SECS && took <= SECS + LATE,
+        "diagnosis {took:?} after the hang began:\n{all}"
+    );
     // Stopped at once, not after the rank's 100 s elsewhere or the 120 s deadline.
-    assert!(run.started.elapsed() < Duration::from_secs(60), "{:?}", run.started.elapsed());
-    assert!(all.contains("ringrun: stopping the job (--hang-action stop)"), "{all}");
+    assert!(
+        run.started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        run.started.elapsed()
+    );
+    assert!(
+        all.contains("ringrun: stopping the job (--hang-action stop)"),
+        "{all}"
+    );
 
     // The same analysis, offline, on the files the ranks left.
     let offline = Command::new(RINGRUN)
@@ -271,7 +297,10 @@ fn a_rank_stuck_in_compute_is_named_once_and_the_job_goes_on() {
         &[],
     );
     let all = run.all();
-    assert!(run.status.success(), "report only: the job finishes:\n{all}");
+    assert!(
+        run.status.success(),
+        "report only: the job finishes:\n{all}"
+    );
     for r in 0..3 {
         assert!(all.contains(&format!("[rank {r}] done")), "{all}");
     }
@@ -290,10 +319,17 @@ fn a_rank_stuck_in_compute_is_named_once_and_the_job_goes_on() {
     );
     let took = run.entering_to_diagnosis();
     eprintln!("{all}\n(diagnosis {took:?} after rank 0 entered the op)");
-    assert!(took >= SECS && took <= SECS + LATE, "diagnosis {took:?} after the hang began:\n{all}");
+    assert!(
+        took >= SECS && took <= SECS + LATE,
+        "diagnosis {took:?} after the hang began:\n{all}"
+    );
     // The flight directory ringrun made is kept (a diagnosis was printed) and named.
     let kept = kept_dir(&run);
-    assert!(kept.join("rank-0.json").exists(), "{}:\n{all}", kept.display());
+    assert!(
+        kept.join("rank-0.json").exists(),
+        "{}:\n{all}",
+        kept.display()
+    );
     let _ = fs::remove_dir_all(kept);
 }
 
@@ -326,7 +362,10 @@ fn mismatched_sizes_are_named_with_both_calls() {
     // Named as the ranks fail, long before the hang timeout or the group's deadline.
     let took = run.entering_to_diagnosis();
     eprintln!("{all}\n(diagnosis {took:?} after rank 0 entered the op)");
-    assert!(took < Duration::from_secs(20), "diagnosis {took:?} after the mismatch:\n{all}");
+    assert!(
+        took < Duration::from_secs(20),
+        "diagnosis {took:?} after the mismatch:\n{all}"
+    );
     let _ = fs::remove_dir_all(kept_dir(&run));
 }
 
@@ -356,7 +395,10 @@ fn a_rank_that_dies_is_named_with_its_exit_status() {
     );
     let took = run.entering_to_diagnosis();
     eprintln!("{all}\n(diagnosis {took:?} after rank 0 entered the op)");
-    assert!(took < Duration::from_secs(20), "diagnosis {took:?} after the death:\n{all}");
+    assert!(
+        took < Duration::from_secs(20),
+        "diagnosis {took:?} after the death:\n{all}"
+    );
     let _ = fs::remove_dir_all(kept_dir(&run));
 }
 

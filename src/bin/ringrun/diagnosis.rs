@@ -11,8 +11,8 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ringccl::flight::diagnose::{
-    diagnose, load_dir, modified_us, read_beacon, read_dump, rank_list, scan, Diagnosis,
-    Evidence, FlightFileKind, RankExit, RankProcess,
+    diagnose, load_dir, modified_us, rank_list, read_beacon, read_dump, scan, Diagnosis, Evidence,
+    FlightFileKind, RankExit, RankProcess,
 };
 
 use crate::args::HangAction;
@@ -149,9 +149,9 @@ fn gather_and_print(dir: &Path, ranks: &mut [Rank], not_before_us: u64, why: &st
     diagnosis
 }
 
-/// Sends SIGUSR1 to every live process that keeps a beacon of this run in `dir` and
-/// belongs to one of the ranks' process groups (only those handle it: ringccl installs
-/// its handler with the beacon). Returns the dump files to wait for.
+/// Sends SIGUSR1 to every live process that keeps a beacon of this run in `dir`, belongs
+/// to one of the ranks' process groups and handles SIGUSR1. Returns the dump files to
+/// wait for.
 fn request_dumps(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Vec<PathBuf> {
     let groups: BTreeSet<Pid> = ranks
         .iter_mut()
@@ -161,7 +161,7 @@ fn request_dumps(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Vec<Path
     let mut awaited = Vec::new();
     for file in scan(dir).unwrap_or_default() {
         if file.kind != FlightFileKind::Beacon
-            || !modified_us(&file.path).is_some_and(|at| at + SLACK_US >= not_before_us)
+            || modified_us(&file.path).is_none_or(|at| at.saturating_add(SLACK_US) < not_before_us)
         {
             continue;
         }
@@ -170,7 +170,9 @@ fn request_dumps(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Vec<Path
         };
         let ours = process_group::process_state(pid)
             .is_some_and(|(state, group)| state != 'Z' && state != 'X' && groups.contains(&group));
-        if !ours {
+        // Only a process that handles SIGUSR1 gets it (it would kill any other); ringccl
+        // installs its handler just after it creates its beacon.
+        if !ours || !process_group::catches(pid, libc::SIGUSR1) {
             continue;
         }
         if signalled.insert(pid) && !process_group::signal_process(pid, libc::SIGUSR1) {

@@ -35,10 +35,8 @@ impl FlightDir {
         let stamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
-        let path = std::env::temp_dir().join(format!(
-            "ringrun-flight-{}-{stamp:x}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("ringrun-flight-{}-{stamp:x}", std::process::id()));
         DirBuilder::new().mode(0o700).create(&path).map_err(|e| {
             format!(
                 "cannot create a flight directory at {} ({e}); set RINGCCL_FLIGHT_DIR to a \

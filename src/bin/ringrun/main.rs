@@ -203,9 +203,7 @@ fn run_job(
         output::drain(2 * ranks.len(), &streams_done);
         // A signal while a failed run was being stopped means: stop, do not restart.
         let outcome = match (outcome, interrupted) {
-            (Outcome::Failed { .. } | Outcome::Hung, Some(signal)) => {
-                Outcome::Interrupted(signal)
-            }
+            (Outcome::Failed { .. } | Outcome::Hung, Some(signal)) => Outcome::Interrupted(signal),
             (outcome, _) => outcome,
         };
         match outcome {

@@ -141,8 +141,8 @@ enum ChainEnd {
 fn waiting(group: &GroupEvidence<'_>) -> (Vec<Finding>, Vec<Finding>, BTreeSet<usize>) {
     // (call label, culprit ranks) -> (first call, waiters, culprits, chains)
     type Key = (String, Vec<usize>);
-    let mut groups: BTreeMap<Key, (CallRef, Vec<usize>, Vec<Culprit>, Vec<Vec<usize>>)> =
-        BTreeMap::new();
+    type Slot = (CallRef, Vec<usize>, Vec<Culprit>, Vec<Vec<usize>>);
+    let mut groups: BTreeMap<Key, Slot> = BTreeMap::new();
     let mut cycles: BTreeSet<Vec<usize>> = BTreeSet::new();
     let mut named = BTreeSet::new();
     for view in group.views.values() {
@@ -219,9 +219,7 @@ fn follow(group: &GroupEvidence<'_>, start: usize) -> (ChainEnd, Vec<usize>) {
             Activity::Running {
                 peer: Some(peer), ..
             } => *peer,
-            Activity::Running {
-                call, since_us, ..
-            } => {
+            Activity::Running { call, since_us, .. } => {
                 // Not waiting for a peer right now. The waiting starter: look for ranks
                 // behind it. A rank others wait on: it is the one holding them up,
                 // unless it is itself held up by a rank behind.
@@ -362,7 +360,10 @@ fn failures(
         let Activity::Failed { call, error } = &view.activity else {
             continue;
         };
-        if call.group_op().is_some_and(|op| mismatched_ops.contains(&op)) {
+        if call
+            .group_op()
+            .is_some_and(|op| mismatched_ops.contains(&op))
+        {
             continue;
         }
         by_call

@@ -32,9 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub use evidence::{BeaconReading, Evidence, RankExit, RankProcess};
 pub use finding::{CallRef, Culprit, Diagnosis, Finding, GroupDiagnosis, Suspect};
-pub use load::{
-    load_dir, modified_us, read_beacon, read_dump, scan, FlightFile, FlightFileKind,
-};
+pub use load::{load_dir, modified_us, read_beacon, read_dump, scan, FlightFile, FlightFileKind};
 pub use report::rank_list;
 
 use crate::flight::dump::FlightDump;
@@ -128,7 +126,11 @@ pub fn diagnose(evidence: &Evidence) -> Diagnosis {
             if launched.len() < world_size {
                 local_ranks = Some(launched.clone());
             }
-            launched.iter().copied().filter(|&r| r < world_size).collect()
+            launched
+                .iter()
+                .copied()
+                .filter(|&r| r < world_size)
+                .collect()
         } else if world_size <= MAX_EXPECTED {
             (0..world_size).collect()
         } else {

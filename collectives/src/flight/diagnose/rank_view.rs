@@ -118,7 +118,10 @@ impl RankView {
             (None, Some(e), _) => Activity::Queued { call: call_ref(e) },
             (None, None, Some(e)) => Activity::Failed {
                 call: call_ref(e),
-                error: e.error.clone().unwrap_or_else(|| "no error recorded".into()),
+                error: e
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "no error recorded".into()),
             },
             (None, None, None) => Activity::Idle,
         };

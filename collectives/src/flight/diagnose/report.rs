@@ -105,10 +105,9 @@ fn culprit_text(culprit: &Culprit, now_us: u64) -> String {
                 call.label()
             )
         }
-        Suspect::Queued { call } => format!(
-            "rank {rank} issued {} but it has not started",
-            call.label()
-        ),
+        Suspect::Queued { call } => {
+            format!("rank {rank} issued {} but it has not started", call.label())
+        }
         Suspect::Failed { call, error } => {
             format!("rank {rank}'s {} failed: {error}", call.label())
         }
@@ -163,7 +162,11 @@ fn finding_text(finding: &Finding, now_us: u64) -> (String, Vec<String>) {
     let headline = match finding {
         Finding::Mismatch { op, calls } => {
             let describe = |(desc, list): &(String, Vec<usize>)| {
-                format!("{} {} in op #{op} {desc}", ranks(list), verb(list, "is", "are"))
+                format!(
+                    "{} {} in op #{op} {desc}",
+                    ranks(list),
+                    verb(list, "is", "are")
+                )
             };
             let odd: Vec<String> = calls.iter().skip(1).map(describe).collect();
             match calls.first() {
@@ -206,11 +209,7 @@ fn finding_text(finding: &Finding, now_us: u64) -> (String, Vec<String>) {
             error,
             culprits,
         } => {
-            let head = format!(
-                "{} failed in {}: {error}",
-                ranks(failed),
-                call.label()
-            );
+            let head = format!("{} failed in {}: {error}", ranks(failed), call.label());
             culprit_hints(culprits, &mut details);
             if culprits.is_empty() {
                 head

@@ -101,7 +101,10 @@ fn a_skipped_collective_names_the_idle_rank_through_the_ring_of_waits() {
         "ranks 0, 1, 3 wait in op #17 all_reduce(sum, 1024 x f32) for rank 2; rank 2 last \
          finished op #16 and has issued nothing since (last seen 13.0 s ago)"
     );
-    assert!(lines.contains(&"  rank 0 waits for 3, 3 for 2".to_string()), "{lines:#?}");
+    assert!(
+        lines.contains(&"  rank 0 waits for 3, 3 for 2".to_string()),
+        "{lines:#?}"
+    );
     assert!(lines.contains(&"  rank 1 waits for 0, 0 for 3, 3 for 2".to_string()));
     assert!(d.found_cause());
     assert_eq!(d.groups[0].findings.len(), 1, "{lines:#?}");
@@ -129,7 +132,10 @@ fn waiters_that_name_no_peer_still_point_at_the_rank_behind() {
         ),
         "{lines:#?}"
     );
-    assert!(lines[1].contains("rank 2's process is running"), "{lines:#?}");
+    assert!(
+        lines[1].contains("rank 2's process is running"),
+        "{lines:#?}"
+    );
 }
 
 #[test]
@@ -145,7 +151,10 @@ fn a_different_collective_at_the_same_op_names_both_calls() {
         "rank 1 is in op #5 broadcast(root=0, 1024 x f32) but ranks 0, 2 are in op #5 \
          all_reduce(sum, 1024 x f32)"
     );
-    assert!(matches!(d.first_finding(), Some(Finding::Mismatch { op: 5, .. })));
+    assert!(matches!(
+        d.first_finding(),
+        Some(Finding::Mismatch { op: 5, .. })
+    ));
 }
 
 #[test]
@@ -186,7 +195,12 @@ fn a_dead_rank_is_named_with_its_exit_status() {
          (exit code 3) 4.0 s ago"
     );
     // Named once: no separate "rank 2 exited" finding, no "no dump from rank 2" line.
-    assert_eq!(d.lines()[1..], ["  rank 1 waits for 0, 0 for 2"], "{:#?}", d.lines());
+    assert_eq!(
+        d.lines()[1..],
+        ["  rank 1 waits for 0, 0 for 2"],
+        "{:#?}",
+        d.lines()
+    );
     // Its beacon, left behind, tells how far it got.
     e.beacons.push(BeaconReading {
         rank: 2,
@@ -206,12 +220,19 @@ fn a_dead_rank_is_named_with_its_exit_status() {
 #[test]
 fn a_rank_killed_inside_a_call_is_named_with_the_signal_and_the_call() {
     let mut e = evidence(vec![
-        dump(0, 2, with(done(6, AR), failed(7, AR, "peer 1 closed the connection"))),
+        dump(
+            0,
+            2,
+            with(done(6, AR), failed(7, AR, "peer 1 closed the connection")),
+        ),
         dump(1, 2, with(done(6, AR), running(7, AR, Some(0)))),
     ]);
     e.launcher = launcher(&[
         (0, RankProcess::Running),
-        (1, exit("killed by signal 9 (SIGKILL)", e.now_us - 2 * SECOND)),
+        (
+            1,
+            exit("killed by signal 9 (SIGKILL)", e.now_us - 2 * SECOND),
+        ),
     ]);
     let d = diagnose(&e);
     assert_eq!(
@@ -242,7 +263,10 @@ fn a_broken_group_with_a_dead_rank_blames_the_dead_rank() {
         "{lines:#?}"
     );
     // Rank 0's own failed exit is listed after.
-    assert!(lines[1].starts_with("rank 0 exited (exit code 101)"), "{lines:#?}");
+    assert!(
+        lines[1].starts_with("rank 0 exited (exit code 101)"),
+        "{lines:#?}"
+    );
 }
 
 #[test]
@@ -325,14 +349,20 @@ fn a_rank_without_a_dump_is_named_when_others_wait_for_it_and_listed_otherwise()
          dump from rank 2"
     );
     assert!(d.found_cause());
-    assert_eq!(lines.last().unwrap(), "  no flight dump from rank 3", "{lines:#?}");
+    assert_eq!(
+        lines.last().unwrap(),
+        "  no flight dump from rank 3",
+        "{lines:#?}"
+    );
 }
 
 #[test]
 fn a_beacon_stands_in_for_a_missing_dump() {
-    let mut e = evidence(vec![
-        dump(0, 2, with(done(16, AR), running(17, AR, Some(1)))),
-    ]);
+    let mut e = evidence(vec![dump(
+        0,
+        2,
+        with(done(16, AR), running(17, AR, Some(1))),
+    )]);
     e.beacons.push(BeaconReading {
         rank: 1,
         beacon: Beacon {
@@ -367,7 +397,10 @@ fn on_several_nodes_only_the_local_ranks_are_covered() {
     );
     assert_eq!(d.local_ranks.as_deref(), Some(&[2, 3][..]));
     assert!(lines.contains(&"  this covers the ranks started on this node (2, 3) only".into()));
-    assert!(!lines.iter().any(|l| l.contains("no flight dump")), "{lines:#?}");
+    assert!(
+        !lines.iter().any(|l| l.contains("no flight dump")),
+        "{lines:#?}"
+    );
 }
 
 #[test]
@@ -419,13 +452,24 @@ fn odd_files_are_reported_and_skipped_never_a_panic() {
     let mut v2 = serde_json::to_value(dump(1, 4, done(1, AR))).unwrap();
     v2["format"] = json!(2);
     write("rank-1.json", v2.to_string().as_bytes());
-    write("rank-2.json", serde_json::to_string(&good).unwrap().as_bytes());
-    write("rank-3.json", serde_json::to_string(&dump(5, 9, vec![])).unwrap().as_bytes());
+    write(
+        "rank-2.json",
+        serde_json::to_string(&good).unwrap().as_bytes(),
+    );
+    write(
+        "rank-3.json",
+        serde_json::to_string(&dump(5, 9, vec![]))
+            .unwrap()
+            .as_bytes(),
+    );
     write("rank-4.json", b"");
     write("rank-5.json", br#"{"format": 1, "rank": "x"}"#);
     let mut huge = dump(7, 4, vec![]);
     huge.world_size = usize::MAX;
-    write("rank-7.json", serde_json::to_string(&huge).unwrap().as_bytes());
+    write(
+        "rank-7.json",
+        serde_json::to_string(&huge).unwrap().as_bytes(),
+    );
     write("rank-8.json", &[0xff, 0xfe, 0x00]);
     write("rank-0.beacon", &[1, 2, 3]);
     write("rank-1.beacon", &[0; 64]);
@@ -436,12 +480,25 @@ fn odd_files_are_reported_and_skipped_never_a_panic() {
     let e = load_dir(&dir.0, at(29) + 500, 0).unwrap();
     assert_eq!(e.dumps, [good]);
     let notes = e.notes.join("\n");
-    for name in ["rank-0.json", "rank-1.json", "rank-3.json", "rank-4.json", "rank-5.json",
-                 "rank-6.json", "rank-7.json", "rank-8.json", "rank-0.beacon", "rank-1.beacon"] {
+    for name in [
+        "rank-0.json",
+        "rank-1.json",
+        "rank-3.json",
+        "rank-4.json",
+        "rank-5.json",
+        "rank-6.json",
+        "rank-7.json",
+        "rank-8.json",
+        "rank-0.beacon",
+        "rank-1.beacon",
+    ] {
         assert!(notes.contains(name), "no note on {name}: {notes}");
     }
     assert!(notes.contains("format 2"), "{notes}");
-    assert!(!notes.contains("tmp") && !notes.contains("rank-x"), "{notes}");
+    assert!(
+        !notes.contains("tmp") && !notes.contains("rank-x"),
+        "{notes}"
+    );
     let d = diagnose(&e);
     let text = d.to_string();
     assert!(text.starts_with("rank 2 waits in op #5"), "{text}");
@@ -454,17 +511,41 @@ fn dumps_of_an_earlier_run_are_skipped() {
     let dir = Scratch::new("stale");
     let mut old = dump(0, 2, done(3, AR));
     old.dumped_at_us = at(1);
-    fs::write(dir.0.join("rank-0.json"), serde_json::to_string(&old).unwrap()).unwrap();
+    fs::write(
+        dir.0.join("rank-0.json"),
+        serde_json::to_string(&old).unwrap(),
+    )
+    .unwrap();
     let e = load_dir(&dir.0, at(29), at(2)).unwrap();
     assert!(e.dumps.is_empty());
-    assert!(e.notes[0].contains("before this run started"), "{:?}", e.notes);
+    assert!(
+        e.notes[0].contains("before this run started"),
+        "{:?}",
+        e.notes
+    );
     assert_eq!(load_dir(&dir.0, at(29), 0).unwrap().dumps.len(), 1);
 }
 
 fn arbitrary_entry() -> impl Strategy<Value = FlightEntry> {
-    let states = prop_oneof![Just("queued"), Just("running"), Just("done"), Just("failed")];
-    let descs = prop_oneof![Just(AR), Just("barrier"), Just("send(tag=1, 4 x f32)"), Just("")];
-    (1u64..12, proptest::option::of(0u64..12), descs, states, proptest::option::of(0usize..9))
+    let states = prop_oneof![
+        Just("queued"),
+        Just("running"),
+        Just("done"),
+        Just("failed")
+    ];
+    let descs = prop_oneof![
+        Just(AR),
+        Just("barrier"),
+        Just("send(tag=1, 4 x f32)"),
+        Just("")
+    ];
+    (
+        1u64..12,
+        proptest::option::of(0u64..12),
+        descs,
+        states,
+        proptest::option::of(0usize..9),
+    )
         .prop_map(|(call, op, desc, state, blocked)| {
             let mut e = entry(call, op, desc, state);
             e.blocked_on = blocked;
