@@ -126,6 +126,12 @@ ringccl_rendezvous::setup_error_variants! {
             detail: String,
         },
 
+        /// A peer's process went away during start-up after the ranks had connected
+        /// (shared-memory set-up); `SetupError::PeerGone` under its own name. It names the
+        /// rank that went away and the step.
+        #[error(transparent)]
+        PeerGone(ringccl_transports::PeerGone),
+
         /// A CUDA or NCCL call failed.
         #[error("rank {rank}: {call} failed during {op}: {reason}")]
         Device {
@@ -199,6 +205,7 @@ impl From<SetupError> for Error {
             SetupError::InvalidArgument(reason) => Error::InvalidArgument(reason),
             // Forcing shared memory where it cannot work is a setting to change.
             SetupError::SharedMemory(unavailable) => Error::InvalidArgument(unavailable.to_string()),
+            SetupError::PeerGone(gone) => Error::PeerGone(gone),
             other => Error::Engine {
                 source: Box::new(other),
                 breaks_group: false,

@@ -128,19 +128,30 @@ pub(crate) fn gloo_over_mesh(
     let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
     let rings = match recipe.kind {
         TransportKind::Tcp => None,
-        required => shm::set_up(
-            mesh.store(),
-            rank,
-            world_size,
-            job,
-            DEFAULT_RING_BYTES,
-            deadline,
-            required == TransportKind::SharedMemory,
-        )?,
+        required => {
+            // Watching the data connections: a peer that dies in set-up is named at once.
+            let (store, connections) = mesh.store_and_connections();
+            shm::set_up(
+                store,
+                &*connections.data,
+                rank,
+                world_size,
+                job,
+                DEFAULT_RING_BYTES,
+                deadline,
+                required == TransportKind::SharedMemory,
+            )?
+        }
     };
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
-    log_summary(rank, world_size, &recipe, rings.is_some(), &connections.data);
+    log_summary(
+        rank,
+        world_size,
+        &recipe,
+        rings.is_some(),
+        &connections.data,
+    );
     let tcp =
         TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
             rank,
@@ -183,7 +194,10 @@ fn log_summary(
         .iter()
         .flatten()
         .find_map(|c| c.local_addr().ok())
-        .map_or_else(|| "none (a group of one)".to_string(), |a| a.ip().to_string());
+        .map_or_else(
+            || "none (a group of one)".to_string(),
+            |a| a.ip().to_string(),
+        );
     let config = &recipe.config;
     tracing::info!(
         rank,

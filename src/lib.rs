@@ -62,6 +62,7 @@ pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
 /// beacon ([`flight::beacon::Beacon`]), and the analysis across ranks behind `ringrun
 /// diagnose` ([`flight::diagnose`]). See docs/debugging.md.
 pub use ringccl_collectives::flight;
+pub use ringccl_transports::PeerGone;
 pub use work::Work;
 
 /// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in

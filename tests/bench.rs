@@ -241,7 +241,12 @@ fn ringccl_debug_sets_what_the_library_logs() {
         .collect();
     assert_eq!(ready.len(), 2, "{info}");
     for line in ready {
-        for field in ["peers=", "address=127.0.0.1", "recursive_doubling_up_to=", "auth=false"] {
+        for field in [
+            "peers=",
+            "address=127.0.0.1",
+            "recursive_doubling_up_to=",
+            "auth=false",
+        ] {
             assert!(line.contains(field), "{field} missing: {line}");
         }
         assert!(line.contains(",self") || line.contains("self,"), "{line}");
@@ -265,13 +270,18 @@ fn ringccl_debug_sets_what_the_library_logs() {
 #[test]
 fn progress_appears_only_on_a_terminal_and_never_inside_the_table() {
     let _guard = heavy_lock();
-    let args = ["--np", "2", "-b", "8", "-e", "1K", "-f", "2", "-n", "3", "-w", "1"];
+    let args = [
+        "--np", "2", "-b", "8", "-e", "1K", "-f", "2", "-n", "3", "-w", "1",
+    ];
     let out = bench(&args, false);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert_eq!(rows(&stdout).len(), 8, "{stdout}");
     assert!(!stdout.contains("RINGCCL_BENCH_PROGRESS") && !stdout.contains("(1/8)"));
-    assert!(!stderr.contains("(1/8)"), "progress went to a non-terminal: {stderr}");
+    assert!(
+        !stderr.contains("(1/8)"),
+        "progress went to a non-terminal: {stderr}"
+    );
 
     // On a pseudo-terminal (util-linux `script`), stdout and stderr share it.
     let script = Command::new("script").arg("--version").output();
@@ -286,7 +296,10 @@ fn progress_appears_only_on_a_terminal_and_never_inside_the_table() {
         .expect("run script");
     assert!(out.status.success(), "{}", text(&out.stdout));
     let screen = text(&out.stdout);
-    assert!(screen.contains("(8/8)"), "no progress on the terminal: {screen:?}");
+    assert!(
+        screen.contains("(8/8)"),
+        "no progress on the terminal: {screen:?}"
+    );
     // Every table row starts right after an erased line, never after progress text.
     let table_rows: Vec<&str> = screen
         .split(['\n'])

@@ -636,8 +636,9 @@ fn strangers_files_are_ignored_and_segments_are_unnamed_owner_only_and_freed() {
 }
 
 /// A rank SIGKILLed while its inbox is being set up (created, not yet closed): the
-/// others fail start-up within the deadline naming it, none dies of a signal, and once
-/// they have exited nothing is left in `/dev/shm` — no name, no byte.
+/// others fail start-up at once naming it (their deadline is two minutes away), none
+/// dies of a signal, and once they have exited nothing is left in `/dev/shm` — no name,
+/// no byte. (`tests/setup_crash.rs` kills ranks at chosen points of set-up.)
 #[test]
 fn a_rank_killed_during_set_up_leaves_nothing_behind() {
     const NAME: &str = "a_rank_killed_during_set_up_leaves_nothing_behind";
@@ -653,7 +654,7 @@ fn a_rank_killed_during_set_up_leaves_nothing_behind() {
                 let mut job = Job::start(
                     NAME,
                     N,
-                    &[("RINGCCL_TRANSPORT", "shm"), (TIMEOUT_VAR, "10")],
+                    &[("RINGCCL_TRANSPORT", "shm"), (TIMEOUT_VAR, "120")],
                 );
                 // Kill the victim the moment it holds its new inbox open.
                 let watch_until = Instant::now() + Duration::from_secs(60);
@@ -689,13 +690,15 @@ fn a_rank_killed_during_set_up_leaves_nothing_behind() {
                 for (rank, end) in ends.iter().enumerate().filter(|(r, _)| *r != VICTIM) {
                     assert_eq!(end.status.code(), Some(INIT_FAILED), "rank {rank}: {end:?}");
                 }
-                // Rank 0 waits for the victim until its deadline and names it. (Rank 2
-                // may name it too, or lose the store when rank 0 gives up first.)
+                // Rank 0 sees the victim's connection close and names it. (Rank 2 may
+                // name it too, or rank 0, whose exit takes the store away.)
                 let error = ends[0].result("init-error").expect("rank 0's error");
                 eprintln!("rank 0 after the crash: {error}");
                 assert!(error.contains(&format!("rank {VICTIM}")), "rank 0: {error}");
-                // The survivors give up by their 10 s deadline.
-                assert!(killed_at.elapsed() < Duration::from_secs(40));
+                // The survivors give up at once, not at their 120 s deadline.
+                let took = killed_at.elapsed();
+                eprintln!("the survivors ended {took:?} after the kill");
+                assert!(took < Duration::from_secs(10), "took {took:?}");
                 assert_dev_shm_clean(&BTreeSet::new(), 0, "after the crash");
                 break;
             }

@@ -4,6 +4,7 @@
 use std::io;
 
 use ringccl_transports::shm::ShmUnavailable;
+use ringccl_transports::PeerGone;
 
 /// Hands the start-up variants (the store and the handshakes, with their fields and
 /// messages) to another macro: `setup_error_variants!(callback! <enum with its own
@@ -149,6 +150,11 @@ setup_error_variants! {
         /// Shared memory was required but cannot be set up.
         #[error(transparent)]
         SharedMemory(#[from] ShmUnavailable),
+
+        /// A peer's process went away during a start-up step after the mesh
+        /// (shared-memory set-up): named within moments, not at the deadline.
+        #[error(transparent)]
+        PeerGone(#[from] PeerGone),
 
         /// A local I/O operation failed.
         #[error("rank {rank}: {context}: {source}")]

@@ -72,6 +72,26 @@ impl Mesh {
         &mut self.store
     }
 
+    /// The store and the connections, for start-up steps that wait on the store while
+    /// watching the peers (`ringccl_transports::WatchedStore`): a peer that dies closes
+    /// its connections.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{connect_mesh, MeshConfig, StoreListener};
+    /// # let listener = StoreListener::bind("127.0.0.1:0")?;
+    /// # let mut config = MeshConfig::new(0, 1, &listener.local_addr()?.to_string(), Duration::from_secs(10));
+    /// # config.store_listener = Some(listener);
+    /// let mut mesh = connect_mesh(config)?;
+    /// let (store, connections) = mesh.store_and_connections();
+    /// store.set("greeting", b"hello")?;
+    /// assert!(connections.data[0].is_none()); // none to itself
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn store_and_connections(&mut self) -> (&mut StoreClient, &MeshConnections) {
+        (&mut self.store, &self.connections)
+    }
+
     /// Ends start-up on every rank: ranks above 0 tell rank 0 they are done with the
     /// store (one byte on their connection), and rank 0 returns only once all have, so
     /// the store it hosts outlives every start-up reader. Returns the connections, still
@@ -79,12 +99,28 @@ impl Mesh {
     /// for its lifetime.
     pub fn finish(mut self, deadline: Instant) -> Result<(MeshConnections, KeptStore), SetupError> {
         let rank = self.rank;
-        let failed = |peer: usize, e: io::Error| SetupError::Io {
-            rank,
-            context: format!(
-                "finishing start-up with rank {peer} (telling rank 0 the store is no longer needed)"
-            ),
-            source: e,
+        let failed = |peer: usize, e: io::Error| {
+            let gone = matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+            );
+            let context = if gone {
+                format!(
+                    "finishing start-up: rank {peer} went away (its connection closed); look at \
+                     rank {peer}'s own output and exit status, then restart every rank"
+                )
+            } else {
+                format!(
+                    "finishing start-up with rank {peer} (telling rank 0 the store is no longer needed)"
+                )
+            };
+            SetupError::Io {
+                rank,
+                context,
+                source: e,
+            }
         };
         let connection = |peer: usize| {
             self.connections

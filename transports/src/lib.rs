@@ -12,6 +12,8 @@
 //!   them collectively), with the TCP connections kept as a liveness channel.
 //! - [`poll`]: sleeping until a socket is ready.
 //! - [`liveness`]: is a peer's process still there?
+//! - [`WatchedStore`]: waiting on the store during start-up while watching the peers
+//!   ([`PeerWatch`]), so a peer that dies is named at once ([`PeerGone`]).
 //! - [`ControlLink`]: the group's control thread, which carries abort notices and the
 //!   questions blocked ranks ask each other.
 
@@ -19,12 +21,14 @@
 
 mod control_link;
 pub mod liveness;
+mod peer_watch;
 pub mod poll;
 mod setup_store;
 pub mod shm;
 mod tcp;
 
 pub use control_link::ControlLink;
+pub use peer_watch::{PeerGone, PeerWatch, WatchedStore};
 pub use setup_store::SetupStore;
 pub use shm::{ShmTransport, DEFAULT_RING_BYTES};
 pub use tcp::TcpTransport;

@@ -452,6 +452,10 @@ impl ringccl_transports::SetupStore for StoreClient {
         StoreClient::set(self, key, value)
     }
 
+    fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, SetupError> {
+        StoreClient::get(self, key)
+    }
+
     fn wait(
         &mut self,
         key: &str,

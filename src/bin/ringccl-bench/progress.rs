@@ -90,12 +90,10 @@ impl Drop for Progress {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[test]
     fn nothing_is_shown_or_cleared_without_a_terminal() {
-        let mut progress = Progress {
-            sink: Sink::Nowhere,
+        let mut progress = super::Progress {
+            sink: super::Sink::Nowhere,
             shown: false,
         };
         progress.show("all_reduce 8 B");
@@ -106,8 +104,8 @@ mod tests {
 
     #[test]
     fn the_launcher_sink_never_marks_the_terminal() {
-        let mut progress = Progress {
-            sink: Sink::Launcher,
+        let mut progress = super::Progress {
+            sink: super::Sink::Launcher,
             shown: false,
         };
         progress.show("x");

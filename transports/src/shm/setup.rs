@@ -1,6 +1,8 @@
 //! Setting up shared memory, collectively: every rank on one host? every inbox created?
 //! every inbox mapped? Each step's outcome — and, when it failed, why — is published
 //! through the rendezvous store, so every rank takes the same decision and can say why.
+//! While it waits for a peer, it watches that peer's connection: a rank that dies in the
+//! middle of set-up is named within moments, not at the start-up deadline.
 
 use std::time::Instant;
 
@@ -8,7 +10,10 @@ use tracing::{info, warn};
 
 use super::inbox::{open_peer, OwnInbox, Ticket};
 use super::ring::{inbox_len, Rings};
-use crate::SetupStore;
+use crate::{PeerWatch, SetupStore, WatchedStore};
+
+/// The step [`PeerGone`](crate::PeerGone) errors name.
+const STEP: &str = "shared-memory set-up";
 
 /// This machine's identity, as far as sharing memory goes: ranks with equal identities
 /// share memory. The PID namespace is part of it, because peers open each other's
@@ -56,38 +61,56 @@ impl std::fmt::Debug for SharedRings {
 /// descriptor on them is left open once this returns, and the kernel frees them when
 /// the last rank unmaps them, even if a process is killed (see the [module](super) docs).
 ///
-/// `job` only labels the log lines: inboxes are found through the store.
+/// `job` only labels the log lines: inboxes are found through the store. `peers` tells
+/// whether a peer's process has gone away (ringccl passes the mesh's connections):
+/// waiting for a peer that has gone ends at once with [`PeerGone`](crate::PeerGone),
+/// in either mode, as does a failing store while a peer has gone (rank 0 hosts it).
 ///
 /// ```
 /// use std::collections::HashMap;
 /// use std::time::{Duration, Instant};
-/// use ringccl_transports::{shm, SetupStore};
+/// use ringccl_transports::{shm, PeerGone, SetupStore};
 ///
 /// /// A store for a group of one (ringccl passes its rendezvous store).
 /// #[derive(Default)]
 /// struct OneRank(HashMap<String, Vec<u8>>);
 ///
+/// #[derive(Debug, thiserror::Error)]
+/// enum Failed {
+///     #[error(transparent)]
+///     Shm(#[from] shm::ShmUnavailable),
+///     #[error(transparent)]
+///     Gone(#[from] PeerGone),
+///     #[error("nobody published {0}")]
+///     Missing(String),
+/// }
+///
 /// impl SetupStore for OneRank {
-///     type Error = shm::ShmUnavailable;
-///     fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Self::Error> {
+///     type Error = Failed;
+///     fn set(&mut self, key: &str, value: &[u8]) -> Result<(), Failed> {
 ///         self.0.insert(key.into(), value.into());
 ///         Ok(())
 ///     }
+///     fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, Failed> {
+///         Ok(self.0.get(key).cloned())
+///     }
 ///     fn wait(&mut self, key: &str, _: Instant, what: &dyn Fn() -> String)
-///         -> Result<Vec<u8>, Self::Error> {
-///         self.0.get(key).cloned().ok_or_else(|| shm::ShmUnavailable { rank: 0, reason: what() })
+///         -> Result<Vec<u8>, Failed> {
+///         self.0.get(key).cloned().ok_or_else(|| Failed::Missing(what()))
 ///     }
 /// }
 ///
 /// let deadline = Instant::now() + Duration::from_secs(10);
+/// let no_peers = |_peer: usize| false;
 /// // Not required: `None`, and a logged warning saying why, where it cannot work.
-/// let rings = shm::set_up(&mut OneRank::default(), 0, 1, 7, 4096, deadline, false)?;
+/// let rings = shm::set_up(&mut OneRank::default(), &no_peers, 0, 1, 7, 4096, deadline, false)?;
 /// println!("{}", if rings.is_some() { "shared memory" } else { "TCP" });
-/// # Ok::<(), shm::ShmUnavailable>(())
+/// # Ok::<(), Failed>(())
 /// ```
 #[allow(clippy::too_many_arguments)] // every argument is one fact of the job; a struct would only rename them
-pub fn set_up<S: SetupStore + ?Sized>(
+pub fn set_up<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     store: &mut S,
+    peers: &W,
     rank: usize,
     n: usize,
     job: u64,
@@ -102,12 +125,13 @@ pub fn set_up<S: SetupStore + ?Sized>(
         deadline,
         required,
     };
-    let decline = |store: &mut S, reason: String| group.decline(store, reason);
+    let store = &mut WatchedStore::new(store, peers, rank, n, STEP);
+    let decline = |store: &mut WatchedStore<'_, S, W>, reason: String| group.decline(store, reason);
     // 1. Every rank on this host?
     let me = host_identity();
     store.set(&format!("ringccl/host/{rank}"), me.as_bytes())?;
     for peer in 0..n {
-        let theirs = store.wait(&format!("ringccl/host/{peer}"), deadline, &|| {
+        let theirs = store.wait_for(peer, &format!("ringccl/host/{peer}"), deadline, &|| {
             format!("rank {peer} to report its host")
         })?;
         if theirs != me.as_bytes() {
@@ -189,9 +213,9 @@ impl Group {
     /// until everyone is done with it). Required: the error, once rank 0 has seen every
     /// rank come this far — its failing start-up takes the store away, and a rank still
     /// reading the outcome would get "connection closed" instead of the reason.
-    fn decline<S: SetupStore + ?Sized>(
+    fn decline<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         &self,
-        store: &mut S,
+        store: &mut WatchedStore<'_, S, W>,
         reason: String,
     ) -> Result<Option<SharedRings>, S::Error> {
         let rank = self.rank;
@@ -212,8 +236,9 @@ impl Group {
         {
             for peer in 1..self.n {
                 let key = format!("ringccl/shm/declined/{peer}");
+                // A rank that went away will never give up: stop waiting for it.
                 if store
-                    .wait(&key, self.deadline, &|| {
+                    .wait_for(peer, &key, self.deadline, &|| {
                         format!("rank {peer} to give up too")
                     })
                     .is_err()
@@ -229,8 +254,8 @@ impl Group {
 /// Publishes this rank's outcome of a set-up step (a payload, or why it failed) and
 /// learns everyone's. `Ok(Ok(payloads))`, by rank, when every rank succeeded; else
 /// `Ok(Err(why))` naming the first rank that failed — the same answer on every rank.
-fn agree<S: SetupStore + ?Sized>(
-    store: &mut S,
+fn agree<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
+    store: &mut WatchedStore<'_, S, W>,
     step: &str,
     rank: usize,
     n: usize,
@@ -245,7 +270,8 @@ fn agree<S: SetupStore + ?Sized>(
     let mut payloads = Vec::with_capacity(n);
     let mut failure = None;
     for peer in 0..n {
-        let value = store.wait(&format!("ringccl/shm/{step}/{peer}"), deadline, &|| {
+        let key = format!("ringccl/shm/{step}/{peer}");
+        let value = store.wait_for(peer, &key, deadline, &|| {
             format!("rank {peer} to finish setting up shared memory ({step})")
         })?;
         let value = String::from_utf8_lossy(&value).into_owned();
@@ -278,16 +304,14 @@ mod tests {
 
     type Keys = HashMap<String, Vec<u8>>;
 
-    #[derive(Debug)]
+    #[derive(Debug, thiserror::Error)]
     enum StoreError {
-        Unavailable(ShmUnavailable),
+        #[error(transparent)]
+        Unavailable(#[from] ShmUnavailable),
+        #[error(transparent)]
+        Gone(#[from] crate::PeerGone),
+        #[error("timed out waiting for {0}")]
         Timeout(String),
-    }
-
-    impl From<ShmUnavailable> for StoreError {
-        fn from(e: ShmUnavailable) -> StoreError {
-            StoreError::Unavailable(e)
-        }
     }
 
     impl SetupStore for MemoryStore {
@@ -298,6 +322,10 @@ mod tests {
             map.lock().unwrap().insert(key.into(), value.into());
             changed.notify_all();
             Ok(())
+        }
+
+        fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(self.0 .0.lock().unwrap().get(key).cloned())
         }
 
         fn wait(
@@ -323,6 +351,11 @@ mod tests {
 
     const RING: usize = 4096;
 
+    /// Every peer still there.
+    fn all_there(_peer: usize) -> bool {
+        false
+    }
+
     fn have_shm() -> bool {
         let ok = std::path::Path::new(super::super::inbox::SHM_DIR).is_dir();
         if !ok {
@@ -346,7 +379,7 @@ mod tests {
             let handles: Vec<_> = (0..3)
                 .map(|rank| {
                     let mut store = store.clone();
-                    s.spawn(move || set_up(&mut store, rank, 3, 1, RING, soon(), true))
+                    s.spawn(move || set_up(&mut store, &all_there, rank, 3, 1, RING, soon(), true))
                 })
                 .collect();
             handles
@@ -377,7 +410,7 @@ mod tests {
             .unwrap();
         store.set("ringccl/shm/mapped/1", b"ok:").unwrap();
         store.set("ringccl/shm/declined/1", b"1").unwrap();
-        set_up(&mut store, 0, 2, 1, RING, soon(), required)
+        set_up(&mut store, &all_there, 0, 2, 1, RING, soon(), required)
     }
 
     #[test]
@@ -422,7 +455,7 @@ mod tests {
             )
             .unwrap();
         store.set("ringccl/shm/declined/1", b"1").unwrap();
-        let err = match set_up(&mut store, 0, 2, 1, RING, soon(), true) {
+        let err = match set_up(&mut store, &all_there, 0, 2, 1, RING, soon(), true) {
             Err(StoreError::Unavailable(e)) => e,
             other => panic!("{:?}", other.map(|r| r.is_some())),
         };
@@ -451,7 +484,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             rank_1.set("ringccl/shm/declined/1", b"1").unwrap();
         });
-        let err = set_up(&mut store, 0, 2, 1, RING, soon(), true);
+        let err = set_up(&mut store, &all_there, 0, 2, 1, RING, soon(), true);
         let waited = started.elapsed();
         slow.join().unwrap();
         assert!(matches!(err, Err(StoreError::Unavailable(_))), "{err:?}");
@@ -466,7 +499,7 @@ mod tests {
             .set("ringccl/shm/created/1", b"err:creating its inbox: full")
             .unwrap();
         let deadline = Instant::now() + Duration::from_millis(300);
-        match set_up(&mut store, 0, 2, 1, RING, deadline, true) {
+        match set_up(&mut store, &all_there, 0, 2, 1, RING, deadline, true) {
             Err(StoreError::Unavailable(e)) => assert!(e.reason.contains("full"), "{e}"),
             other => panic!("{:?}", other.map(|r| r.is_some())),
         }
@@ -478,11 +511,61 @@ mod tests {
         let mut store = MemoryStore::default();
         let started = Instant::now();
         let deadline = started + Duration::from_millis(300);
-        let err = set_up(&mut store, 0, 2, 1, RING, deadline, false).unwrap_err();
+        let err = set_up(&mut store, &all_there, 0, 2, 1, RING, deadline, false).unwrap_err();
         assert!(
             matches!(&err, StoreError::Timeout(w) if w.contains("rank 1")),
             "{err:?}"
         );
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_rank_that_dies_in_set_up_is_named_at_once_in_either_mode() {
+        // Rank 1 reports its host, then dies before creating its inbox; the deadline is
+        // ten minutes away.
+        for required in [true, false] {
+            let mut store = MemoryStore::default();
+            store
+                .set("ringccl/host/1", host_identity().as_bytes())
+                .unwrap();
+            let rank_1_died = |peer: usize| peer == 1;
+            let started = Instant::now();
+            let deadline = started + Duration::from_secs(600);
+            let err = match set_up(&mut store, &rank_1_died, 0, 2, 1, RING, deadline, required) {
+                Err(StoreError::Gone(gone)) => gone,
+                other => panic!("{:?}", other.map(|r| r.is_some())),
+            };
+            assert_eq!((err.rank, err.peer, err.step), (0, 1, STEP));
+            let text = err.to_string();
+            assert!(
+                text.contains("waited for rank 1 to finish setting up shared memory (created)"),
+                "{text}"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "required={required}"
+            );
+        }
+    }
+
+    #[test]
+    fn rank_0_stops_waiting_for_a_dead_rank_to_give_up() {
+        // Rank 1 failed to create its inbox, then died before saying it gave up: rank 0
+        // reports the reason at once instead of at the deadline.
+        let mut store = MemoryStore::default();
+        store
+            .set("ringccl/host/1", host_identity().as_bytes())
+            .unwrap();
+        store
+            .set("ringccl/shm/created/1", b"err:creating its inbox: full")
+            .unwrap();
+        let rank_1_died = |peer: usize| peer == 1;
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(600);
+        match set_up(&mut store, &rank_1_died, 0, 2, 1, RING, deadline, true) {
+            Err(StoreError::Unavailable(e)) => assert!(e.reason.contains("full"), "{e}"),
+            other => panic!("{:?}", other.map(|r| r.is_some())),
+        }
         assert!(started.elapsed() < Duration::from_secs(5));
     }
 }
