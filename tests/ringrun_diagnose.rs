@@ -44,6 +44,10 @@ fn child() -> bool {
     let rank = pg.rank();
     let mut x = vec![1.0f32; 1024];
     for _ in 0..WARM_UP {
+        if scenario == "slow" {
+            // Long compute between collectives, on every rank: no call is in flight.
+            thread::sleep(Duration::from_secs(3));
+        }
         pg.all_reduce(&mut x, ReduceOp::Sum)
             .expect("warm-up all-reduce");
     }
@@ -410,4 +414,62 @@ fn kept_dir(run: &Run) -> PathBuf {
         .and_then(|rest| rest.split(" (").next())
         .map(PathBuf::from)
         .unwrap_or_default()
+}
+
+#[test]
+fn long_compute_between_collectives_is_no_hang() {
+    if child() {
+        return;
+    }
+    let _heavy = heavy_lock();
+    let run = ringrun(
+        "long_compute_between_collectives_is_no_hang",
+        "slow",
+        &["--hang-timeout", "1.5", "--hang-action", "stop"],
+        &[],
+    );
+    let all = run.all();
+    assert!(run.status.success(), "{all}");
+    assert!(run.diagnosis().is_empty(), "a false alarm:\n{all}");
+    // 4 x 3 s of compute: the watch ran through all of it.
+    assert!(run.started.elapsed() >= Duration::from_secs(12), "{all}");
+    // Nothing to keep: the directory ringrun made is gone.
+    assert!(!all.contains("flight records kept"), "{all}");
+    let made = all
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("ringrun: watching for hangs; the ranks' flight records go to ")
+        })
+        .and_then(|rest| rest.split(" (").next())
+        .unwrap_or_else(|| panic!("no directory named:\n{all}"));
+    assert!(!Path::new(made).exists(), "{made} left behind");
+}
+
+#[test]
+fn diagnose_exits_non_zero_without_a_cause_and_on_an_unreadable_directory() {
+    let empty = Scratch::new("empty");
+    fs::create_dir_all(&empty.0).unwrap();
+    fs::write(empty.0.join("rank-0.json"), "{ broken").unwrap();
+    let out = Command::new(RINGRUN)
+        .arg("diagnose")
+        .arg(&empty.0)
+        .output()
+        .expect("ringrun diagnose");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("no flight dump or beacon was found"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("rank-0.json is not JSON"), "{stdout}");
+    assert!(stderr.contains("show no cause"), "{stderr}");
+    let missing = Command::new(RINGRUN)
+        .args(["diagnose", "/nonexistent/flight/dir"])
+        .output()
+        .expect("ringrun diagnose");
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("cannot read /nonexistent/flight/dir")
+    );
 }
