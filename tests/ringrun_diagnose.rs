@@ -363,6 +363,8 @@ fn mismatched_sizes_are_named_with_both_calls() {
         ),
         "{all}"
     );
+    // The rank that died of it is no longer taken for a waiting one.
+    assert!(!all.contains("wait for each other"), "{all}");
     // Named as the ranks fail, long before the hang timeout or the group's deadline.
     let took = run.entering_to_diagnosis();
     eprintln!("{all}\n(diagnosis {took:?} after rank 0 entered the op)");

@@ -149,6 +149,9 @@ fn waiting(group: &GroupEvidence<'_>) -> (Vec<Finding>, Vec<Finding>, BTreeSet<u
         let Activity::Running { call, .. } = &view.activity else {
             continue;
         };
+        if matches!(view.process, Process::Exited(_)) {
+            continue; // it no longer waits: its dump shows where it died
+        }
         let (end, path) = follow(group, view.rank);
         let culprits = match end {
             ChainEnd::Cycle(circle) => {

@@ -178,6 +178,33 @@ fn mismatched_sizes_in_a_broken_group_are_named_from_the_failed_calls() {
 }
 
 #[test]
+fn a_rank_that_died_of_a_mismatch_waits_no_more() {
+    // Rank 1's dump, written as its group broke, shows its call still running.
+    let small = "all_reduce(sum, 512 x f32)";
+    let mut e = evidence(vec![
+        dump(0, 3, with(done(4, AR), running(5, AR, Some(1)))),
+        dump(1, 3, with(done(4, AR), running(5, small, Some(0)))),
+        dump(2, 3, with(done(4, AR), running(5, AR, Some(0)))),
+    ]);
+    e.launcher = launcher(&[
+        (0, RankProcess::Running),
+        (1, exit("exit code 1", e.now_us - SECOND)),
+        (2, RankProcess::Running),
+    ]);
+    let lines = diagnose(&e).lines();
+    assert_eq!(
+        lines,
+        [
+            "rank 1 is in op #5 all_reduce(sum, 512 x f32) but ranks 0, 2 are in op #5 \
+             all_reduce(sum, 1024 x f32)",
+            "ranks 0, 2 wait in op #5 all_reduce(sum, 1024 x f32) for rank 1; rank 1 exited \
+             (exit code 1) 1.0 s ago, in op #5 all_reduce(sum, 512 x f32)",
+            "  rank 2 waits for 0, 0 for 1",
+        ]
+    );
+}
+
+#[test]
 fn a_dead_rank_is_named_with_its_exit_status() {
     let mut e = evidence(vec![
         dump(0, 3, with(done(16, AR), running(17, AR, Some(2)))),
