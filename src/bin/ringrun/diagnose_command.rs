@@ -17,13 +17,21 @@ pub(crate) const COMMAND: &str = "diagnose";
 pub(crate) fn run(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
     let args = DiagnoseArgs::parse_from(std::iter::once("ringrun diagnose".into()).chain(args));
     let now_us = micros(SystemTime::now());
-    let evidence = match load_dir(&args.dir, now_us, 0) {
+    let mut evidence = match load_dir(&args.dir, now_us, 0) {
         Ok(evidence) => evidence,
         Err(e) => {
             crate::say!("cannot read {}: {e}", args.dir.display());
             return ExitCode::from(2);
         }
     };
+    // "Last seen 3.2 s ago" counts from when the dumps were taken, not from today.
+    if let Some(newest) = evidence.dumps.iter().map(|d| d.dumped_at_us).max() {
+        evidence.now_us = newest;
+        evidence.notes.push(format!(
+            "times are as of the newest dump, written {:.1} s before this diagnosis",
+            now_us.saturating_sub(newest) as f64 / 1e6
+        ));
+    }
     let diagnosis = diagnose(&evidence);
     {
         use std::io::Write as _;

@@ -91,7 +91,8 @@ impl HangCheck {
             idle_for.as_secs_f64(),
             self.timeout.as_secs_f64()
         );
-        gather_and_print(&self.dir, ranks, self.not_before_us, &why);
+        let diagnosis = gather(&self.dir, ranks, self.not_before_us);
+        print(&why, &self.dir, &diagnosis);
         self.diagnosed = true;
         if self.action == HangAction::Stop {
             crate::say!("stopping the job (--hang-action stop)");
@@ -100,21 +101,21 @@ impl HangCheck {
         false
     }
 
-    /// After a rank failed: prints a diagnosis of the whole job.
+    /// After a rank failed: prints a diagnosis of the whole job, unless no rank left a
+    /// flight record (a program that does not use ringccl).
     pub(crate) fn after_failure(&mut self, ranks: &mut [Rank], rank: usize) {
+        let diagnosis = gather(&self.dir, ranks, self.not_before_us);
+        if diagnosis.groups.is_empty() {
+            return;
+        }
         self.diagnosed = true;
-        gather_and_print(
-            &self.dir,
-            ranks,
-            self.not_before_us,
-            &format!("rank {rank} failed; what the flight records show:"),
-        );
+        let why = format!("rank {rank} failed; what the flight records show:");
+        print(&why, &self.dir, &diagnosis);
     }
 }
 
-/// Asks the live ranks for dumps, waits for them (at most [`DUMP_WAIT`]), diagnoses and
-/// prints.
-fn gather_and_print(dir: &Path, ranks: &mut [Rank], not_before_us: u64, why: &str) -> Diagnosis {
+/// Asks the live ranks for dumps, waits for them (at most [`DUMP_WAIT`]), and diagnoses.
+fn gather(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Diagnosis {
     let requested_us = micros(SystemTime::now());
     let mut awaited = request_dumps(dir, ranks, not_before_us);
     let deadline = Instant::now() + DUMP_WAIT;
@@ -144,9 +145,7 @@ fn gather_and_print(dir: &Path, ranks: &mut [Rank], not_before_us: u64, why: &st
         ));
     }
     evidence.launcher = Some(launcher_view(ranks));
-    let diagnosis = diagnose(&evidence);
-    print(why, dir, &diagnosis);
-    diagnosis
+    diagnose(&evidence)
 }
 
 /// Sends SIGUSR1 to every live process that keeps a beacon of this run in `dir`, belongs

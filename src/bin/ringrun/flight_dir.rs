@@ -50,9 +50,11 @@ impl FlightDir {
         })
     }
 
-    /// Removes the directory if ringrun made it and `keep` is false (the job went well);
-    /// otherwise says where the files are.
+    /// Removes the directory if ringrun made it and `keep` is false (the job went well)
+    /// or nothing was written in it; otherwise says where the files are.
     pub(crate) fn finish(self, keep: bool) {
+        let empty = fs::read_dir(&self.path).is_ok_and(|mut entries| entries.next().is_none());
+        let keep = keep && !empty;
         if self.made_here && !keep {
             if let Err(e) = fs::remove_dir_all(&self.path) {
                 crate::say!("could not remove {} ({e})", self.path.display());

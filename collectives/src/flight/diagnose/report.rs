@@ -319,7 +319,9 @@ impl Diagnosis {
         }
         if let Some(local) = &self.local_ranks {
             lines.push(format!(
-                "  this covers the ranks started on this node ({}) only",
+                "  this covers the ranks started on this node ({}) only; for the whole job, \
+                 gather every node's flight files in one directory and run `ringrun diagnose \
+                 DIR`",
                 rank_list(local)
             ));
         }
