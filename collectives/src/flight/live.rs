@@ -107,6 +107,13 @@ impl LiveCall {
     /// The counts so far.
     pub(crate) fn counts(&self) -> PeerCounts {
         let mut counts = PeerCounts::default();
+        self.copy_into(&mut counts);
+        counts
+    }
+
+    /// Writes the counts so far into `counts` (only the slots in use).
+    pub(crate) fn copy_into(&self, counts: &mut PeerCounts) {
+        counts.used = 0;
         for (cell, slot) in self.cells.iter().zip(counts.slots.iter_mut()) {
             let key = cell.key.load(Relaxed);
             if key == 0 {
@@ -124,7 +131,6 @@ impl LiveCall {
             self.others_received.load(Relaxed),
         );
         counts.others = (others != (0, 0)).then_some(others);
-        counts
     }
 }
 

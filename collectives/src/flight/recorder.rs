@@ -6,10 +6,13 @@
 //! - the facade's issue order (`ringccl`'s sequencer): a call is issued
 //!   ([`FlightRecorder::issued`]), gets its turn ([`FlightRecorder::turn`]), or is given
 //!   up while queued ([`FlightRecorder::gave_up`]);
-//! - the [`GroupRunner`](crate::GroupRunner): a call starts, finishes or fails, and the
-//!   group breaks (the dump);
+//! - the [`GroupRunner`](crate::GroupRunner): a call starts ([`FlightRecorder::start`]),
+//!   finishes or fails ([`FlightRecorder::finish`]), is refused
+//!   ([`FlightRecorder::refused`]), and the group breaks (the dump);
 //! - the engine: what the call is and its algorithm ([`FlightRecorder::running`]), and,
-//!   for the host engine's executor, bytes per peer and the peer it waits for.
+//!   for the host engine's executor, bytes per peer ([`FlightRecorder::sent`],
+//!   [`FlightRecorder::received`]) and the peer it waits for
+//!   ([`FlightRecorder::blocked_on`]).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -313,8 +316,18 @@ impl FlightRecorder {
         call
     }
 
-    /// The runner starts a call numbered `seq` in `sequence`.
-    pub(crate) fn start(&self, sequence: Sequence, seq: u64) {
+    /// The runner starts a call numbered `seq` in `sequence` (the call whose turn it
+    /// is, or a new one).
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// use ringccl_collectives::Sequence;
+    /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
+    /// recorder.start(Sequence::SentTo(1), 1);
+    /// let entry = &recorder.snapshot("requested").entries[0];
+    /// assert_eq!((entry.kind.as_str(), entry.state, entry.root), ("send", CallState::Running, Some(1)));
+    /// ```
+    pub fn start(&self, sequence: Sequence, seq: u64) {
         let now = now_us();
         self.live.reset();
         let mut book = self.lock();
@@ -355,10 +368,18 @@ impl FlightRecorder {
     }
 
     /// The current call ended, with `error` if it failed.
-    pub(crate) fn finish(&self, error: Option<&Error>) {
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// use ringccl_collectives::Sequence;
+    /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
+    /// recorder.start(Sequence::Collective, 1);
+    /// recorder.finish(None);
+    /// assert_eq!(recorder.snapshot("requested").entries[0].state, CallState::Done);
+    /// ```
+    pub fn finish(&self, error: Option<&Error>) {
         let error = error.map(ToString::to_string);
         let now = now_us();
-        let counts = self.live.counts();
         let mut book = self.lock();
         let Some(call) = book.running.take() else {
             return;
@@ -370,7 +391,7 @@ impl FlightRecorder {
                 CallState::Done
             };
             slot.ended_us = Some(now);
-            slot.peers = counts;
+            self.live.copy_into(&mut slot.peers);
             slot.error = error;
         }
         self.finished_one(&mut book, now);
@@ -378,7 +399,15 @@ impl FlightRecorder {
 
     /// The runner refused a call in `sequence` before it started (misuse, or a broken
     /// group).
-    pub(crate) fn refused(&self, sequence: Sequence, error: &Error) {
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// use ringccl_collectives::{Error, Sequence};
+    /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
+    /// recorder.refused(Sequence::Collective, &Error::InvalidArgument("bad root".into()));
+    /// assert_eq!(recorder.snapshot("requested").entries[0].state, CallState::Failed);
+    /// ```
+    pub fn refused(&self, sequence: Sequence, error: &Error) {
         let error = error.to_string();
         let now = now_us();
         let mut book = self.lock();
@@ -391,21 +420,37 @@ impl FlightRecorder {
         self.finished_one(&mut book, now);
     }
 
-    /// `n` more bytes of the running call went to `peer`.
+    /// `n` more bytes of the running call went to `peer` (two relaxed stores; the
+    /// first [`PEER_SLOTS`](super::PEER_SLOTS) peers of a call are counted apart, the
+    /// rest together).
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// use ringccl_collectives::Sequence;
+    /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
+    /// recorder.start(Sequence::Collective, 1);
+    /// recorder.sent(1, 40);
+    /// recorder.received(1, 8);
+    /// recorder.blocked_on(1);
+    /// let entry = &recorder.snapshot("requested").entries[0];
+    /// assert_eq!((entry.peers[0].sent, entry.peers[0].received, entry.blocked_on), (40, 8, Some(1)));
+    /// ```
     #[inline]
-    pub(crate) fn sent(&self, peer: usize, n: usize) {
+    pub fn sent(&self, peer: usize, n: usize) {
         self.live.sent(peer, n);
     }
 
-    /// `n` more bytes of the running call came from `peer`.
+    /// `n` more bytes of the running call came from `peer`; see
+    /// [`FlightRecorder::sent`].
     #[inline]
-    pub(crate) fn received(&self, peer: usize, n: usize) {
+    pub fn received(&self, peer: usize, n: usize) {
         self.live.received(peer, n);
     }
 
-    /// The running call is about to sleep until `peer` is ready.
+    /// The running call is about to sleep until `peer` is ready; see
+    /// [`FlightRecorder::sent`].
     #[inline]
-    pub(crate) fn blocked_on(&self, peer: usize) {
+    pub fn blocked_on(&self, peer: usize) {
         self.live.blocked_on(peer);
         if let Some(beacon) = &self.beacon {
             beacon.blocked_on(peer);

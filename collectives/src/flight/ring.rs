@@ -122,12 +122,21 @@ impl Ring {
         self.recorded += 1;
         let call = self.recorded;
         if let Some(slot) = self.index(call).and_then(|i| self.slots.get_mut(i)) {
-            *slot = Slot {
-                call,
-                kind,
-                issued_us,
-                ..Slot::UNUSED
-            };
+            // Field by field: the byte counts of unused peer slots are never read, so
+            // they are left as they are (cheaper than rewriting the whole slot).
+            slot.call = call;
+            slot.kind = kind;
+            slot.seq = None;
+            slot.op = None;
+            slot.peer = None;
+            slot.algorithm = None;
+            slot.state = CallState::Queued;
+            slot.issued_us = issued_us;
+            slot.started_us = None;
+            slot.ended_us = None;
+            slot.peers.used = 0;
+            slot.peers.others = None;
+            slot.error = None;
         }
         call
     }

@@ -240,3 +240,41 @@ fn an_entry_stays_small() {
     let size = std::mem::size_of::<Slot>();
     assert!(size <= 420, "{size} bytes per entry");
 }
+
+#[test]
+fn a_runner_records_what_it_runs_and_what_it_refuses() {
+    use crate::{Backend, BufferMut, Deadline, HostBackend, HostConfig, MemoryConfig, MemoryTransport};
+    let soon = || Deadline::after(Duration::from_secs(20));
+    let ranks: Vec<_> = MemoryTransport::mesh(2, MemoryConfig::default())
+        .into_iter()
+        .map(|t| HostBackend::new("test", t, HostConfig::default()))
+        .collect();
+    std::thread::scope(|s| {
+        for b in &ranks {
+            s.spawn(move || {
+                let mut x = vec![1.0f32; 1000];
+                b.all_reduce(BufferMut::from_slice(&mut x), ReduceOp::Sum, soon())
+                    .unwrap();
+            });
+        }
+    });
+    let rank0 = &ranks[0];
+    assert!(rank0
+        .broadcast(BufferMut::from_slice(&mut [0u8; 4]), 3, soon())
+        .is_err());
+    let recorder = rank0.flight_recorder().unwrap();
+    let entries = recorder.snapshot("requested").entries;
+    assert_eq!(entries.len(), 2, "{entries:#?}");
+    let all_reduce = &entries[0];
+    assert_eq!((all_reduce.state, all_reduce.op), (CallState::Done, Some(1)));
+    assert_eq!(all_reduce.description, "all_reduce(sum, 1000 x f32)");
+    assert_eq!(all_reduce.algorithm.as_deref(), Some("recursive_doubling"));
+    let with_1 = all_reduce.peers.iter().find(|p| p.peer == 1).copied();
+    // Recursive doubling at N=2: the whole buffer each way, plus a frame header.
+    assert!(with_1.is_some_and(|p| p.sent >= 4000 && p.received >= 4000), "{with_1:?}");
+    assert_eq!(entries[1].state, CallState::Failed);
+    assert!(entries[1]
+        .error
+        .as_deref()
+        .is_some_and(|e| e.contains("out of range")));
+}

@@ -1,0 +1,95 @@
+//! What the flight recorder costs per call, and how long a dump takes.
+//!
+//! `cargo bench --bench flight_cost` runs, on one thread, the recorder's hooks for one
+//! call exactly as the library makes them for an 8 B all-reduce over 4 ranks
+//! (recursive doubling: issued, its turn, started, described, two frames out and two
+//! in, one wait, finished), a million times, with and without a flight directory (with
+//! one, the beacon's words are updated through its shared mapping too). Then it fills a
+//! 2000-entry ring and times a dump: the copy under the lock (what a running call may
+//! wait for) and the whole dump (JSON, written and renamed into place).
+//!
+//! The 8 B all-reduce with and without the recorder: `scripts/bench-before-after.sh`
+//! with a `ringccl-bench` built before and after it (docs/debugging.md).
+
+#![deny(unsafe_code)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ringccl_collectives::flight::{FlightConfig, FlightRecorder, DEFAULT_FLIGHT_ENTRIES};
+use ringccl_collectives::wire::Algorithm;
+use ringccl_collectives::{DType, OpDesc, ReduceOp, Sequence};
+
+const CALLS: u64 = 1_000_000;
+const ROUNDS: usize = 5;
+
+/// One 8 B all-reduce's hooks, numbered `seq`.
+fn one_call(recorder: &FlightRecorder, seq: u64) {
+    let call = recorder.issued("all_reduce");
+    recorder.turn(call);
+    recorder.start(Sequence::Collective, seq);
+    recorder.running(
+        OpDesc::all_reduce(seq, DType::F32, 2, ReduceOp::Sum),
+        Algorithm::RecursiveDoubling,
+    );
+    recorder.sent(1, 40);
+    recorder.blocked_on(1);
+    recorder.received(1, 40);
+    recorder.sent(2, 40);
+    recorder.received(2, 40);
+    recorder.finish(None);
+}
+
+/// Median nanoseconds per call over [`ROUNDS`] rounds of [`CALLS`].
+fn per_call_ns(recorder: &FlightRecorder) -> f64 {
+    let mut seq = 0;
+    let mut rounds: Vec<f64> = (0..ROUNDS)
+        .map(|_| {
+            let started = Instant::now();
+            for _ in 0..CALLS {
+                seq += 1;
+                one_call(recorder, seq);
+            }
+            started.elapsed().as_nanos() as f64 / CALLS as f64
+        })
+        .collect();
+    rounds.sort_by(f64::total_cmp);
+    rounds[ROUNDS / 2]
+}
+
+fn main() {
+    let dir = std::env::temp_dir().join(format!("ringccl-flight-cost-{}", std::process::id()));
+    let config = |dir: Option<PathBuf>| FlightConfig {
+        dir,
+        transport: "tcp",
+        ..FlightConfig::default()
+    };
+    println!("# flight recorder: hooks of one 8 B all-reduce (N=4, recursive doubling), {CALLS} calls x {ROUNDS} rounds, median");
+    let plain = FlightRecorder::new(0, 4, "gloo", config(None));
+    println!("without a flight directory: {:6.1} ns per call", per_call_ns(&plain));
+    let filed = FlightRecorder::new(0, 4, "gloo", config(Some(dir.clone())));
+    println!("with a beacon (flight dir):  {:6.1} ns per call", per_call_ns(&filed));
+
+    // `filed` holds a full ring now: time its dumps.
+    let started = Instant::now();
+    let dump = filed.snapshot("requested");
+    let snapshot = started.elapsed();
+    let started = Instant::now();
+    let written = filed.dump("requested");
+    let whole = started.elapsed();
+    let size = written
+        .as_ref()
+        .and_then(|p| std::fs::metadata(p).ok())
+        .map_or(0, |m| m.len());
+    println!(
+        "dump of {} entries (ring of {DEFAULT_FLIGHT_ENTRIES}): snapshot {snapshot:?}, written {whole:?}, {size} bytes",
+        dump.entries.len()
+    );
+    let started = Instant::now();
+    for _ in 0..100 {
+        std::hint::black_box(filed.snapshot("requested"));
+    }
+    println!("snapshot alone (copy under the lock + entries): {:?} each", started.elapsed() / 100);
+    drop(filed);
+    let _ = std::fs::remove_dir_all(&dir);
+}
