@@ -10,9 +10,11 @@
 //!   (`beacon_file.rs`, mapped by `mapping.rs`).
 //! - [`dump_all`]: the dumps on request (`SIGUSR1`, `requests.rs`); file names and
 //!   atomic replacement in `files.rs`.
+//! - [`diagnose`]: the analysis across ranks that reads them (`ringrun diagnose`).
 
 pub mod beacon;
 mod beacon_file;
+pub mod diagnose;
 pub mod dump;
 mod files;
 mod live;

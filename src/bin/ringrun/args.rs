@@ -1,6 +1,9 @@
 //! ringrun's command line.
 
-use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
 
 /// The launcher's flags, named as torchrun names them (both `--nproc-per-node` and
 /// `--nproc_per_node` are accepted).
@@ -12,7 +15,13 @@ use clap::Parser;
     after_help = "Each rank runs in its own process group: stopping a rank stops the processes it \
 started too. If ringrun dies, even by SIGKILL, its ranks and their children are killed. \
 SIGINT, SIGTERM and SIGHUP are forwarded to every rank's process group; ranks still \
-running 5 s later are killed."
+running 5 s later are killed.
+
+Diagnosing a stuck job: with --hang-timeout SECS, ringrun watches the ranks' progress \
+beacons; when no rank has finished a collective for SECS while some rank has one in flight, \
+it gathers every rank's flight record and prints one diagnosis (lines starting with \
+`ringrun: DIAGNOSIS:`). `ringrun diagnose DIR` runs the same analysis on a directory of \
+dumps (RINGCCL_FLIGHT_DIR)."
 )]
 pub(crate) struct Args {
     /// Ranks to start on this node.
@@ -53,10 +62,59 @@ pub(crate) struct Args {
     /// job left in DIR for this node's ranks, and DIR/trace.json, are removed first.
     #[arg(long, value_name = "DIR", verbatim_doc_comment)]
     pub(crate) trace: Option<std::path::PathBuf>,
+    /// Watch progress: when no rank has finished a collective for SECS (seconds, decimals
+    /// allowed) while some rank has one in flight, print a diagnosis of who is stuck
+    /// where. Sets RINGCCL_FLIGHT_DIR for every rank (a fresh directory under the system's
+    /// temporary directory, unless RINGCCL_FLIGHT_DIR is set already).
+    #[arg(long = "hang-timeout", alias = "hang_timeout", value_name = "SECS", value_parser = parse_seconds)]
+    pub(crate) hang_timeout: Option<Duration>,
+    /// What to do after a hang diagnosis: `report` only, or `stop` the job as if a rank
+    /// had failed (restarting it if --max-restarts allows, else exiting non-zero).
+    #[arg(
+        long = "hang-action",
+        alias = "hang_action",
+        value_enum,
+        default_value_t = HangAction::Report,
+        requires = "hang_timeout"
+    )]
+    pub(crate) hang_action: HangAction,
     /// The program and its arguments (torchrun style: everything from the program on is
     /// passed to it; a `--` before the program is accepted too).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub(crate) program: Vec<String>,
+}
+
+/// What ringrun does once it has diagnosed a hang.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum HangAction {
+    /// Print the diagnosis and keep watching.
+    Report,
+    /// Print the diagnosis and stop the job.
+    Stop,
+}
+
+/// `--hang-timeout`'s value: positive seconds, at most a year.
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(seconds > 0.0 && seconds <= 365.0 * 86_400.0) {
+        return Err(format!("{text} s: give a number of seconds above 0"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// `ringrun diagnose DIR`: the analysis of a directory of flight dumps, offline.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ringrun diagnose",
+    about = "Diagnose a stuck or failed job from its flight dumps (the files in RINGCCL_FLIGHT_DIR)",
+    after_help = "Exits with 0 when the dumps show a cause (a rank holding the others up, a \
+mismatch, a failure), 1 when they show none, 2 when DIR cannot be read."
+)]
+pub(crate) struct DiagnoseArgs {
+    /// The directory holding the ranks' `rank-*.json` dumps (and `rank-*.beacon` beacons).
+    pub(crate) dir: PathBuf,
 }
 
 impl Args {

@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! ringrun --nproc-per-node N [--nnodes M --node-rank K --master-addr H --master-port P]
-//!         [--max-restarts R] [--trace DIR] -- PROGRAM ARGS...
+//!         [--max-restarts R] [--trace DIR] [--hang-timeout SECS [--hang-action report|stop]]
+//!         -- PROGRAM ARGS...
+//! ringrun diagnose DIR
 //! ```
 //!
 //! - **Environment.** Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
@@ -28,6 +30,13 @@
 //! - **Timeline.** With `--trace DIR` every rank writes a Chrome trace (RINGCCL_TRACE);
 //!   when the job ends, however it ends, ringrun merges them into `DIR/trace.json` (see
 //!   [`trace`]).
+//! - **Hangs.** With `--hang-timeout SECS` every rank gets RINGCCL_FLIGHT_DIR, and
+//!   ringrun polls the ranks' progress beacons there (see [`hang_watch`]). When no rank
+//!   has finished a collective for SECS while some rank has one in flight, it asks every
+//!   live rank for a flight dump (SIGUSR1), and prints one diagnosis naming who is stuck
+//!   where and why (see [`diagnosis`]); `--hang-action stop` then stops the job as if a
+//!   rank had failed. A failed rank gets the same diagnosis. `ringrun diagnose DIR` runs
+//!   the analysis offline on the dumps in DIR.
 //! - **ringrun's own death.** The ranks are started with `PR_SET_PDEATHSIG`: if ringrun
 //!   dies, even by SIGKILL, the kernel kills them. A watchdog process (see [`watchdog`])
 //!   then kills whatever they had started.
@@ -45,6 +54,10 @@ macro_rules! say {
 pub(crate) use say;
 
 mod args;
+mod diagnose_command;
+mod diagnosis;
+mod flight_dir;
+mod hang_watch;
 mod output;
 mod process_group;
 mod signals;
@@ -62,6 +75,8 @@ use std::sync::mpsc;
 use clap::Parser;
 
 use args::Args;
+use diagnosis::HangCheck;
+use flight_dir::FlightDir;
 use spawn::{Launch, Rank};
 use supervise::Outcome;
 use watchdog::Watchdog;
@@ -81,7 +96,7 @@ fn free_port(addr: &str) -> io::Result<u16> {
 /// one's process group with the watchdog. Stops at the first rank that cannot start.
 fn start_ranks(
     args: &Args,
-    launch: Launch<'_>,
+    launch: &Launch<'_>,
     done: &mpsc::Sender<()>,
     watchdog: &mut Watchdog,
 ) -> Result<Vec<Rank>, StartFailure> {
@@ -110,10 +125,14 @@ fn start_ranks(
 }
 
 /// Runs the job, restarting it as `--max-restarts` allows; returns ringrun's exit code.
+/// With a flight directory, hangs are watched for and failures diagnosed; `diagnosed`
+/// tells whether any diagnosis was printed.
 fn run_job(
     args: &Args,
     trace: Option<&std::path::Path>,
     watchdog: &mut Watchdog,
+    flight: Option<&FlightDir>,
+    diagnosed: &mut bool,
 ) -> Result<ExitCode, String> {
     for restart in 0..=args.max_restarts {
         let port = match args.master_port {
@@ -127,8 +146,15 @@ fn run_job(
             port,
             restart,
             trace,
+            flight_dir: flight.map(|f| f.path.clone()),
         };
-        let mut ranks = match start_ranks(args, launch, &done, watchdog) {
+        let mut hang = match (flight, args.hang_timeout) {
+            (Some(flight), Some(timeout)) => {
+                Some(HangCheck::new(&flight.path, timeout, args.hang_action))
+            }
+            _ => None,
+        };
+        let mut ranks = match start_ranks(args, &launch, &done, watchdog) {
             Ok(ranks) => ranks,
             Err(StartFailure {
                 mut started,
@@ -153,16 +179,25 @@ fn run_job(
                 return Ok(ExitCode::FAILURE);
             }
         };
-        let outcome = supervise::supervise(&mut ranks);
+        let outcome = supervise::supervise(&mut ranks, hang.as_mut());
         match outcome {
             Outcome::Succeeded => {}
             Outcome::Interrupted(signal) => {
                 say!("got {}, forwarding it to every rank", signals::name(signal))
             }
-            Outcome::Failed { rank, status } => say!(
-                "rank {rank} failed ({}); stopping the other ranks",
-                supervise::describe(status)
-            ),
+            Outcome::Failed { rank, status } => {
+                say!(
+                    "rank {rank} failed ({}); stopping the other ranks",
+                    supervise::describe(status)
+                );
+                if let Some(hang) = hang.as_mut() {
+                    hang.after_failure(&mut ranks, rank);
+                }
+            }
+            Outcome::Hung => {}
+        }
+        if hang.as_ref().is_some_and(HangCheck::diagnosed) {
+            *diagnosed = true;
         }
         let signal = match outcome {
             Outcome::Interrupted(signal) => signal,
@@ -174,7 +209,7 @@ fn run_job(
         output::drain(2 * ranks.len(), &streams_done);
         // A signal while a failed run was being stopped means: stop, do not restart.
         let outcome = match (outcome, interrupted) {
-            (Outcome::Failed { .. }, Some(signal)) => Outcome::Interrupted(signal),
+            (Outcome::Failed { .. } | Outcome::Hung, Some(signal)) => Outcome::Interrupted(signal),
             (outcome, _) => outcome,
         };
         match outcome {
@@ -183,12 +218,12 @@ fn run_job(
                 let code = u8::try_from(signal).map_or(u8::MAX, |s| 128u8.saturating_add(s));
                 return Ok(ExitCode::from(code));
             }
-            Outcome::Failed { .. } if restart < args.max_restarts => say!(
+            Outcome::Failed { .. } | Outcome::Hung if restart < args.max_restarts => say!(
                 "restarting the job (restart {} of {})",
                 restart + 1,
                 args.max_restarts
             ),
-            Outcome::Failed { .. } => {
+            Outcome::Failed { .. } | Outcome::Hung => {
                 if args.max_restarts > 0 {
                     say!(
                         "giving up after {} restarts (the budget counts restarts of the whole job)",
@@ -217,10 +252,32 @@ fn run(args: &Args) -> Result<ExitCode, String> {
     let mut watchdog = Watchdog::start().map_err(|e| {
         format!("could not start the watchdog that stops the ranks if ringrun is killed: {e}")
     })?;
-    let result = run_job(args, trace.as_deref(), &mut watchdog);
+    let flight = match args.hang_timeout {
+        Some(_) => {
+            let flight = FlightDir::prepare()?;
+            say!(
+                "watching for hangs; the ranks' flight records go to {} (RINGCCL_FLIGHT_DIR)",
+                flight.path.display()
+            );
+            Some(flight)
+        }
+        None => None,
+    };
+    let mut diagnosed = false;
+    let result = run_job(
+        args,
+        trace.as_deref(),
+        &mut watchdog,
+        flight.as_ref(),
+        &mut diagnosed,
+    );
     watchdog.finish();
     if let Some(dir) = &trace {
         trace::merge_and_report(dir);
+    }
+    if let Some(flight) = flight {
+        let succeeded = matches!(&result, Ok(code) if *code == ExitCode::SUCCESS);
+        flight.finish(diagnosed || !succeeded);
     }
     result
 }
@@ -233,6 +290,12 @@ fn main() -> ExitCode {
         return watchdog::run();
     }
     ringccl::logging::init_from_env();
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == diagnose_command::COMMAND)
+    {
+        return diagnose_command::run(std::env::args_os().skip(2));
+    }
     let args = Args::parse();
     match run(&args) {
         Ok(code) => code,

@@ -88,6 +88,22 @@ pub(crate) fn process_state(pid: Pid) -> Option<(char, Pid)> {
     Some((state, group))
 }
 
+/// Whether process `pid` has a handler for `signal` (its `SigCgt` mask in
+/// `/proc/PID/status`): sending it then cannot kill the process by the default action.
+pub(crate) fn catches(pid: Pid, signal: i32) -> bool {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let Some(bit) = u32::try_from(signal).ok().and_then(|s| s.checked_sub(1)) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| bit < 64 && mask & (1u64 << bit) != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +116,14 @@ mod tests {
         assert!(has_live_members(group));
         assert_eq!(live_groups(&[0, group, -1, 1]), [group]);
         assert!(!signal_group(1, 0) && !signal_group(0, 0) && !signal_group(-5, 0));
+    }
+
+    #[test]
+    fn caught_signals_are_read_from_proc() {
+        let pid = Pid::try_from(std::process::id()).expect("pid fits pid_t");
+        // The test harness handles none of these; a missing process catches nothing.
+        assert!(!catches(pid, libc::SIGUSR2));
+        assert!(!catches(Pid::MAX, libc::SIGUSR1));
+        assert!(!catches(pid, 0) && !catches(pid, 99));
     }
 }

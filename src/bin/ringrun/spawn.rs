@@ -6,7 +6,9 @@
 
 use std::io;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::SystemTime;
 
 use crate::args::Args;
 use crate::process_group::{self, Pid};
@@ -23,6 +25,8 @@ pub(crate) struct Rank {
     pub(crate) pgid: Pid,
     /// How the rank's process ended, once reaped.
     pub(crate) status: Option<ExitStatus>,
+    /// When ringrun saw it end.
+    pub(crate) ended_at: Option<SystemTime>,
 }
 
 impl Rank {
@@ -31,6 +35,7 @@ impl Rank {
         if self.status.is_none() {
             if let Ok(Some(status)) = self.child.try_wait() {
                 self.status = Some(status);
+                self.ended_at = Some(SystemTime::now());
             }
         }
         self.status
@@ -57,7 +62,7 @@ impl Rank {
 }
 
 /// What one rank is started with.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Launch<'a> {
     /// The store's port (MASTER_PORT).
     pub(crate) port: u16,
@@ -65,13 +70,15 @@ pub(crate) struct Launch<'a> {
     pub(crate) restart: u32,
     /// Where the ranks write their traces (RINGCCL_TRACE), with `--trace`.
     pub(crate) trace: Option<&'a std::path::Path>,
+    /// RINGCCL_FLIGHT_DIR for the ranks, when ringrun watches for hangs.
+    pub(crate) flight_dir: Option<PathBuf>,
 }
 
 /// Starts this node's `local`-th rank: stdin from /dev/null, stdout and stderr piped to
 /// ringrun, in a new process group of its own, killed by the kernel if ringrun dies.
 /// Call from the main thread: the kernel's parent-death signal fires when the *thread*
 /// that forked the child ends.
-pub(crate) fn spawn_rank(args: &Args, local: usize, launch: Launch<'_>) -> io::Result<Rank> {
+pub(crate) fn spawn_rank(args: &Args, local: usize, launch: &Launch<'_>) -> io::Result<Rank> {
     let rank = args.global_rank(local);
     let program = args.program.first().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, "no program to start was given")
@@ -96,6 +103,9 @@ pub(crate) fn spawn_rank(args: &Args, local: usize, launch: Launch<'_>) -> io::R
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if let Some(dir) = &launch.flight_dir {
+        command.env("RINGCCL_FLIGHT_DIR", dir);
+    }
     die_with_launcher(&mut command);
     let child = command
         .spawn()
@@ -111,6 +121,7 @@ pub(crate) fn spawn_rank(args: &Args, local: usize, launch: Launch<'_>) -> io::R
         child,
         pgid,
         status: None,
+        ended_at: None,
     })
 }
 

@@ -6,6 +6,7 @@ use std::process::ExitStatus;
 use std::thread;
 use std::time::Duration;
 
+use crate::diagnosis::HangCheck;
 use crate::signals;
 use crate::spawn::Rank;
 
@@ -20,11 +21,14 @@ pub(crate) enum Outcome {
     Failed { rank: usize, status: ExitStatus },
     /// ringrun got this signal (SIGINT, SIGTERM or SIGHUP).
     Interrupted(i32),
+    /// The hang watch diagnosed a hang and `--hang-action stop` asks to stop.
+    Hung,
 }
 
-/// Watches `ranks` until one fails, all succeed, or a signal arrives. It is bounded by the
-/// job itself: the user's program decides how long a rank runs.
-pub(crate) fn supervise(ranks: &mut [Rank]) -> Outcome {
+/// Watches `ranks` until one fails, all succeed, a signal arrives, or (with a hang check)
+/// a hang is diagnosed and must stop the job. It is bounded by the job itself: the user's
+/// program decides how long a rank runs.
+pub(crate) fn supervise(ranks: &mut [Rank], mut hang: Option<&mut HangCheck>) -> Outcome {
     loop {
         if let Some(signal) = signals::take_pending() {
             return Outcome::Interrupted(signal);
@@ -40,15 +44,21 @@ pub(crate) fn supervise(ranks: &mut [Rank]) -> Outcome {
         if ranks.iter_mut().all(|r| r.poll().is_some()) {
             return Outcome::Succeeded;
         }
+        if hang.as_mut().is_some_and(|check| check.tick(ranks)) {
+            return Outcome::Hung;
+        }
         thread::sleep(POLL);
     }
 }
 
-/// "exit code 3" or "killed by signal 9".
+/// "exit code 3" or "killed by signal 9 (SIGKILL)".
 pub(crate) fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit code {code}"),
-        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, Some(signal)) => match signals::name(signal) {
+            name if name.starts_with("SIG") => format!("killed by signal {signal} ({name})"),
+            _ => format!("killed by signal {signal}"),
+        },
         _ => status.to_string(),
     }
 }
