@@ -247,7 +247,20 @@ impl<E: Engine> GroupRunner<E> {
             .inspect_err(|e| self.flight.refused(request.sequence(), e))?;
         self.run(request.sequence(), deadline, |engine, seq| {
             let op = request.describe(seq);
-            engine.execute(&op, request, deadline)
+            if !tracing::enabled!(tracing::Level::DEBUG) {
+                return engine.execute(&op, request, deadline);
+            }
+            let started = std::time::Instant::now();
+            let result = engine.execute(&op, request, deadline);
+            tracing::debug!(
+                rank = self.rank,
+                op = %op,
+                took_us = started.elapsed().as_secs_f64() * 1e6,
+                ok = result.is_ok(),
+                "{} call done",
+                self.name
+            );
+            result
         })
     }
 
