@@ -333,14 +333,25 @@ fn children_of(parent: u32) -> Vec<u32> {
 fn sighup_is_forwarded_to_every_rank() {
     let scratch = Scratch::new("sighup");
     let started = Instant::now();
-    let mut child = ringrun_sh(
+    let mut command = ringrun_sh(
         &scratch.0,
         &["--nproc-per-node", "2"],
         "trap 'echo got-hup; exit 0' HUP; echo ready; sleep 300 & wait",
-    )
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("start ringrun");
+    );
+    // Under `nohup` (a CI runner may start the tests that way) SIGHUP is ignored, and
+    // ringrun rightly keeps it ignored; this test is about a ringrun that receives it.
+    // SAFETY: between fork and exec only async-signal-safe calls are allowed, and
+    // signal(2) is one; the child has a single thread here.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let mut child = command
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ringrun");
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {

@@ -117,6 +117,14 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
         source,
     })?;
     group.keep_control_link(Box::new(link));
+    tracing::info!(
+        rank,
+        world_size,
+        backend = "nccl",
+        device,
+        timeout = ?timeout,
+        "process group ready (collectives run in NCCL; the TCP mesh carries liveness and control)"
+    );
     Ok(NcclBackend {
         group: Arc::new(group),
         device,
