@@ -233,6 +233,10 @@ fn ringccl_debug_sets_what_the_library_logs() {
     assert!(debug.contains("DEBUG"), "{debug}");
     assert!(debug.contains("connected to a lower rank"), "{debug}");
     assert!(debug.contains("TCP mesh connected"), "{debug}");
+    assert!(
+        debug.contains("gloo call done") && debug.contains("op #1 all_reduce(sum"),
+        "no per-call line: {debug}"
+    );
     // The start-up summary, once per rank: transport per peer, address, thresholds, auth.
     let info = stderr_with(Some("info"));
     let ready: Vec<&str> = info

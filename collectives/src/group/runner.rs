@@ -255,7 +255,7 @@ impl<E: Engine> GroupRunner<E> {
             tracing::debug!(
                 rank = self.rank,
                 op = %op,
-                took_us = started.elapsed().as_secs_f64() * 1e6,
+                took = ?started.elapsed(),
                 ok = result.is_ok(),
                 "{} call done",
                 self.name
