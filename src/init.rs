@@ -80,6 +80,7 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
         trace: crate::trace::open_trace(&opts)?,
         flight_dir: opts.resolved_flight_dir()?,
         flight_entries: opts.resolved_flight_entries()?,
+        spin: opts.resolved_spin()?,
     };
     let deadline = Deadline::after(opts.timeout).at();
     let mesh = connect_mesh(opts.mesh_config())?;
@@ -97,6 +98,8 @@ pub(crate) struct GlooRecipe {
     /// Where the groups' flight recorders write, and how many calls they keep.
     pub(crate) flight_dir: Option<PathBuf>,
     pub(crate) flight_entries: usize,
+    /// How long a shared-memory wait spins before it sleeps.
+    pub(crate) spin: Duration,
     /// This rank's trace file, shared by the groups formed from this one.
     pub(crate) trace: Option<Arc<TraceFile>>,
 }
@@ -175,7 +178,11 @@ pub(crate) fn gloo_over_mesh(
         .map(|file| CollectiveTrace::new(file.new_row(row), transport));
     let backend: Box<dyn Backend> = match rings {
         Some(rings) => {
-            let mut backend = host_backend(ShmTransport::new(rings, tcp), config, trace);
+            let mut backend = host_backend(
+                ShmTransport::new(rings, tcp).with_spin(recipe.spin),
+                config,
+                trace,
+            );
             backend.configure_flight(recipe.flight(group, "shm"));
             with_control_link(backend, control, dead_peer)?
         }

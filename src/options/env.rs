@@ -8,6 +8,7 @@ use std::time::Duration;
 use ringccl_collectives::flight::MAX_FLIGHT_ENTRIES;
 use ringccl_collectives::AllReduceAlgo;
 use ringccl_rendezvous::AuthToken;
+use ringccl_transports::shm::MAX_SPIN;
 
 use super::slurm::first_slurm_host;
 use super::{InitOptions, TransportKind};
@@ -209,6 +210,31 @@ pub(crate) fn flight_entries(
                     reason: format!(
                         "expected how many calls the flight recorder keeps, from 1 to \
                          {MAX_FLIGHT_ENTRIES} (about 400 bytes each)"
+                    ),
+                })
+        })
+        .transpose()
+}
+
+/// `RINGCCL_SPIN_US`, if set: how long a shared-memory wait spins before it sleeps,
+/// in microseconds (0 to 10000).
+pub(crate) fn spin(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>, Error> {
+    lookup("RINGCCL_SPIN_US")
+        .filter(|value| !value.trim().is_empty())
+        .map(|value| {
+            value
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .map(Duration::from_micros)
+                .filter(|window| *window <= MAX_SPIN)
+                .ok_or_else(|| Error::InvalidEnv {
+                    var: "RINGCCL_SPIN_US",
+                    value: value.clone(),
+                    reason: format!(
+                        "expected how many microseconds a shared-memory wait spins before \
+                         it sleeps, from 0 to {}",
+                        MAX_SPIN.as_micros()
                     ),
                 })
         })
@@ -450,6 +476,39 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("blanks"), "{err}");
+    }
+
+    #[test]
+    fn the_spin_window_is_microseconds_and_range_checked() {
+        assert_eq!(spin(vars(&[])).unwrap(), None);
+        assert_eq!(spin(vars(&[("RINGCCL_SPIN_US", " ")])).unwrap(), None);
+        assert_eq!(
+            spin(vars(&[("RINGCCL_SPIN_US", "0")])).unwrap(),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            spin(vars(&[("RINGCCL_SPIN_US", " 10000 ")])).unwrap(),
+            Some(Duration::from_millis(10))
+        );
+        for bad in ["10001", "-1", "5us", "1e3", "18446744073709551616"] {
+            let err = spin(vars(&[("RINGCCL_SPIN_US", bad)])).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    Error::InvalidEnv {
+                        var: "RINGCCL_SPIN_US",
+                        ..
+                    }
+                ),
+                "{bad}: {err}"
+            );
+            assert!(err.to_string().contains("from 0 to 10000"), "{err}");
+        }
+        let opts = InitOptions::new(0, 1, "h:1").spin(Duration::from_micros(7));
+        assert_eq!(opts.resolved_spin().unwrap(), Duration::from_micros(7));
+        assert!(opts.validate().is_ok());
+        let too_long = InitOptions::new(0, 1, "h:1").spin(Duration::from_millis(11));
+        assert!(too_long.validate().is_err());
     }
 
     #[test]

@@ -4,9 +4,13 @@
 //! and, for every other rank, a single-producer/single-consumer byte ring that rank writes
 //! into. A writer copies into the ring, publishes the new head, then rings the reader's
 //! bell; a reader copies out, publishes the new tail, then rings the writer's bell (space
-//! was freed). `wait` sleeps on the rank's own bell — no spinning — in slices that also
-//! check the peers' TCP connections, which stay open as the liveness channel: a process
-//! that dies closes them, and its peers report it instead of waiting for the deadline.
+//! was freed); the bell costs a `FUTEX_WAKE` syscall only while that rank sleeps
+//! (`ring.rs` has the protocol and why no wake-up is lost). `wait` first spins on the
+//! rings for a short window (`RINGCCL_SPIN_US`, 50 µs by default; none when the host's
+//! ranks outnumber its cores), then sleeps on the rank's own bell in slices. Between
+//! slices, and at most every `LIVENESS_EVERY`, it checks the peers' TCP connections,
+//! which stay open as the liveness channel: a process that dies closes them, and its
+//! peers report it instead of waiting for the deadline.
 //!
 //! # Segments: unnamed, reserved, owner-only
 //!
@@ -72,13 +76,21 @@ use std::time::{Duration, Instant};
 use ringccl_collectives::{Closer, Readiness, Transport};
 
 use crate::TcpTransport;
-use mapping::futex_wait;
 use ring::Rings;
 pub use ring::DEFAULT_RING_BYTES;
 pub use setup::{set_up, SharedRings, ShmUnavailable};
 
-/// How often a sleeping rank looks at its peers' liveness.
+/// Longest sleep between two looks at the peers' liveness.
 const LIVENESS_SLICE: Duration = Duration::from_millis(50);
+/// Shortest time between two looks at the peers' liveness (a `poll` per peer): a wait
+/// that sleeps often does not pay for one each time.
+const LIVENESS_EVERY: Duration = Duration::from_millis(2);
+/// How long a wait spins on the rings before it sleeps, unless told otherwise.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+/// The longest spin window accepted (`RINGCCL_SPIN_US`): beyond it, sleeping is cheaper.
+pub const MAX_SPIN: Duration = Duration::from_millis(10);
+/// Spinning checks the clock once per this many looks at the rings.
+const LOOKS_PER_CLOCK: u32 = 32;
 
 /// Ranks connected through shared memory (all on one host), with the TCP mesh kept as
 /// the liveness channel.
@@ -86,18 +98,67 @@ pub struct ShmTransport {
     tcp: TcpTransport,
     rings: Rings,
     gone: Vec<bool>,
+    /// How long `wait` spins before it sleeps (zero: it sleeps at once).
+    spin: Duration,
+    /// When `wait` last looked at the peers' liveness.
+    last_look: Instant,
 }
 
 impl ShmTransport {
     /// Moves the ranks onto the rings [`set_up`] mapped, keeping `tcp`'s connections as
-    /// the liveness channel.
+    /// the liveness channel. Waits spin for [`DEFAULT_SPIN`] before they sleep (see
+    /// [`ShmTransport::with_spin`]).
     pub fn new(rings: SharedRings, tcp: TcpTransport) -> ShmTransport {
         let n = tcp.world_size();
         ShmTransport {
             tcp,
             rings: rings.0,
             gone: vec![false; n],
+            spin: spin_window(DEFAULT_SPIN, n, host_cores()),
+            last_look: Instant::now(),
         }
+    }
+
+    /// Sets how long a wait spins on the rings before it sleeps on the futex (at most
+    /// [`MAX_SPIN`]). Spinning answers a peer a few microseconds sooner at the cost of
+    /// a busy core for that long; it is skipped altogether when the ranks on this host
+    /// outnumber its cores, where a spinning rank would only delay the peer it waits for.
+    ///
+    /// ```no_run
+    /// # fn f(t: ringccl_transports::ShmTransport) {
+    /// let t = t.with_spin(std::time::Duration::from_micros(20));
+    /// assert!(t.spin() <= std::time::Duration::from_micros(20));
+    /// # }
+    /// ```
+    pub fn with_spin(mut self, window: Duration) -> ShmTransport {
+        self.spin = spin_window(window, self.tcp.world_size(), host_cores());
+        self
+    }
+
+    /// How long a wait spins before it sleeps, as [`ShmTransport::with_spin`] set it
+    /// (zero on an oversubscribed host).
+    ///
+    /// ```no_run
+    /// # fn f(t: ringccl_transports::ShmTransport) {
+    /// assert!(t.spin() <= ringccl_transports::shm::MAX_SPIN);
+    /// # }
+    /// ```
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
+    /// Whether one of `peers` has gone away, looking at their connections at most every
+    /// [`LIVENESS_EVERY`] (a peer once seen gone stays gone).
+    fn any_gone(&mut self, peers: [Option<usize>; 2], now: Instant) -> bool {
+        if now.duration_since(self.last_look) >= LIVENESS_EVERY {
+            self.last_look = now;
+            for peer in peers.into_iter().flatten() {
+                if !self.gone[peer] && self.tcp.peer_gone(peer) {
+                    self.gone[peer] = true;
+                }
+            }
+        }
+        peers.into_iter().flatten().any(|peer| self.gone[peer])
     }
 
     fn check_peer(&self, peer: usize) -> io::Result<()> {
@@ -161,33 +222,61 @@ impl Transport for ShmTransport {
         deadline: Instant,
     ) -> io::Result<Readiness> {
         let me = self.rank();
+        let mut spin_until = (!self.spin.is_zero()).then(|| Instant::now() + self.spin);
+        let mut looks = 0u32;
         loop {
             let seen = self.rings.bell(me).load(Ordering::Acquire);
-            let can_read = readable.is_some_and(|p| self.rings.used(p, me) > 0);
-            let can_write =
-                writable.is_some_and(|p| self.rings.used(me, p) < self.rings.ring_bytes);
-            if can_read || can_write {
+            if ready(&self.rings, me, writable, readable) {
                 return Ok(Readiness::Ready);
             }
-            for peer in [readable, writable].into_iter().flatten() {
-                if !self.gone[peer] && self.tcp.peer_gone(peer) {
-                    self.gone[peer] = true;
+            if let Some(until) = spin_until {
+                looks = looks.wrapping_add(1);
+                if looks % LOOKS_PER_CLOCK != 0 {
+                    std::hint::spin_loop();
+                    continue;
                 }
-                if self.gone[peer] {
-                    return Ok(Readiness::Ready); // the next read or write reports it
+                let now = Instant::now();
+                if now < until.min(deadline) {
+                    continue;
                 }
+                spin_until = None;
             }
             let now = Instant::now();
+            if self.any_gone([readable, writable], now) {
+                return Ok(Readiness::Ready); // the next read or write reports it
+            }
             if now >= deadline {
                 return Ok(Readiness::TimedOut);
             }
-            futex_wait(
-                self.rings.bell(me),
-                seen,
-                (deadline - now).min(LIVENESS_SLICE),
-            );
+            let slice = (deadline - now).min(LIVENESS_SLICE);
+            let rings = &self.rings;
+            if rings.sleep(me, seen, slice, || ready(rings, me, writable, readable)) {
+                return Ok(Readiness::Ready);
+            }
         }
     }
+}
+
+/// Whether what rank `me` waits for is there: bytes to read from `readable`, room to
+/// write to `writable`.
+fn ready(rings: &Rings, me: usize, writable: Option<usize>, readable: Option<usize>) -> bool {
+    readable.is_some_and(|p| rings.used(p, me) > 0)
+        || writable.is_some_and(|p| rings.used(me, p) < rings.ring_bytes)
+}
+
+/// The spin window for `ranks` ranks on a host with `cores` cores: `wanted` (at most
+/// [`MAX_SPIN`]) while every rank can have a core, none otherwise.
+fn spin_window(wanted: Duration, ranks: usize, cores: usize) -> Duration {
+    if ranks > cores {
+        Duration::ZERO
+    } else {
+        wanted.min(MAX_SPIN)
+    }
+}
+
+/// The cores this process may run on (its affinity and CPU quota), 1 if unknown.
+fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 impl fmt::Debug for ShmTransport {
@@ -197,5 +286,21 @@ impl fmt::Debug for ShmTransport {
             .field("world_size", &self.tcp.world_size())
             .field("ring_bytes", &self.rings.ring_bytes)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_spin_only_while_each_has_a_core() {
+        let us = Duration::from_micros;
+        assert_eq!(spin_window(us(50), 2, 2), us(50));
+        assert_eq!(spin_window(us(50), 1, 1), us(50));
+        assert_eq!(spin_window(us(50), 3, 2), Duration::ZERO, "oversubscribed");
+        assert_eq!(spin_window(Duration::ZERO, 2, 8), Duration::ZERO);
+        assert_eq!(spin_window(Duration::from_secs(1), 2, 8), MAX_SPIN);
+        assert!(host_cores() >= 1);
     }
 }

@@ -1,16 +1,41 @@
-//! The shared-memory layout: every rank's inbox holds a doorbell word and, for every
-//! other rank, a single-producer/single-consumer byte ring that rank writes into.
+//! The shared-memory layout: every rank's inbox holds a doorbell word, a "sleeping"
+//! flag and, for every other rank, a single-producer/single-consumer byte ring that rank
+//! writes into.
+//!
+//! # Waking without a syscall when nobody sleeps
+//!
+//! Only an inbox's owner ever sleeps on its bell. Before it sleeps it raises its
+//! `SLEEPING` flag; a writer (or a reader that freed space) bumps the bell and calls
+//! `FUTEX_WAKE` only when it sees the flag up. Why no wake-up is lost:
+//!
+//! - Sleeper, in [`Rings::sleep`]: `seen = bell` (before it last checked its rings),
+//!   `SLEEPING = 1`, SeqCst fence, check the rings again, `FUTEX_WAIT(bell, seen)`.
+//! - Waker, in `ring_bell`: publish the head or tail, SeqCst fence, read `SLEEPING`; if
+//!   up, bump the bell and `FUTEX_WAKE`.
+//!
+//! The two fences order the sleeper's flag store against the waker's flag load and the
+//! waker's counter store against the sleeper's re-check (the store-buffering pattern,
+//! which SeqCst fences forbid from failing both ways). So either the sleeper's re-check
+//! sees the new counter and it does not sleep, or the waker sees the flag and bumps the
+//! bell. The bump comes after the sleeper loaded `seen` (if `seen` already held it, the
+//! counter it publishes was visible to the re-check, which then returned): the bell no
+//! longer equals `seen`, so `FUTEX_WAIT` returns at once if it has not started, and the
+//! wake reaches it if it has. The flag goes down after every sleep; a wake that finds it
+//! up after the sleeper woke costs one spare syscall, never a missed message.
 
 use std::io::{IoSlice, IoSliceMut};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
-use super::mapping::{futex_wake, Mapping};
+use super::mapping::{futex_wait, futex_wake, Mapping};
 
 /// Capacity of each ring (one per ordered pair of ranks).
 pub const DEFAULT_RING_BYTES: usize = 1 << 20;
 /// Room for counters ahead of the data (one page keeps them on their own cache lines).
 const HEADER: usize = 4096;
 const BELL: usize = 0;
+/// Non-zero while the inbox's owner sleeps (or is about to) on its bell.
+const SLEEPING: usize = 64;
 const HEAD: usize = 0;
 const TAIL: usize = 64;
 
@@ -36,10 +61,41 @@ impl Rings {
         self.inboxes[rank].atomic_u32(BELL)
     }
 
+    /// Wakes `rank` if it sleeps (or is about to) on its bell; the caller has just
+    /// published a counter `rank` waits on. No syscall when `rank` is awake.
     fn ring_bell(&self, rank: usize) {
-        let bell = self.bell(rank);
-        bell.fetch_add(1, Ordering::Release);
-        futex_wake(bell);
+        fence(Ordering::SeqCst);
+        if self.inboxes[rank]
+            .atomic_u32(SLEEPING)
+            .load(Ordering::Relaxed)
+            != 0
+        {
+            let bell = self.bell(rank);
+            bell.fetch_add(1, Ordering::Release);
+            futex_wake(bell);
+        }
+    }
+
+    /// Sleeps on `me`'s bell for at most `timeout`, unless `ready()` (which looks at
+    /// the rings `me` waits on) holds once the flag is up or the bell has moved past
+    /// `seen` (loaded before the caller's last look at the rings). Returns whether it
+    /// found `ready()`. The module documentation proves that no wake-up is lost.
+    pub(super) fn sleep(
+        &self,
+        me: usize,
+        seen: u32,
+        timeout: Duration,
+        ready: impl Fn() -> bool,
+    ) -> bool {
+        let sleeping = self.inboxes[me].atomic_u32(SLEEPING);
+        sleeping.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let ready_now = ready();
+        if !ready_now {
+            futex_wait(self.bell(me), seen, timeout);
+        }
+        sleeping.store(0, Ordering::Relaxed);
+        ready_now
     }
 
     /// (head, tail) of the ring `sender → receiver`.
@@ -113,5 +169,118 @@ impl Rings {
         tail.store(start.wrapping_add(read as u64), Ordering::Release);
         self.ring_bell(peer);
         read
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::inbox::OwnInbox;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+
+    const RING: usize = 4096;
+
+    /// Two ranks' inboxes in one process, standing in for two processes' mappings.
+    fn two_rings() -> Option<Rings> {
+        let len = inbox_len(2, RING);
+        let mut inboxes = Vec::new();
+        for _ in 0..2 {
+            match OwnInbox::create(len, 2) {
+                Ok(inbox) => inboxes.push(inbox.into_mapping()),
+                Err(e) => {
+                    eprintln!("skipped: cannot create an inbox here: {e}");
+                    return None;
+                }
+            }
+        }
+        Some(Rings {
+            ring_bytes: RING,
+            inboxes,
+        })
+    }
+
+    /// Waits, with no spinning, until `peer → me` has a byte, and reads it. Returns
+    /// the longest single sleep.
+    fn receive(rings: &Rings, me: usize, peer: usize, sleep: Duration) -> Duration {
+        let mut longest = Duration::ZERO;
+        let mut byte = [0u8; 1];
+        loop {
+            let seen = rings.bell(me).load(Ordering::Acquire);
+            if rings.read(me, peer, &mut [IoSliceMut::new(&mut byte)]) == 1 {
+                return longest;
+            }
+            let started = Instant::now();
+            rings.sleep(me, seen, sleep, || rings.used(peer, me) > 0);
+            longest = longest.max(started.elapsed());
+        }
+    }
+
+    /// Ping-pong of one byte, both sides sleeping on every message: the writer skips
+    /// the wake whenever it sees nobody sleeping, so a flaw in the flag protocol shows
+    /// as a sleep that lasts its whole (long) timeout.
+    #[test]
+    fn no_wake_up_is_lost_between_a_sleeper_and_a_writer() {
+        let Some(rings) = two_rings() else { return };
+        const ROUNDS: usize = 20_000;
+        // A lost wake-up sleeps this long; a delivered one returns in microseconds
+        // (milliseconds on a loaded machine).
+        let lost = Duration::from_secs(5);
+        let started = Instant::now();
+        let stop = AtomicBool::new(false);
+        let longest = std::thread::scope(|s| {
+            let rings = &rings;
+            let stop = &stop;
+            let echo = s.spawn(move || {
+                let mut longest = Duration::ZERO;
+                for _ in 0..ROUNDS {
+                    longest = longest.max(receive(rings, 1, 0, lost));
+                    assert_eq!(rings.write(1, 0, &[IoSlice::new(b"y")]), 1);
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                }
+                longest
+            });
+            let mut longest = Duration::ZERO;
+            for _ in 0..ROUNDS {
+                assert_eq!(rings.write(0, 1, &[IoSlice::new(b"x")]), 1);
+                longest = longest.max(receive(rings, 0, 1, lost));
+                if started.elapsed() > Duration::from_secs(60) {
+                    stop.store(true, Ordering::Relaxed);
+                    break;
+                }
+            }
+            longest.max(echo.join().unwrap())
+        });
+        let elapsed = started.elapsed();
+        assert!(
+            longest < Duration::from_secs(2),
+            "a sleep lasted {longest:?}: a wake-up was lost"
+        );
+        assert!(elapsed < Duration::from_secs(90), "took {elapsed:?}");
+        eprintln!("{ROUNDS} round trips, all sleeping, in {elapsed:?}; longest sleep {longest:?}");
+    }
+
+    #[test]
+    fn a_write_to_an_awake_rank_makes_no_wake_up() {
+        let Some(rings) = two_rings() else { return };
+        let bell = rings.bell(1).load(Ordering::Acquire);
+        assert_eq!(rings.write(0, 1, &[IoSlice::new(b"abc")]), 3);
+        assert_eq!(
+            rings.bell(1).load(Ordering::Acquire),
+            bell,
+            "rang an awake rank"
+        );
+        // A rank that found its data while raising its flag does not sleep.
+        let started = Instant::now();
+        assert!(rings.sleep(1, bell, Duration::from_secs(5), || rings.used(0, 1) > 0));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(
+            rings.inboxes[1]
+                .atomic_u32(SLEEPING)
+                .load(Ordering::Relaxed),
+            0
+        );
     }
 }
