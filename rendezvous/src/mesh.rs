@@ -167,6 +167,16 @@ pub struct MeshConnections {
     pub control: Vec<Option<TcpStream>>,
 }
 
+impl MeshConnections {
+    /// No connection yet to any of `world_size` ranks.
+    fn unconnected(world_size: usize) -> MeshConnections {
+        MeshConnections {
+            data: (0..world_size).map(|_| None).collect(),
+            control: (0..world_size).map(|_| None).collect(),
+        }
+    }
+}
+
 /// The rendezvous store after start-up: the client and, on rank 0, the server, kept
 /// alive for the life of the group (tools may still read what the ranks published).
 pub struct KeptStore {
@@ -210,38 +220,24 @@ impl KeptStore {
         }
         let deadline = deadline_after(config.timeout);
         let mut store = self._client.scoped(namespace, config.rank)?;
-        let mut connections = MeshConnections {
-            data: (0..config.world_size).map(|_| None).collect(),
-            control: (0..config.world_size).map(|_| None).collect(),
-        };
+        let mut connections = MeshConnections::unconnected(config.world_size);
         let mut acceptor = None;
-        match join(
+        let job_id = join_or_tell(
             &config,
             &mut store,
             &mut connections,
             &mut acceptor,
             deadline,
-        ) {
-            Ok(job_id) => Ok(Mesh {
-                rank: config.rank,
-                world_size: config.world_size,
-                job_id,
-                dead_peer_timeout: config.dead_peer_timeout,
-                connections,
-                store,
-                _server: None,
-            }),
-            Err(e) => Err(match e {
-                SetupError::DescriptorsExhausted { .. } => {
-                    let _ = store.abort(&e.to_string());
-                    e
-                }
-                own @ (SetupError::DuplicateRank { .. }
-                | SetupError::RendezvousAborted { .. }
-                | SetupError::AttemptMismatch { .. }) => own,
-                other => abandoned_instead(&mut store, other),
-            }),
-        }
+        )?;
+        Ok(Mesh {
+            rank: config.rank,
+            world_size: config.world_size,
+            job_id,
+            dead_peer_timeout: config.dead_peer_timeout,
+            connections,
+            store,
+            _server: None,
+        })
     }
 }
 
@@ -327,12 +323,9 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
         };
     let mut store = connected.map_err(own_store_failure)?;
     // Owned here, so that on failure they are closed only after the others were told why.
-    let mut connections = MeshConnections {
-        data: (0..config.world_size).map(|_| None).collect(),
-        control: (0..config.world_size).map(|_| None).collect(),
-    };
+    let mut connections = MeshConnections::unconnected(config.world_size);
     let mut acceptor = None;
-    match join(
+    match join_or_tell(
         &config,
         &mut store,
         &mut connections,
@@ -349,18 +342,6 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
             _server: server,
         }),
         Err(e) => {
-            let e = match e {
-                // Tell the others, who would otherwise wait for this rank until their
-                // deadline (the abort needs no new descriptor).
-                SetupError::DescriptorsExhausted { .. } => {
-                    let _ = store.abort(&e.to_string());
-                    e
-                }
-                own @ (SetupError::DuplicateRank { .. }
-                | SetupError::RendezvousAborted { .. }
-                | SetupError::AttemptMismatch { .. }) => own,
-                other => abandoned_instead(&mut store, other),
-            };
             let e = own_store_failure(e);
             if let Some(server) = &server {
                 linger_until_heard(server, &e);
@@ -386,6 +367,30 @@ fn linger_until_heard(server: &StoreServer, error: &SetupError) {
     if abandoned && !server.await_abort_heard(Instant::now() + ABORT_LINGER) {
         debug!("some ranks had not heard why start-up was abandoned when rank 0 gave up");
     }
+}
+
+/// [`join`], and what its failure means for the others: a rank out of descriptors tells
+/// them through the store (they would otherwise wait for it until their deadline; the
+/// abort needs no new descriptor), this rank's own refusals stand, and any other error
+/// gives way to a reason published meanwhile. The connections and the listener stay
+/// with the caller, so that they close only after the others were told why.
+fn join_or_tell(
+    config: &MeshConfig,
+    store: &mut StoreClient,
+    connections: &mut MeshConnections,
+    acceptor: &mut Option<PeerAcceptor>,
+    deadline: Instant,
+) -> Result<u64, SetupError> {
+    join(config, store, connections, acceptor, deadline).map_err(|e| match e {
+        SetupError::DescriptorsExhausted { .. } => {
+            let _ = store.abort(&e.to_string());
+            e
+        }
+        own @ (SetupError::DuplicateRank { .. }
+        | SetupError::RendezvousAborted { .. }
+        | SetupError::AttemptMismatch { .. }) => own,
+        other => abandoned_instead(store, other),
+    })
 }
 
 /// `error`, unless start-up was abandoned meanwhile: then the reason published in the
