@@ -19,7 +19,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use ringccl::core::store::StoreClient;
-use ringccl::{init_process_group, InitOptions, ReduceOp, StoreListener};
+use ringccl::{init_process_group, ReduceOp};
 
 const ROLE_VAR: &str = "RINGCCL_SETUP_CRASH_RANK";
 const PORT: &str = "PORT ";
@@ -38,17 +38,7 @@ const N: usize = 3;
 /// and ends the process with `INIT_FAILED`; a failed collective with `OP_FAILED`.
 fn be_a_rank() {
     ringccl::logging::init_from_env();
-    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} unset"));
-    let rank: usize = var("RANK").parse().expect("RANK");
-    let world: usize = var("WORLD_SIZE").parse().expect("WORLD_SIZE");
-    let opts = if rank == 0 {
-        let listener = StoreListener::bind("127.0.0.1:0").expect("bind the store");
-        let port = listener.local_addr().expect("store address").port();
-        println!("{PORT}{port}");
-        InitOptions::new(0, world, &format!("127.0.0.1:{port}")).store_listener(listener)
-    } else {
-        InitOptions::from_env().expect("rank environment")
-    };
+    let opts = common::child_options(PORT);
     let pg = match init_process_group("gloo", opts.timeout(START_UP_TIMEOUT)) {
         Ok(pg) => pg,
         Err(e) => {

@@ -24,7 +24,7 @@ use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use ringccl::{init_process_group, InitOptions, ReduceOp, StoreListener};
+use ringccl::{init_process_group, ReduceOp};
 
 const ROLE_VAR: &str = "RINGCCL_SHM_HOSTILE_ROLE";
 /// Ranks that print `READY` after their first collective and wait for a line on stdin.
@@ -119,14 +119,7 @@ fn be_a_rank() {
     let rank: usize = var("RANK").parse().expect("RANK");
     let world: usize = var("WORLD_SIZE").parse().expect("WORLD_SIZE");
     let timeout = Duration::from_secs(var(TIMEOUT_VAR).parse().expect("timeout"));
-    let opts = if rank == 0 {
-        let listener = StoreListener::bind("127.0.0.1:0").expect("bind the store");
-        let port = listener.local_addr().expect("store address").port();
-        println!("{PORT}{port}");
-        InitOptions::new(0, world, &format!("127.0.0.1:{port}")).store_listener(listener)
-    } else {
-        InitOptions::from_env().expect("rank environment")
-    };
+    let opts = common::child_options(PORT);
     let pg = match init_process_group("gloo", opts.timeout(timeout)) {
         Ok(pg) => pg,
         Err(e) => {

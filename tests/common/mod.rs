@@ -114,17 +114,7 @@ pub fn child_group(test_name: &str) -> Option<ProcessGroup> {
         return None;
     }
     let rank: usize = std::env::var("RANK").ok()?.parse().ok()?;
-    let world: usize = std::env::var("WORLD_SIZE").ok()?.parse().ok()?;
-    let opts = if rank == 0 {
-        // Rank 0 hosts the store on MASTER_ADDR (its namespace's address in netns tests).
-        let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
-        let listener = StoreListener::bind(&format!("{host}:0")).expect("bind store listener");
-        let addr = listener.local_addr().expect("store address");
-        println!("{PORT_PREFIX}{}", addr.port());
-        InitOptions::new(0, world, &addr.to_string()).store_listener(listener)
-    } else {
-        InitOptions::from_env().expect("child environment")
-    };
+    let opts = child_options(PORT_PREFIX);
     let timeout = std::env::var("RINGCCL_TEST_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -132,6 +122,24 @@ pub fn child_group(test_name: &str) -> Option<ProcessGroup> {
     let pg = init_process_group("gloo", opts.timeout(timeout))
         .unwrap_or_else(|e| panic!("rank {rank}: init failed: {e}"));
     Some(pg)
+}
+
+/// A child rank's options from its environment (RANK, WORLD_SIZE, MASTER_ADDR, …).
+/// Rank 0 hosts the store on a free port of MASTER_ADDR (127.0.0.1 if unset; its
+/// namespace's address in netns tests) and prints `{announce}{port}` for the parent,
+/// which passes the real port on to the other ranks.
+pub fn child_options(announce: &str) -> InitOptions {
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} unset"));
+    let rank: usize = var("RANK").parse().expect("RANK");
+    let world: usize = var("WORLD_SIZE").parse().expect("WORLD_SIZE");
+    if rank != 0 {
+        return InitOptions::from_env().expect("child environment");
+    }
+    let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+    let listener = StoreListener::bind(&format!("{host}:0")).expect("bind store listener");
+    let addr = listener.local_addr().expect("store address");
+    println!("{announce}{}", addr.port());
+    InitOptions::new(0, world, &addr.to_string()).store_listener(listener)
 }
 
 fn spawn_child(test_name: &str, rank: usize, n: usize, port: u16, env: &[(&str, &str)]) -> Child {
