@@ -179,12 +179,10 @@ impl ProcessGroup {
             .map(Some)
     }
 
-    /// The collective part of forming groups: every rank's request, checked to be the
-    /// same call on every rank (same serial number, same kind, and for `new_group` the
-    /// same list). Fails alike on every rank. Returns the new group's serial number and
-    /// every rank's request.
-    fn exchange(&self, request: Request) -> Result<(u64, Vec<Request>), Error> {
-        let origin = self.origin.as_ref().ok_or_else(|| match self.backend() {
+    /// What this group was made with, which forming a group needs; an error saying why
+    /// not for groups that have none.
+    fn origin(&self) -> Result<&Origin, Error> {
+        self.origin.as_ref().ok_or_else(|| match self.backend() {
             "nccl" => Error::BackendUnavailable {
                 backend: "nccl",
                 reason: "new_group and split are not available under nccl yet; form the \
@@ -195,7 +193,15 @@ impl ProcessGroup {
                 "this {other:?} group was not started by init_process_group, so it has no \
                  rendezvous store to form groups through"
             )),
-        })?;
+        })
+    }
+
+    /// The collective part of forming groups: every rank's request, checked to be the
+    /// same call on every rank (same serial number, same kind, and for `new_group` the
+    /// same list). Fails alike on every rank. Returns the new group's serial number and
+    /// every rank's request.
+    fn exchange(&self, request: Request) -> Result<(u64, Vec<Request>), Error> {
+        let origin = self.origin()?;
         let serial = origin.formed.fetch_add(1, Ordering::Relaxed);
         let n = self.world_size();
         let mut all = vec![0i64; ENTRY * n];
@@ -244,10 +250,7 @@ impl ProcessGroup {
         members: Vec<usize>,
         sub_rank: usize,
     ) -> Result<ProcessGroup, Error> {
-        let origin = self
-            .origin
-            .as_ref()
-            .ok_or_else(|| Error::InvalidArgument("this group cannot form groups".into()))?;
+        let origin = self.origin()?;
         let recipe = Arc::clone(&origin.recipe);
         let left = recipe.mesh.timeout.saturating_sub(issued.elapsed());
         let deadline = Deadline::after(left).at();
