@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -33,6 +33,15 @@ use crate::{CollectiveKind, Error, OpDesc};
 
 /// In [`FlightRecorder`]'s `turn`: the call did not wait for its turn.
 const AT_ONCE: u64 = 1 << 63;
+
+/// In [`FlightRecorder`]'s `broken`: the group has not broken.
+const INTACT: u8 = 0;
+/// The group broke while this rank ran no call; the request thread took the dump, and
+/// the first call refused for the break takes it again, to show what the rank was
+/// about to run.
+const DUMPED_IDLE: u8 = 1;
+/// The group broke and its dump shows the call that failed (or there was none to show).
+const DUMPED: u8 = 2;
 
 /// Calls kept by default (`RINGCCL_FLIGHT_ENTRIES`).
 pub const DEFAULT_FLIGHT_ENTRIES: usize = 2000;
@@ -130,9 +139,12 @@ pub struct FlightRecorder {
     live: LiveCall,
     beacon: Option<BeaconFile>,
     control: Weak<GroupControl>,
-    /// The group broke and its dump was taken: later breaks do not dump again, and the
-    /// beacon stays behind for the diagnosis.
-    broken: AtomicBool,
+    /// [`INTACT`], [`DUMPED_IDLE`] or [`DUMPED`]: once the dump is taken, later breaks
+    /// do not dump again, and the beacon stays behind for the diagnosis.
+    broken: AtomicU8,
+    /// Held while a break dump is written, so that the request thread's dump of an idle
+    /// rank never lands after the runner's.
+    break_writes: Mutex<()>,
     /// Times are read from the monotonic clock and written as Unix time: `epoch` was
     /// `epoch_us` microseconds after the Unix epoch.
     epoch: Instant,
@@ -191,7 +203,8 @@ impl FlightRecorder {
             live: LiveCall::default(),
             beacon,
             control,
-            broken: AtomicBool::new(false),
+            broken: AtomicU8::new(INTACT),
+            break_writes: Mutex::new(()),
             epoch: Instant::now(),
             epoch_us: now_us(),
         });
@@ -459,6 +472,32 @@ impl FlightRecorder {
     /// assert_eq!(recorder.snapshot("requested").entries[0].state, CallState::Failed);
     /// ```
     pub fn refused(&self, sequence: Sequence, error: &Error) {
+        self.record_refusal(sequence, None, error);
+    }
+
+    /// The runner refused a call because the group was aborted, as it was about to
+    /// start it as op `seq`, described by `op` when the runner knows it: the dump then
+    /// shows what this rank was about to run.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// use ringccl_collectives::{DType, Error, OpDesc, ReduceOp, Sequence};
+    /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
+    /// let op = OpDesc::all_reduce(5, DType::F32, 8, ReduceOp::Sum);
+    /// recorder.refused_as(Sequence::Collective, 5, Some(op), &Error::InvalidArgument("aborted".into()));
+    /// let entry = &recorder.snapshot("requested").entries[0];
+    /// assert_eq!((entry.op, entry.kind.as_str(), entry.state), (Some(5), "all_reduce", CallState::Failed));
+    /// ```
+    pub fn refused_as(&self, sequence: Sequence, seq: u64, op: Option<OpDesc>, error: &Error) {
+        self.record_refusal(sequence, Some((seq, op)), error);
+    }
+
+    fn record_refusal(
+        &self,
+        sequence: Sequence,
+        would_be: Option<(u64, Option<OpDesc>)>,
+        error: &Error,
+    ) {
         let error = error.to_string();
         let now = self.now();
         let mut book = self.lock();
@@ -467,6 +506,14 @@ impl FlightRecorder {
             slot.state = CallState::Failed;
             slot.ended_us = Some(now);
             slot.error = Some(error);
+            if let Some((seq, op)) = would_be {
+                slot.seq = Some(seq);
+                slot.op = op;
+                slot.peer = match sequence {
+                    Sequence::Collective => None,
+                    Sequence::SentTo(peer) | Sequence::ReceivedFrom(peer) => Some(peer),
+                };
+            }
         }
         self.finished_one(&mut book, now);
     }
@@ -588,10 +635,11 @@ impl FlightRecorder {
 
     /// The group broke, for `reason`: the first time, with a directory, takes the dump
     /// (calls still running show as running), to be written by
-    /// [`FlightRecorder::write_break`] once the caller has released its locks.
+    /// [`FlightRecorder::write_break`] once the caller has released its locks. A dump
+    /// the request thread took while this rank ran no call is taken again, once.
     pub(crate) fn break_snapshot(&self, reason: &str) -> Option<FlightDump> {
         self.config.dir.as_ref()?;
-        if self.broken.swap(true, Ordering::AcqRel) {
+        if self.broken.swap(DUMPED, Ordering::AcqRel) == DUMPED {
             return None;
         }
         Some(self.snapshot(reason))
@@ -600,6 +648,7 @@ impl FlightRecorder {
     /// Writes a dump taken by [`FlightRecorder::break_snapshot`].
     pub(crate) fn write_break(&self, dump: Option<FlightDump>) {
         if let Some(dump) = dump {
+            let _writing = self.break_writes.lock().unwrap_or_else(|p| p.into_inner());
             self.write(&dump);
         }
     }
@@ -612,7 +661,7 @@ impl FlightRecorder {
         let Some(control) = self.control.upgrade() else {
             return;
         };
-        if !control.is_aborted() || self.broken.load(Ordering::Acquire) {
+        if !control.is_aborted() || self.broken.load(Ordering::Acquire) != INTACT {
             return;
         }
         let Some(record) = control.aborted() else {
@@ -625,8 +674,19 @@ impl FlightRecorder {
             "group broken: rank {} aborted the group: {}",
             record.origin, record.reason
         );
-        let dump = self.break_snapshot(&reason);
-        self.write_break(dump);
+        if self.config.dir.is_none()
+            || self
+                .broken
+                .compare_exchange(INTACT, DUMPED_IDLE, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        let _writing = self.break_writes.lock().unwrap_or_else(|p| p.into_inner());
+        // A runner that took the dump meanwhile writes it after this, or has written it.
+        if self.broken.load(Ordering::Acquire) == DUMPED_IDLE {
+            self.write(&self.snapshot(&reason));
+        }
     }
 }
 
@@ -704,7 +764,7 @@ fn host_name() -> String {
 impl Drop for FlightRecorder {
     fn drop(&mut self) {
         if let Some(beacon) = &self.beacon {
-            if !self.broken.load(Ordering::Acquire) {
+            if self.broken.load(Ordering::Acquire) == INTACT {
                 beacon.remove();
             }
         }

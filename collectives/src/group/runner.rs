@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::{Deadline, Engine, Request, Sequence};
 use crate::control::{AbortRecord, GroupControl};
 use crate::flight::{break_reason, FlightConfig, FlightDump, FlightRecorder};
-use crate::{Backend, BufferMut, BufferRef, Error, ReduceOp};
+use crate::{Backend, BufferMut, BufferRef, Error, OpDesc, ReduceOp};
 
 /// After a peer failure, how long to wait for other failing connections to show, so the
 /// error can name the rank really at fault when this one was only blocked behind
@@ -33,6 +33,17 @@ struct RunState<E> {
     received_from: Vec<u64>,
     /// The first error that broke the group.
     broken: Option<String>,
+}
+
+impl<E> RunState<E> {
+    /// The counter that numbers calls in `sequence`, if it names a rank of the group.
+    fn counter(&mut self, sequence: Sequence) -> Option<&mut u64> {
+        match sequence {
+            Sequence::Collective => Some(&mut self.seq),
+            Sequence::SentTo(peer) => self.sent_to.get_mut(peer),
+            Sequence::ReceivedFrom(peer) => self.received_from.get_mut(peer),
+        }
+    }
 }
 
 /// A [`Backend`] made of an [`Engine`] and the rules every backend shares: calls run one
@@ -138,6 +149,18 @@ impl<E: Engine> GroupRunner<E> {
         deadline: Deadline,
         body: impl FnOnce(&mut E, u64) -> Result<R, Error>,
     ) -> Result<R, Error> {
+        self.run_described(sequence, None, deadline, body)
+    }
+
+    /// [`GroupRunner::run`] for a call described by `op` (its `seq` aside): a call
+    /// refused because the group was aborted is recorded as the op it would have been.
+    fn run_described<R>(
+        &self,
+        sequence: Sequence,
+        op: Option<OpDesc>,
+        deadline: Deadline,
+        body: impl FnOnce(&mut E, u64) -> Result<R, Error>,
+    ) -> Result<R, Error> {
         let mut state = self
             .lock()
             .inspect_err(|e| self.flight.refused(sequence, e))?;
@@ -151,18 +174,21 @@ impl<E: Engine> GroupRunner<E> {
         }
         if let Some(record) = self.control.aborted() {
             let error = self.abort_error(record);
+            // Recorded before the break dump is taken, so that it shows what this rank
+            // was about to run.
+            match state.counter(sequence).map(|counter| *counter + 1) {
+                Some(seq) => {
+                    let op = op.map(|op| OpDesc { seq, ..op });
+                    self.flight.refused_as(sequence, seq, op, &error);
+                }
+                None => self.flight.refused(sequence, &error),
+            }
             let dump = self.break_group(&mut state, &error);
-            self.flight.refused(sequence, &error);
             drop(state);
             self.flight.write_break(dump);
             return Err(error);
         }
-        let counter = match sequence {
-            Sequence::Collective => Some(&mut state.seq),
-            Sequence::SentTo(peer) => state.sent_to.get_mut(peer),
-            Sequence::ReceivedFrom(peer) => state.received_from.get_mut(peer),
-        };
-        let Some(counter) = counter else {
+        let Some(counter) = state.counter(sequence) else {
             let error = Error::InvalidArgument(format!(
                 "rank {}: {sequence:?} names no rank of a group of {}",
                 self.rank, self.world_size
@@ -245,23 +271,29 @@ impl<E: Engine> GroupRunner<E> {
         request
             .validate(self.rank, self.world_size)
             .inspect_err(|e| self.flight.refused(request.sequence(), e))?;
-        self.run(request.sequence(), deadline, |engine, seq| {
-            let op = request.describe(seq);
-            if !tracing::enabled!(tracing::Level::DEBUG) {
-                return engine.execute(&op, request, deadline);
-            }
-            let started = std::time::Instant::now();
-            let result = engine.execute(&op, request, deadline);
-            tracing::debug!(
-                rank = self.rank,
-                op = %op,
-                took = ?started.elapsed(),
-                ok = result.is_ok(),
-                "{} call done",
-                self.name
-            );
-            result
-        })
+        let described = request.describe(0);
+        self.run_described(
+            request.sequence(),
+            Some(described),
+            deadline,
+            |engine, seq| {
+                let op = request.describe(seq);
+                if !tracing::enabled!(tracing::Level::DEBUG) {
+                    return engine.execute(&op, request, deadline);
+                }
+                let started = std::time::Instant::now();
+                let result = engine.execute(&op, request, deadline);
+                tracing::debug!(
+                    rank = self.rank,
+                    op = %op,
+                    took = ?started.elapsed(),
+                    ok = result.is_ok(),
+                    "{} call done",
+                    self.name
+                );
+                result
+            },
+        )
     }
 
     /// Names every rank whose connection is gone: when this rank was only blocked behind

@@ -323,3 +323,64 @@ fn a_runner_records_what_it_runs_and_what_it_refuses() {
         .as_deref()
         .is_some_and(|e| e.contains("out of range")));
 }
+
+#[test]
+fn a_rank_idle_at_the_break_dumps_again_with_the_call_it_was_about_to_run() {
+    let dir = TempDir::new("idle-break");
+    let control = GroupControl::new(2);
+    let recorder = FlightRecorder::watching(
+        2,
+        3,
+        "gloo",
+        FlightConfig {
+            dir: Some(dir.0.clone()),
+            transport: "tcp",
+            ..FlightConfig::default()
+        },
+        Arc::downgrade(&control),
+    );
+    recorder.start(Sequence::Collective, 4);
+    recorder.finish(None);
+    let read = || -> FlightDump {
+        let path = recorder.dump_path().unwrap();
+        serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+    };
+
+    // Rank 1 aborts while rank 2 runs no call: the request thread's dump shows op #4 only.
+    assert!(control.abort(1, "rank 1 is in op #5 ...".into(), None));
+    recorder.dump_if_aborted();
+    let idle = read();
+    assert_eq!(idle.entries.len(), 1);
+    assert!(
+        idle.reason.contains("rank 1 aborted the group"),
+        "{}",
+        idle.reason
+    );
+    recorder.dump_if_aborted();
+
+    // Rank 2 then issues op #5; the runner refuses it and takes the dump again, once.
+    let call = recorder.issued("all_reduce");
+    recorder.turn(call, false);
+    let op = OpDesc::all_reduce(5, DType::F32, 1024, ReduceOp::Sum);
+    let error = Error::GroupAborted {
+        rank: 2,
+        by: 1,
+        reason: "rank 1 is in op #5 ...".into(),
+    };
+    recorder.refused_as(Sequence::Collective, 5, Some(op), &error);
+    let dump = recorder.break_snapshot(&break_reason(&error));
+    assert!(
+        recorder.break_snapshot("again").is_none(),
+        "one dump per break"
+    );
+    recorder.write_break(dump);
+    let last = read();
+    let entry = &last.entries[1];
+    assert_eq!(
+        (entry.op, entry.description.as_str(), entry.state),
+        (Some(5), "all_reduce(sum, 1024 x f32)", CallState::Failed)
+    );
+    // Later aborts seen by the request thread leave it alone.
+    recorder.dump_if_aborted();
+    assert_eq!(read().entries.len(), 2);
+}
