@@ -8,6 +8,8 @@
 //! 2000-entry ring and times a dump: the copy under the lock (what a running call may
 //! wait for) and the whole dump (JSON, written and renamed into place).
 //!
+//! `cargo bench --bench flight_cost -- hooks` times the hooks without a directory only.
+//!
 //! The 8 B all-reduce with and without the recorder: `scripts/bench-before-after.sh`
 //! with a `ringccl-bench` built before and after it (docs/debugging.md).
 
@@ -71,6 +73,10 @@ fn main() {
         "without a flight directory: {:6.1} ns per call",
         per_call_ns(&plain)
     );
+    // `-- hooks`: that line only, for a profiler (`perf stat -e instructions`).
+    if std::env::args().any(|a| a == "hooks") {
+        return;
+    }
     let filed = FlightRecorder::new(0, 4, "gloo", config(Some(dir.clone())));
     println!(
         "with a beacon (flight dir):  {:6.1} ns per call",

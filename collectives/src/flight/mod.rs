@@ -22,6 +22,7 @@ mod mapping;
 mod recorder;
 mod requests;
 mod ring;
+mod tick_clock;
 
 pub use dump::{CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FORMAT_VERSION};
 pub use files::{file_name, group_tag, MAIN_GROUP};

@@ -23,9 +23,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use super::beacon_file::BeaconFile;
 use super::dump::{CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FORMAT_VERSION};
 use super::files::{file_name, write_atomically, MAIN_GROUP};
-use super::live::LiveCall;
+use super::live::{LiveCall, LiveRecord};
 use super::requests;
-use super::ring::{PeerCounts, Ring, Slot};
+use super::ring::{PeerCounts, Ring, Slot, AT_ISSUE};
+use super::tick_clock::TickClock;
 use crate::control::GroupControl;
 use crate::group::Sequence;
 use crate::wire::Algorithm;
@@ -109,10 +110,10 @@ pub fn algorithm_label(algorithm: Algorithm) -> &'static str {
 
 struct Book {
     ring: Ring,
-    /// The call running now.
-    running: Option<u64>,
     /// Calls finished so far, either way.
     finished: u64,
+    /// Times the end of each call.
+    clock: TickClock,
 }
 
 /// One group's flight recorder on one rank. See the module documentation.
@@ -136,6 +137,9 @@ pub struct FlightRecorder {
     /// The call whose turn it is, until the runner starts it (0: none), with
     /// [`AT_ONCE`] when it did not wait for it.
     turn: AtomicU64,
+    /// With a beacon: the last call issued and when (Unix microseconds), for the
+    /// beacon's start time of a call whose turn came as it was issued.
+    last_issued: (AtomicU64, AtomicU64),
     live: LiveCall,
     beacon: Option<BeaconFile>,
     control: Weak<GroupControl>,
@@ -195,11 +199,12 @@ impl FlightRecorder {
             backend,
             book: Mutex::new(Book {
                 ring: Ring::new(config.entries),
-                running: None,
                 finished: 0,
+                clock: TickClock::new(now_us()),
             }),
             config,
             turn: AtomicU64::new(0),
+            last_issued: (AtomicU64::new(0), AtomicU64::new(0)),
             live: LiveCall::default(),
             beacon,
             control,
@@ -221,6 +226,11 @@ impl FlightRecorder {
         self.epoch_us
             .saturating_add(since.as_secs().saturating_mul(1_000_000))
             .saturating_add(u64::from(since.subsec_micros()))
+    }
+
+    /// When `slot`'s call was issued, in microseconds since the Unix epoch.
+    fn issued_us(&self, slot: &Slot) -> u64 {
+        slot.issued.map_or(0, |at| self.stamp(at))
     }
 
     /// Now, in microseconds since the Unix epoch.
@@ -291,11 +301,12 @@ impl FlightRecorder {
     /// assert_eq!(recorder.issued_at("barrier", Instant::now()), 1);
     /// ```
     pub fn issued_at(&self, kind: &'static str, at: Instant) -> u64 {
-        let now = self.stamp(at);
         let mut book = self.lock();
-        let call = book.ring.push(kind, now);
+        let call = book.ring.push(kind, at);
         if let Some(beacon) = &self.beacon {
             beacon.issued(call);
+            self.last_issued.1.store(self.stamp(at), Ordering::Relaxed);
+            self.last_issued.0.store(call, Ordering::Release);
         }
         call
     }
@@ -355,7 +366,7 @@ impl FlightRecorder {
     /// The call whose turn it is, if it is still queued; else a new call, for one that
     /// came to the runner without the facade (or a second one in the same turn).
     /// `now`: the time to record a new call with, if the clock was read.
-    fn claim(&self, book: &mut Book, sequence: Sequence, now: Option<u64>) -> u64 {
+    fn claim(&self, book: &mut Book, sequence: Sequence, now: Option<Instant>) -> u64 {
         let turn = self.turn.swap(0, Ordering::Relaxed) & !AT_ONCE;
         let queued = book
             .ring
@@ -369,7 +380,7 @@ impl FlightRecorder {
             Sequence::SentTo(_) => "send",
             Sequence::ReceivedFrom(_) => "recv",
         };
-        let call = book.ring.push(kind, now.unwrap_or_else(|| self.now()));
+        let call = book.ring.push(kind, now.unwrap_or_else(Instant::now));
         if let Some(beacon) = &self.beacon {
             beacon.issued(call);
         }
@@ -388,30 +399,40 @@ impl FlightRecorder {
     /// assert_eq!((entry.kind.as_str(), entry.state, entry.root), ("send", CallState::Running, Some(1)));
     /// ```
     pub fn start(&self, sequence: Sequence, seq: u64) {
-        let at_once = self.turn.load(Ordering::Relaxed) & AT_ONCE != 0;
-        let clock = (!at_once).then(|| self.now());
-        self.live.reset();
-        let mut book = self.lock();
-        let call = self.claim(&mut book, sequence, clock);
-        let mut now = clock.unwrap_or(0);
-        if let Some(slot) = book.ring.get_mut(call) {
-            // A call whose turn came as it was issued started then.
-            now = clock.unwrap_or(slot.issued_us);
-            slot.state = CallState::Running;
-            slot.started_us = Some(now);
-            slot.seq = Some(seq);
-            slot.peer = match sequence {
-                Sequence::Collective => None,
-                Sequence::SentTo(peer) | Sequence::ReceivedFrom(peer) => Some(peer),
-            };
-        }
-        book.running = Some(call);
+        let turn = self.turn.swap(0, Ordering::Relaxed);
+        // A call whose turn came as it was issued started then.
+        let at_once = turn & AT_ONCE != 0;
+        let started = (!at_once).then(Instant::now);
+        let started_us = started.map(|at| self.stamp(at));
+        let peer = match sequence {
+            Sequence::Collective => None,
+            Sequence::SentTo(peer) | Sequence::ReceivedFrom(peer) => Some(peer),
+        };
+        let call = match turn & !AT_ONCE {
+            // The facade's call, queued until now: no lock on this path.
+            0 => {
+                let mut book = self.lock();
+                self.claim(&mut book, sequence, started)
+            }
+            queued => queued,
+        };
+        self.live.begin(call, seq, started_us, peer);
         if let Some(beacon) = &self.beacon {
-            beacon.started(seq, now);
+            let since = started_us.unwrap_or_else(|| {
+                // A newer issue racing between the two loads gives a time a little
+                // later than this call's issue: harmless for a beacon.
+                if self.last_issued.0.load(Ordering::Acquire) == call {
+                    self.last_issued.1.load(Ordering::Relaxed)
+                } else {
+                    self.now()
+                }
+            });
+            beacon.started(seq, since);
         }
     }
 
-    /// The engine runs the current call as `op` with `algorithm`.
+    /// The engine runs the current call as `op` with `algorithm` (a few stores, no
+    /// lock).
     ///
     /// ```
     /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
@@ -420,15 +441,9 @@ impl FlightRecorder {
     /// recorder.running(OpDesc::barrier(1), Algorithm::Device); // no call started: ignored
     /// assert!(recorder.snapshot("requested").entries.is_empty());
     /// ```
+    #[inline]
     pub fn running(&self, op: OpDesc, algorithm: Algorithm) {
-        let mut book = self.lock();
-        let Some(call) = book.running else {
-            return;
-        };
-        if let Some(slot) = book.ring.get_mut(call) {
-            slot.op = Some(op);
-            slot.algorithm = Some(algorithm);
-        }
+        self.live.describe(&op, algorithm);
     }
 
     /// The current call ended, with `error` if it failed.
@@ -443,20 +458,34 @@ impl FlightRecorder {
     /// ```
     pub fn finish(&self, error: Option<&Error>) {
         let error = error.map(ToString::to_string);
-        let now = self.now();
         let mut book = self.lock();
-        let Some(call) = book.running.take() else {
+        let Some(call) = self.live.call() else {
             return;
         };
-        if let Some(slot) = book.ring.get_mut(call) {
-            slot.state = if error.is_some() {
-                CallState::Failed
-            } else {
-                CallState::Done
-            };
-            slot.ended_us = Some(now);
-            self.live.copy_into(&mut slot.peers);
-            slot.error = error;
+        let mut now = book.clock.now_us(|| self.now());
+        match book.ring.get_mut(call) {
+            Some(slot) => {
+                // Only the peers the call moved bytes with are copied.
+                if let Some(live) = self.live.end(&mut slot.peers) {
+                    settle(slot, &live);
+                }
+                // The tick clock may trail the precise one by its calibration error (a
+                // dump also keeps the end from falling before the issue).
+                if let Some(started) = slot.started_us.filter(|&s| s != AT_ISSUE) {
+                    now = now.max(started);
+                }
+                slot.state = if error.is_some() {
+                    CallState::Failed
+                } else {
+                    CallState::Done
+                };
+                slot.ended_us = Some(now);
+                slot.error = error;
+            }
+            // Overwritten while it ran (a ring smaller than the calls queued).
+            None => {
+                self.live.end(&mut PeerCounts::default());
+            }
         }
         self.finished_one(&mut book, now);
     }
@@ -499,9 +528,10 @@ impl FlightRecorder {
         error: &Error,
     ) {
         let error = error.to_string();
-        let now = self.now();
+        let at = Instant::now();
+        let now = self.stamp(at);
         let mut book = self.lock();
-        let call = self.claim(&mut book, sequence, Some(now));
+        let call = self.claim(&mut book, sequence, Some(at));
         if let Some(slot) = book.ring.get_mut(call) {
             slot.state = CallState::Failed;
             slot.ended_us = Some(now);
@@ -566,21 +596,21 @@ impl FlightRecorder {
     /// ```
     pub fn snapshot(&self, reason: &str) -> FlightDump {
         let mut slots: Vec<Slot> = Vec::with_capacity(self.config.entries);
-        let (recorded, running, counts, waiting) = {
+        let (recorded, live) = {
             let book = self.lock();
             slots.extend(book.ring.iter().cloned());
-            (
-                book.ring.recorded(),
-                book.running,
-                self.live.counts(),
-                self.live.waiting_for(),
-            )
+            // Under the lock, so that the running call cannot finish between the two.
+            (book.ring.recorded(), self.live.read())
         };
         let entries = slots
-            .iter()
-            .map(|slot| {
-                let live = (Some(slot.call) == running).then_some((&counts, waiting));
-                entry(slot, live)
+            .iter_mut()
+            .map(|slot| match &live {
+                Some((live, counts, waiting)) if live.call == slot.call => {
+                    settle(slot, live);
+                    slot.state = CallState::Running;
+                    entry(slot, self.issued_us(slot), Some((counts, *waiting)))
+                }
+                _ => entry(slot, self.issued_us(slot), None),
             })
             .collect();
         FlightDump {
@@ -698,6 +728,17 @@ pub(crate) fn break_reason(error: &Error) -> String {
     }
 }
 
+/// Writes what the runner recorded of a call it started into the call's slot.
+fn settle(slot: &mut Slot, live: &LiveRecord) {
+    slot.seq = Some(live.seq);
+    slot.started_us = Some(live.started_us.unwrap_or(AT_ISSUE));
+    slot.peer = live.peer;
+    if live.op.is_some() {
+        slot.op = live.op;
+        slot.algorithm = live.algorithm;
+    }
+}
+
 /// `all_reduce(sum, 1024 x f32)`: the op's description without its number.
 fn describe(op: &OpDesc) -> String {
     let text = op.to_string();
@@ -707,7 +748,11 @@ fn describe(op: &OpDesc) -> String {
         .unwrap_or(text)
 }
 
-fn entry(slot: &Slot, live: Option<(&PeerCounts, Option<usize>)>) -> FlightEntry {
+/// `slot`'s dump entry; `issued_us`: its issue time in Unix microseconds.
+fn entry(slot: &Slot, issued_us: u64, live: Option<(&PeerCounts, Option<usize>)>) -> FlightEntry {
+    let started_us = slot
+        .started_us
+        .map(|at| if at == AT_ISSUE { issued_us } else { at });
     let p2p = slot.peer.is_some()
         || slot
             .op
@@ -734,9 +779,12 @@ fn entry(slot: &Slot, live: Option<(&PeerCounts, Option<usize>)>) -> FlightEntry
         },
         algorithm: slot.algorithm.map(|a| algorithm_label(a).into()),
         state: slot.state,
-        issued_us: slot.issued_us,
-        started_us: slot.started_us,
-        ended_us: slot.ended_us,
+        issued_us,
+        started_us,
+        // The end is read from the tick clock; it never falls before the start.
+        ended_us: slot
+            .ended_us
+            .map(|at| at.max(started_us.unwrap_or(issued_us))),
         peers: counts
             .used()
             .iter()

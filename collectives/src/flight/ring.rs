@@ -2,9 +2,14 @@
 //! new call overwrites the oldest. Plain data under the recorder's lock; nothing here
 //! allocates after [`Ring::new`] (a failed call's error message is the one exception).
 
+use std::time::Instant;
+
 use crate::flight::dump::CallState;
 use crate::wire::Algorithm;
 use crate::OpDesc;
+
+/// In [`Slot::started_us`]: the call started when it was issued.
+pub(crate) const AT_ISSUE: u64 = 0;
 
 /// How many peers of one call get byte counts of their own; the bytes exchanged with
 /// any further peer are summed in one "others" bucket.
@@ -50,7 +55,9 @@ pub(crate) struct Slot {
     pub(crate) peer: Option<usize>,
     pub(crate) algorithm: Option<Algorithm>,
     pub(crate) state: CallState,
-    pub(crate) issued_us: u64,
+    /// When it was issued, as the issuer read it (turned into Unix time by a dump).
+    pub(crate) issued: Option<Instant>,
+    /// When it started, in Unix microseconds; `Some(`[`AT_ISSUE`]`)`: when it was issued.
     pub(crate) started_us: Option<u64>,
     pub(crate) ended_us: Option<u64>,
     /// Final byte counts (a running call's live counts are elsewhere).
@@ -67,7 +74,7 @@ impl Slot {
         peer: None,
         algorithm: None,
         state: CallState::Queued,
-        issued_us: 0,
+        issued: None,
         started_us: None,
         ended_us: None,
         peers: PeerCounts {
@@ -116,9 +123,9 @@ impl Ring {
         usize::try_from(call.checked_sub(1)? % capacity).ok()
     }
 
-    /// Records a new call of `kind`, queued since `issued_us`, over the oldest one; returns
+    /// Records a new call of `kind`, queued since `issued`, over the oldest one; returns
     /// its number.
-    pub(crate) fn push(&mut self, kind: &'static str, issued_us: u64) -> u64 {
+    pub(crate) fn push(&mut self, kind: &'static str, issued: Instant) -> u64 {
         self.recorded += 1;
         let call = self.recorded;
         if let Some(slot) = self.index(call).and_then(|i| self.slots.get_mut(i)) {
@@ -131,7 +138,7 @@ impl Ring {
             slot.peer = None;
             slot.algorithm = None;
             slot.state = CallState::Queued;
-            slot.issued_us = issued_us;
+            slot.issued = Some(issued);
             slot.started_us = None;
             slot.ended_us = None;
             slot.peers.used = 0;
@@ -167,15 +174,15 @@ mod tests {
     fn a_ring_keeps_the_last_calls_in_order_as_it_wraps_around() {
         let mut ring = Ring::new(3);
         assert_eq!(calls(&ring), Vec::<u64>::new());
-        assert_eq!(ring.push("barrier", 10), 1);
-        assert_eq!(ring.push("all_reduce", 20), 2);
+        assert_eq!(ring.push("barrier", Instant::now()), 1);
+        assert_eq!(ring.push("all_reduce", Instant::now()), 2);
         assert_eq!(calls(&ring), [1, 2]);
-        assert_eq!(ring.push("broadcast", 30), 3);
+        assert_eq!(ring.push("broadcast", Instant::now()), 3);
         assert_eq!(calls(&ring), [1, 2, 3]);
-        assert_eq!(ring.push("barrier", 40), 4);
+        assert_eq!(ring.push("barrier", Instant::now()), 4);
         assert_eq!(calls(&ring), [2, 3, 4], "the oldest is overwritten");
         for _ in 0..7 {
-            ring.push("barrier", 50);
+            ring.push("barrier", Instant::now());
         }
         assert_eq!(calls(&ring), [9, 10, 11]);
         assert_eq!(ring.recorded(), 11);
@@ -185,14 +192,14 @@ mod tests {
     #[test]
     fn an_overwritten_call_is_gone_and_a_new_one_starts_clean() {
         let mut ring = Ring::new(2);
-        let first = ring.push("all_reduce", 1);
+        let first = ring.push("all_reduce", Instant::now());
         if let Some(slot) = ring.get_mut(first) {
             slot.state = CallState::Failed;
             slot.error = Some("timed out".into());
             slot.seq = Some(7);
         }
-        ring.push("barrier", 2);
-        let third = ring.push("broadcast", 3);
+        ring.push("barrier", Instant::now());
+        let third = ring.push("broadcast", Instant::now());
         assert!(
             ring.get_mut(first).is_none(),
             "call 1 was overwritten by call 3"
@@ -210,8 +217,8 @@ mod tests {
     #[test]
     fn a_ring_of_zero_holds_one_call() {
         let mut ring = Ring::new(0);
-        ring.push("a", 1);
-        ring.push("b", 2);
+        ring.push("a", Instant::now());
+        ring.push("b", Instant::now());
         assert_eq!(ring.capacity(), 1);
         assert_eq!(calls(&ring), [2]);
     }
