@@ -355,14 +355,18 @@ fn mismatched_sizes_are_named_with_both_calls() {
     let headline = diagnosis.get(1).copied().unwrap_or_default();
     let op = op_in(headline);
     assert_eq!(op, WARM_UP + 1, "{all}");
-    assert_eq!(
-        headline,
-        format!(
-            "rank 1 is in op #{op} all_reduce(sum, 512 x f32) but ranks 0, 2 are in op #{op} \
-             all_reduce(sum, 1024 x f32)"
-        ),
-        "{all}"
+    // Rank 2 is named with rank 0 when it had issued op #5 before rank 1's abort reached
+    // it; when the abort came first, its record shows it idle after op #4 (as the break
+    // found it), and the mismatch is named between ranks 1 and 0 alone.
+    let both = format!(
+        "rank 1 is in op #{op} all_reduce(sum, 512 x f32) but ranks 0, 2 are in op #{op} \
+         all_reduce(sum, 1024 x f32)"
     );
+    let early = format!(
+        "rank 1 is in op #{op} all_reduce(sum, 512 x f32) but rank 0 is in op #{op} \
+         all_reduce(sum, 1024 x f32)"
+    );
+    assert!(headline == both || headline == early, "{all}");
     // The rank that died of it is no longer taken for a waiting one.
     assert!(!all.contains("wait for each other"), "{all}");
     // Named as the ranks fail, long before the hang timeout or the group's deadline.

@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,15 +34,6 @@ use crate::{CollectiveKind, Error, OpDesc};
 
 /// In [`FlightRecorder`]'s `turn`: the call did not wait for its turn.
 const AT_ONCE: u64 = 1 << 63;
-
-/// In [`FlightRecorder`]'s `broken`: the group has not broken.
-const INTACT: u8 = 0;
-/// The group broke while this rank ran no call; the request thread took the dump, and
-/// the first call refused for the break takes it again, to show what the rank was
-/// about to run.
-const DUMPED_IDLE: u8 = 1;
-/// The group broke and its dump shows the call that failed (or there was none to show).
-const DUMPED: u8 = 2;
 
 /// Calls kept by default (`RINGCCL_FLIGHT_ENTRIES`).
 pub const DEFAULT_FLIGHT_ENTRIES: usize = 2000;
@@ -143,12 +134,9 @@ pub struct FlightRecorder {
     live: LiveCall,
     beacon: Option<BeaconFile>,
     control: Weak<GroupControl>,
-    /// [`INTACT`], [`DUMPED_IDLE`] or [`DUMPED`]: once the dump is taken, later breaks
-    /// do not dump again, and the beacon stays behind for the diagnosis.
-    broken: AtomicU8,
-    /// Held while a break dump is written, so that the request thread's dump of an idle
-    /// rank never lands after the runner's.
-    break_writes: Mutex<()>,
+    /// The group broke and its dump was taken: later breaks do not dump again, and the
+    /// beacon stays behind for the diagnosis.
+    broken: AtomicBool,
     /// Times are read from the monotonic clock and written as Unix time: `epoch` was
     /// `epoch_us` microseconds after the Unix epoch.
     epoch: Instant,
@@ -208,8 +196,7 @@ impl FlightRecorder {
             live: LiveCall::default(),
             beacon,
             control,
-            broken: AtomicU8::new(INTACT),
-            break_writes: Mutex::new(()),
+            broken: AtomicBool::new(false),
             epoch: Instant::now(),
             epoch_us: now_us(),
         });
@@ -665,11 +652,10 @@ impl FlightRecorder {
 
     /// The group broke, for `reason`: the first time, with a directory, takes the dump
     /// (calls still running show as running), to be written by
-    /// [`FlightRecorder::write_break`] once the caller has released its locks. A dump
-    /// the request thread took while this rank ran no call is taken again, once.
+    /// [`FlightRecorder::write_break`] once the caller has released its locks.
     pub(crate) fn break_snapshot(&self, reason: &str) -> Option<FlightDump> {
         self.config.dir.as_ref()?;
-        if self.broken.swap(DUMPED, Ordering::AcqRel) == DUMPED {
+        if self.broken.swap(true, Ordering::AcqRel) {
             return None;
         }
         Some(self.snapshot(reason))
@@ -678,7 +664,6 @@ impl FlightRecorder {
     /// Writes a dump taken by [`FlightRecorder::break_snapshot`].
     pub(crate) fn write_break(&self, dump: Option<FlightDump>) {
         if let Some(dump) = dump {
-            let _writing = self.break_writes.lock().unwrap_or_else(|p| p.into_inner());
             self.write(&dump);
         }
     }
@@ -691,7 +676,7 @@ impl FlightRecorder {
         let Some(control) = self.control.upgrade() else {
             return;
         };
-        if !control.is_aborted() || self.broken.load(Ordering::Acquire) != INTACT {
+        if !control.is_aborted() || self.broken.load(Ordering::Acquire) {
             return;
         }
         let Some(record) = control.aborted() else {
@@ -704,19 +689,8 @@ impl FlightRecorder {
             "group broken: rank {} aborted the group: {}",
             record.origin, record.reason
         );
-        if self.config.dir.is_none()
-            || self
-                .broken
-                .compare_exchange(INTACT, DUMPED_IDLE, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
-            return;
-        }
-        let _writing = self.break_writes.lock().unwrap_or_else(|p| p.into_inner());
-        // A runner that took the dump meanwhile writes it after this, or has written it.
-        if self.broken.load(Ordering::Acquire) == DUMPED_IDLE {
-            self.write(&self.snapshot(&reason));
-        }
+        let dump = self.break_snapshot(&reason);
+        self.write_break(dump);
     }
 }
 
@@ -812,7 +786,7 @@ fn host_name() -> String {
 impl Drop for FlightRecorder {
     fn drop(&mut self) {
         if let Some(beacon) = &self.beacon {
-            if self.broken.load(Ordering::Acquire) == INTACT {
+            if !self.broken.load(Ordering::Acquire) {
                 beacon.remove();
             }
         }

@@ -174,8 +174,9 @@ impl<E: Engine> GroupRunner<E> {
         }
         if let Some(record) = self.control.aborted() {
             let error = self.abort_error(record);
-            // Recorded before the break dump is taken, so that it shows what this rank
-            // was about to run.
+            // The dump shows this rank as the break found it; the call is recorded
+            // after, as the op it would have been (a dump on request shows it).
+            let dump = self.break_group(&mut state, &error);
             match state.counter(sequence).map(|counter| *counter + 1) {
                 Some(seq) => {
                     let op = op.map(|op| OpDesc { seq, ..op });
@@ -183,7 +184,6 @@ impl<E: Engine> GroupRunner<E> {
                 }
                 None => self.flight.refused(sequence, &error),
             }
-            let dump = self.break_group(&mut state, &error);
             drop(state);
             self.flight.write_break(dump);
             return Err(error);

@@ -325,7 +325,7 @@ fn a_runner_records_what_it_runs_and_what_it_refuses() {
 }
 
 #[test]
-fn a_rank_idle_at_the_break_dumps_again_with_the_call_it_was_about_to_run() {
+fn a_rank_idle_at_the_break_keeps_its_dump_and_records_the_call_refused_after() {
     let dir = TempDir::new("idle-break");
     let control = GroupControl::new(2);
     let recorder = FlightRecorder::watching(
@@ -356,11 +356,16 @@ fn a_rank_idle_at_the_break_dumps_again_with_the_call_it_was_about_to_run() {
         "{}",
         idle.reason
     );
-    recorder.dump_if_aborted();
 
-    // Rank 2 then issues op #5; the runner refuses it and takes the dump again, once.
+    // Rank 2 then issues op #5, which the runner refuses: the break's dump stays as the
+    // break found the rank (idle, not in op #5), and the refusal is recorded with the
+    // number and description the call would have had.
     let call = recorder.issued("all_reduce");
     recorder.turn(call, false);
+    assert!(
+        recorder.break_snapshot("again").is_none(),
+        "one dump per break"
+    );
     let op = OpDesc::all_reduce(5, DType::F32, 1024, ReduceOp::Sum);
     let error = Error::GroupAborted {
         rank: 2,
@@ -368,19 +373,11 @@ fn a_rank_idle_at_the_break_dumps_again_with_the_call_it_was_about_to_run() {
         reason: "rank 1 is in op #5 ...".into(),
     };
     recorder.refused_as(Sequence::Collective, 5, Some(op), &error);
-    let dump = recorder.break_snapshot(&break_reason(&error));
-    assert!(
-        recorder.break_snapshot("again").is_none(),
-        "one dump per break"
-    );
-    recorder.write_break(dump);
-    let last = read();
-    let entry = &last.entries[1];
+    assert_eq!(read().entries.len(), 1);
+    let requested = recorder.snapshot("requested");
+    let entry = &requested.entries[1];
     assert_eq!(
         (entry.op, entry.description.as_str(), entry.state),
         (Some(5), "all_reduce(sum, 1024 x f32)", CallState::Failed)
     );
-    // Later aborts seen by the request thread leave it alone.
-    recorder.dump_if_aborted();
-    assert_eq!(read().entries.len(), 2);
 }
