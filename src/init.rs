@@ -98,7 +98,7 @@ pub(crate) struct GlooRecipe {
     /// Where the groups' flight recorders write, and how many calls they keep.
     pub(crate) flight_dir: Option<PathBuf>,
     pub(crate) flight_entries: usize,
-    /// How long a shared-memory wait spins before it sleeps.
+    /// How long a wait spins (shared memory) or busy-polls (TCP) before it sleeps.
     pub(crate) spin: Duration,
     /// This rank's trace file, shared by the groups formed from this one.
     pub(crate) trace: Option<Arc<TraceFile>>,
@@ -187,7 +187,7 @@ pub(crate) fn gloo_over_mesh(
             with_control_link(backend, control, dead_peer)?
         }
         None => {
-            let mut backend = host_backend(tcp, config, trace);
+            let mut backend = host_backend(tcp.with_spin(recipe.spin), config, trace);
             backend.configure_flight(recipe.flight(group, "tcp"));
             with_control_link(backend, control, dead_peer)?
         }

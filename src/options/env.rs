@@ -216,7 +216,7 @@ pub(crate) fn flight_entries(
         .transpose()
 }
 
-/// `RINGCCL_SPIN_US`, if set: how long a shared-memory wait spins before it sleeps,
+/// `RINGCCL_SPIN_US`, if set: how long a wait spins before it sleeps,
 /// in microseconds (0 to 10000).
 pub(crate) fn spin(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Duration>, Error> {
     lookup("RINGCCL_SPIN_US")

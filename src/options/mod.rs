@@ -76,7 +76,7 @@ pub struct InitOptions {
     /// Where this rank writes its Chrome trace (the timeline); `None` defers to
     /// `RINGCCL_TRACE`, then no trace.
     pub trace_dir: Option<PathBuf>,
-    /// How long a shared-memory wait spins before it sleeps; `None` defers to
+    /// How long a wait spins before it sleeps (both transports); `None` defers to
     /// `RINGCCL_SPIN_US`, then 50 µs.
     pub spin: Option<Duration>,
     store_listener: Option<StoreListener>,
@@ -333,10 +333,11 @@ impl InitOptions {
         self
     }
 
-    /// Sets how long a wait over shared memory spins (a busy core) before it sleeps on
-    /// the futex: at most 10 ms, 50 µs by default, zero to sleep at once. Spinning cuts
-    /// a few microseconds off each small message; the ranks never spin when they
-    /// outnumber the host's cores. Without this call, `RINGCCL_SPIN_US` (microseconds)
+    /// Sets how long a wait spins (a busy core) before it sleeps: over shared memory it
+    /// watches the rings, then sleeps on the futex; over TCP it busy-polls the sockets,
+    /// then sleeps in `poll(2)`. At most 10 ms, 50 µs by default, zero to sleep at once.
+    /// Spinning saves a wake-up (a context switch) per hop of each small message; the
+    /// ranks never spin when they outnumber the host's cores. Without this call, `RINGCCL_SPIN_US` (microseconds)
     /// applies.
     ///
     /// ```
@@ -434,7 +435,7 @@ impl InitOptions {
         }
     }
 
-    /// The shared-memory spin window: the setting in code, else `RINGCCL_SPIN_US`, else
+    /// The spin window: the setting in code, else `RINGCCL_SPIN_US`, else
     /// 50 µs.
     pub(crate) fn resolved_spin(&self) -> Result<Duration, Error> {
         match self.spin {

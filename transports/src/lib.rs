@@ -25,6 +25,7 @@ mod peer_watch;
 pub mod poll;
 mod setup_store;
 pub mod shm;
+mod spin;
 mod tcp;
 
 pub use control_link::ControlLink;

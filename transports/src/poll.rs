@@ -33,6 +33,17 @@ impl Interest {
 /// Sleeps until one of `interests` (at most two) is ready (or in error), or until
 /// `deadline`. Returns `false` when the deadline passed with nothing ready.
 pub fn wait_any(interests: &[Interest], deadline: Instant) -> io::Result<bool> {
+    poll_any(interests, Some(deadline))
+}
+
+/// Whether one of `interests` (at most two) is ready (or in error) now, without
+/// sleeping: one `poll(2)` with a zero timeout.
+pub fn ready_now(interests: &[Interest]) -> io::Result<bool> {
+    poll_any(interests, None)
+}
+
+/// [`wait_any`] until `deadline`, or [`ready_now`] without one.
+fn poll_any(interests: &[Interest], deadline: Option<Instant>) -> io::Result<bool> {
     let mut fds: [libc::pollfd; 2] = [libc::pollfd {
         fd: -1,
         events: 0,
@@ -49,11 +60,16 @@ pub fn wait_any(interests: &[Interest], deadline: Instant) -> io::Result<bool> {
         }
     }
     loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok(false);
-        }
-        let timeout_ms = millis_rounded_up(deadline - now);
+        let timeout_ms = match deadline {
+            Some(deadline) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Ok(false);
+                }
+                millis_rounded_up(deadline - now)
+            }
+            None => 0,
+        };
         // SAFETY: `fds` is a valid, initialised array of `pollfd` and `used` is at most its
         // length; poll only writes the `revents` fields of those entries.
         let rc = unsafe { libc::poll(fds.as_mut_ptr(), used as libc::nfds_t, timeout_ms) };
@@ -65,6 +81,9 @@ pub fn wait_any(interests: &[Interest], deadline: Instant) -> io::Result<bool> {
             if err.kind() != io::ErrorKind::Interrupted {
                 return Err(err);
             }
+        }
+        if rc == 0 && deadline.is_none() {
+            return Ok(false);
         }
         // rc == 0 (timer expired, possibly early by rounding) or EINTR: re-check the deadline.
     }

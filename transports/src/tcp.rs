@@ -11,7 +11,11 @@ use ringccl_collectives::{Closer, Readiness, Transport};
 use socket2::Socket;
 
 use crate::liveness::connection_lost;
-use crate::poll::{wait_any, Interest};
+use crate::poll::{ready_now, wait_any, Interest};
+use crate::spin::{host_cores, spin_window, DEFAULT_SPIN};
+
+/// While spinning, the clock is read once per this many looks at the sockets.
+const LOOKS_PER_CLOCK: u32 = 8;
 
 /// A connected full mesh of TCP connections between the ranks of one group, made from
 /// the rendezvous' handshaken connections.
@@ -20,6 +24,9 @@ pub struct TcpTransport {
     world_size: usize,
     /// Shared with the [`Closer`], which may shut them down from another thread.
     peers: Vec<Option<Arc<Socket>>>,
+    /// How long `wait` polls the sockets without sleeping before it sleeps in `poll(2)`
+    /// (zero: it sleeps at once).
+    spin: Duration,
 }
 
 impl TcpTransport {
@@ -46,7 +53,39 @@ impl TcpTransport {
             rank,
             world_size,
             peers,
+            spin: spin_window(DEFAULT_SPIN, world_size, host_cores()),
         })
+    }
+
+    /// Sets how long a wait busy-polls its sockets (a `poll(2)` with no timeout, over
+    /// and over) before it sleeps in `poll(2)` (at most
+    /// [`MAX_SPIN`](crate::shm::MAX_SPIN)). A wake-up from sleep costs a context switch
+    /// per hop; busy-polling answers the peer that much sooner, at the cost of a busy
+    /// core for the window. No wait spins when the group's ranks outnumber this host's
+    /// cores (all of them are counted as local: over several hosts, the rule errs
+    /// towards sleeping).
+    ///
+    /// ```no_run
+    /// # fn f(t: ringccl_transports::TcpTransport) {
+    /// let t = t.with_spin(std::time::Duration::from_micros(20));
+    /// assert!(t.spin() <= std::time::Duration::from_micros(20));
+    /// # }
+    /// ```
+    pub fn with_spin(mut self, window: Duration) -> TcpTransport {
+        self.spin = spin_window(window, self.world_size, host_cores());
+        self
+    }
+
+    /// How long a wait busy-polls before it sleeps, as [`TcpTransport::with_spin`] set
+    /// it (zero on an oversubscribed host).
+    ///
+    /// ```no_run
+    /// # fn f(t: ringccl_transports::TcpTransport) {
+    /// assert!(t.spin() <= ringccl_transports::shm::MAX_SPIN);
+    /// # }
+    /// ```
+    pub fn spin(&self) -> Duration {
+        self.spin
     }
 
     /// Whether `peer`'s connection has been closed or has failed (its process or host is
@@ -156,7 +195,22 @@ impl Transport for TcpTransport {
             };
             used += 1;
         }
-        Ok(if wait_any(&interests[..used], deadline)? {
+        let interests = &interests[..used];
+        if !self.spin.is_zero() {
+            let until = (Instant::now() + self.spin).min(deadline);
+            let mut looks = 0u32;
+            loop {
+                if ready_now(interests)? {
+                    return Ok(Readiness::Ready);
+                }
+                looks = looks.wrapping_add(1);
+                if looks % LOOKS_PER_CLOCK == 0 && Instant::now() >= until {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
+        Ok(if wait_any(interests, deadline)? {
             Readiness::Ready
         } else {
             Readiness::TimedOut
@@ -209,5 +263,40 @@ mod tests {
         let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let socket = configure(stream, Duration::from_secs(5)).unwrap();
         assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_spinning_wait_sees_data_that_arrives_during_and_after_its_window() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let theirs = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mine, _) = listener.accept().unwrap();
+        let window = Duration::from_millis(5);
+        let mut t = TcpTransport::new(0, vec![None, Some(mine)], Duration::from_secs(5))
+            .unwrap()
+            .with_spin(window);
+        assert!(t.spin() == window || host_cores() < 2, "{:?}", t.spin());
+
+        // Nothing comes: the wait spins, sleeps, and times out at its deadline.
+        let started = Instant::now();
+        let ready = t
+            .wait(None, Some(1), started + Duration::from_millis(60))
+            .unwrap();
+        assert_eq!(ready, Readiness::TimedOut);
+        assert!(started.elapsed() >= Duration::from_millis(60));
+
+        // A byte sent within the spin window, then one sent after it (the wait asleep).
+        for delay in [Duration::from_millis(1), Duration::from_millis(80)] {
+            let mut sender = theirs.try_clone().unwrap();
+            let writer = std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                std::io::Write::write_all(&mut sender, b"x").unwrap();
+            });
+            let deadline = Instant::now() + Duration::from_secs(10);
+            assert_eq!(t.wait(None, Some(1), deadline).unwrap(), Readiness::Ready);
+            writer.join().unwrap();
+            let mut byte = [0u8; 1];
+            let got = t.read_some(1, &mut [IoSliceMut::new(&mut byte)]).unwrap();
+            assert_eq!((got, byte), (1, *b"x"), "after {delay:?}");
+        }
     }
 }

@@ -75,6 +75,7 @@ use std::time::{Duration, Instant};
 
 use ringccl_collectives::{Closer, Readiness, Transport};
 
+use crate::spin::{host_cores, spin_window};
 use crate::TcpTransport;
 use ring::Rings;
 pub use ring::DEFAULT_RING_BYTES;
@@ -85,10 +86,7 @@ const LIVENESS_SLICE: Duration = Duration::from_millis(50);
 /// Shortest time between two looks at the peers' liveness (a `poll` per peer): a wait
 /// that sleeps often does not pay for one each time.
 const LIVENESS_EVERY: Duration = Duration::from_millis(2);
-/// How long a wait spins on the rings before it sleeps, unless told otherwise.
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
-/// The longest spin window accepted (`RINGCCL_SPIN_US`): beyond it, sleeping is cheaper.
-pub const MAX_SPIN: Duration = Duration::from_millis(10);
+pub use crate::spin::{DEFAULT_SPIN, MAX_SPIN};
 /// Spinning checks the clock once per this many looks at the rings.
 const LOOKS_PER_CLOCK: u32 = 32;
 
@@ -264,21 +262,6 @@ fn ready(rings: &Rings, me: usize, writable: Option<usize>, readable: Option<usi
         || writable.is_some_and(|p| rings.used(me, p) < rings.ring_bytes)
 }
 
-/// The spin window for `ranks` ranks on a host with `cores` cores: `wanted` (at most
-/// [`MAX_SPIN`]) while every rank can have a core, none otherwise.
-fn spin_window(wanted: Duration, ranks: usize, cores: usize) -> Duration {
-    if ranks > cores {
-        Duration::ZERO
-    } else {
-        wanted.min(MAX_SPIN)
-    }
-}
-
-/// The cores this process may run on (its affinity and CPU quota), 1 if unknown.
-fn host_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
-}
-
 impl fmt::Debug for ShmTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ShmTransport")
@@ -286,21 +269,5 @@ impl fmt::Debug for ShmTransport {
             .field("world_size", &self.tcp.world_size())
             .field("ring_bytes", &self.rings.ring_bytes)
             .finish_non_exhaustive()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranks_spin_only_while_each_has_a_core() {
-        let us = Duration::from_micros;
-        assert_eq!(spin_window(us(50), 2, 2), us(50));
-        assert_eq!(spin_window(us(50), 1, 1), us(50));
-        assert_eq!(spin_window(us(50), 3, 2), Duration::ZERO, "oversubscribed");
-        assert_eq!(spin_window(Duration::ZERO, 2, 8), Duration::ZERO);
-        assert_eq!(spin_window(Duration::from_secs(1), 2, 8), MAX_SPIN);
-        assert!(host_cores() >= 1);
     }
 }
