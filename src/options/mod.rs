@@ -336,9 +336,9 @@ impl InitOptions {
     /// Sets how long a wait spins (a busy core) before it sleeps: over shared memory it
     /// watches the rings, then sleeps on the futex; over TCP it busy-polls the sockets,
     /// then sleeps in `poll(2)`. At most 10 ms, 50 µs by default, zero to sleep at once.
-    /// Spinning saves a wake-up (a context switch) per hop of each small message; the
-    /// ranks never spin when they outnumber the host's cores. Without this call, `RINGCCL_SPIN_US` (microseconds)
-    /// applies.
+    /// Spinning saves a wake-up (a context switch) per hop of each small message; when
+    /// the ranks outnumber the host's cores, they yield the core between looks instead.
+    /// Without this call, `RINGCCL_SPIN_US` (microseconds) applies.
     ///
     /// ```
     /// use std::time::Duration;

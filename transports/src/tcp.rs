@@ -12,7 +12,7 @@ use socket2::Socket;
 
 use crate::liveness::connection_lost;
 use crate::poll::{ready_now, wait_any, Interest};
-use crate::spin::{host_cores, spin_window, DEFAULT_SPIN};
+use crate::spin::{host_cores, Spin, DEFAULT_SPIN};
 
 /// While spinning, the clock is read once per this many looks at the sockets.
 const LOOKS_PER_CLOCK: u32 = 8;
@@ -26,7 +26,7 @@ pub struct TcpTransport {
     peers: Vec<Option<Arc<Socket>>>,
     /// How long `wait` polls the sockets without sleeping before it sleeps in `poll(2)`
     /// (zero: it sleeps at once).
-    spin: Duration,
+    spin: Spin,
 }
 
 impl TcpTransport {
@@ -53,7 +53,7 @@ impl TcpTransport {
             rank,
             world_size,
             peers,
-            spin: spin_window(DEFAULT_SPIN, world_size, host_cores()),
+            spin: Spin::new(DEFAULT_SPIN, world_size, host_cores()),
         })
     }
 
@@ -61,9 +61,8 @@ impl TcpTransport {
     /// and over) before it sleeps in `poll(2)` (at most
     /// [`MAX_SPIN`](crate::shm::MAX_SPIN)). A wake-up from sleep costs a context switch
     /// per hop; busy-polling answers the peer that much sooner, at the cost of a busy
-    /// core for the window. No wait spins when the group's ranks outnumber this host's
-    /// cores (all of them are counted as local: over several hosts, the rule errs
-    /// towards sleeping).
+    /// core for the window. When the group's ranks outnumber this host's cores (all of
+    /// them counted as local), the wait yields its core between polls instead.
     ///
     /// ```no_run
     /// # fn f(t: ringccl_transports::TcpTransport) {
@@ -72,12 +71,12 @@ impl TcpTransport {
     /// # }
     /// ```
     pub fn with_spin(mut self, window: Duration) -> TcpTransport {
-        self.spin = spin_window(window, self.world_size, host_cores());
+        self.spin = Spin::new(window, self.world_size, host_cores());
         self
     }
 
     /// How long a wait busy-polls before it sleeps, as [`TcpTransport::with_spin`] set
-    /// it (zero on an oversubscribed host).
+    /// it.
     ///
     /// ```no_run
     /// # fn f(t: ringccl_transports::TcpTransport) {
@@ -85,7 +84,7 @@ impl TcpTransport {
     /// # }
     /// ```
     pub fn spin(&self) -> Duration {
-        self.spin
+        self.spin.window
     }
 
     /// Whether `peer`'s connection has been closed or has failed (its process or host is
@@ -196,18 +195,20 @@ impl Transport for TcpTransport {
             used += 1;
         }
         let interests = &interests[..used];
-        if !self.spin.is_zero() {
-            let until = (Instant::now() + self.spin).min(deadline);
+        let spin = self.spin;
+        if !spin.window.is_zero() {
+            let until = (Instant::now() + spin.window).min(deadline);
+            let looks_per_clock = spin.looks_per_clock(LOOKS_PER_CLOCK);
             let mut looks = 0u32;
             loop {
                 if ready_now(interests)? {
                     return Ok(Readiness::Ready);
                 }
                 looks = looks.wrapping_add(1);
-                if looks % LOOKS_PER_CLOCK == 0 && Instant::now() >= until {
+                if looks % looks_per_clock == 0 && Instant::now() >= until {
                     break;
                 }
-                std::hint::spin_loop();
+                spin.pause();
             }
         }
         Ok(if wait_any(interests, deadline)? {

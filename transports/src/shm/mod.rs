@@ -6,8 +6,8 @@
 //! bell; a reader copies out, publishes the new tail, then rings the writer's bell (space
 //! was freed); the bell costs a `FUTEX_WAKE` syscall only while that rank sleeps
 //! (`ring.rs` has the protocol and why no wake-up is lost). `wait` first spins on the
-//! rings for a short window (`RINGCCL_SPIN_US`, 50 µs by default; none when the host's
-//! ranks outnumber its cores), then sleeps on the rank's own bell in slices. Between
+//! rings for a short window (`RINGCCL_SPIN_US`, 50 µs by default; yielding its core
+//! between looks when the host's ranks outnumber its cores), then sleeps on the rank's own bell in slices. Between
 //! slices, and at most every `LIVENESS_EVERY`, it checks the peers' TCP connections,
 //! which stay open as the liveness channel: a process that dies closes them, and its
 //! peers report it instead of waiting for the deadline.
@@ -75,7 +75,7 @@ use std::time::{Duration, Instant};
 
 use ringccl_collectives::{Closer, Readiness, Transport};
 
-use crate::spin::{host_cores, spin_window};
+use crate::spin::{host_cores, Spin};
 use crate::TcpTransport;
 use ring::Rings;
 pub use ring::DEFAULT_RING_BYTES;
@@ -97,7 +97,7 @@ pub struct ShmTransport {
     rings: Rings,
     gone: Vec<bool>,
     /// How long `wait` spins before it sleeps (zero: it sleeps at once).
-    spin: Duration,
+    spin: Spin,
     /// When `wait` last looked at the peers' liveness.
     last_look: Instant,
 }
@@ -112,15 +112,15 @@ impl ShmTransport {
             tcp,
             rings: rings.0,
             gone: vec![false; n],
-            spin: spin_window(DEFAULT_SPIN, n, host_cores()),
+            spin: Spin::new(DEFAULT_SPIN, n, host_cores()),
             last_look: Instant::now(),
         }
     }
 
     /// Sets how long a wait spins on the rings before it sleeps on the futex (at most
     /// [`MAX_SPIN`]). Spinning answers a peer a few microseconds sooner at the cost of
-    /// a busy core for that long; it is skipped altogether when the ranks on this host
-    /// outnumber its cores, where a spinning rank would only delay the peer it waits for.
+    /// a busy core for that long; when the ranks on this host outnumber its cores, the
+    /// wait yields its core between looks instead of spinning (see `spin.rs`).
     ///
     /// ```no_run
     /// # fn f(t: ringccl_transports::ShmTransport) {
@@ -129,12 +129,12 @@ impl ShmTransport {
     /// # }
     /// ```
     pub fn with_spin(mut self, window: Duration) -> ShmTransport {
-        self.spin = spin_window(window, self.tcp.world_size(), host_cores());
+        self.spin = Spin::new(window, self.tcp.world_size(), host_cores());
         self
     }
 
-    /// How long a wait spins before it sleeps, as [`ShmTransport::with_spin`] set it
-    /// (zero on an oversubscribed host).
+    /// How long a wait spins (or yields) before it sleeps, as [`ShmTransport::with_spin`]
+    /// set it.
     ///
     /// ```no_run
     /// # fn f(t: ringccl_transports::ShmTransport) {
@@ -142,7 +142,7 @@ impl ShmTransport {
     /// # }
     /// ```
     pub fn spin(&self) -> Duration {
-        self.spin
+        self.spin.window
     }
 
     /// Whether one of `peers` has gone away, looking at their connections at most every
@@ -220,7 +220,9 @@ impl Transport for ShmTransport {
         deadline: Instant,
     ) -> io::Result<Readiness> {
         let me = self.rank();
-        let mut spin_until = (!self.spin.is_zero()).then(|| Instant::now() + self.spin);
+        let spin = self.spin;
+        let mut spin_until = (!spin.window.is_zero()).then(|| Instant::now() + spin.window);
+        let looks_per_clock = spin.looks_per_clock(LOOKS_PER_CLOCK);
         let mut looks = 0u32;
         loop {
             let seen = self.rings.bell(me).load(Ordering::Acquire);
@@ -228,9 +230,9 @@ impl Transport for ShmTransport {
                 return Ok(Readiness::Ready);
             }
             if let Some(until) = spin_until {
+                spin.pause();
                 looks = looks.wrapping_add(1);
-                if looks % LOOKS_PER_CLOCK != 0 {
-                    std::hint::spin_loop();
+                if looks % looks_per_clock != 0 {
                     continue;
                 }
                 let now = Instant::now();
