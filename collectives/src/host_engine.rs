@@ -14,6 +14,7 @@ use crate::schedule::{
     recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
     ring_reduce_scatter, segment, send_to, Schedule,
 };
+use crate::schedule_cache::{ScheduleCache, ScheduleKey};
 use crate::timeline::{self, CollectiveTrace, PeerTraffic};
 use crate::transport::Transport;
 use crate::wire::{Algorithm, MAX_FRAME_PAYLOAD};
@@ -83,12 +84,14 @@ pub struct HostEngine<T> {
     flight: Option<Arc<FlightRecorder>>,
     /// Where each call's span goes, when tracing is on.
     trace: Option<CollectiveTrace>,
+    /// The schedules of the last calls.
+    schedules: ScheduleCache,
 }
 
 /// What one call asks of the executor.
 struct Job<'a> {
     algorithm: Algorithm,
-    schedule: Schedule,
+    schedule: Arc<Schedule>,
     elem_size: usize,
     reduce: Option<(DType, ReduceOp)>,
     buf: &'a mut [u8],
@@ -114,6 +117,7 @@ impl<T: Transport> HostEngine<T> {
             control: None,
             flight: None,
             trace: None,
+            schedules: ScheduleCache::default(),
         }
     }
 
@@ -222,10 +226,20 @@ impl<T: Transport> Engine for HostEngine<T> {
                     .all_reduce_algo
                     .pick(count * es, cfg.small_all_reduce_max_bytes);
                 let schedule = match algorithm {
-                    Algorithm::RecursiveDoubling => {
-                        recursive_doubling_all_reduce(rank, n, count, es, chunk)
-                    }
-                    _ => ring_all_reduce(rank, n, count, es, chunk),
+                    Algorithm::RecursiveDoubling => self.schedules.get(
+                        ScheduleKey::RecursiveDoublingAllReduce {
+                            count,
+                            elem_size: es,
+                        },
+                        || recursive_doubling_all_reduce(rank, n, count, es, chunk),
+                    ),
+                    _ => self.schedules.get(
+                        ScheduleKey::RingAllReduce {
+                            count,
+                            elem_size: es,
+                        },
+                        || ring_all_reduce(rank, n, count, es, chunk),
+                    ),
                 };
                 let job = Job {
                     reduce: Some((dtype, reduce)),
@@ -237,16 +251,32 @@ impl<T: Transport> Engine for HostEngine<T> {
                 let (dtype, count) = (buf.dtype(), buf.len());
                 let es = dtype.size();
                 let job = if count * es <= cfg.tree_broadcast_max_bytes {
-                    let schedule = binomial_tree_broadcast(rank, n, root, count, es, chunk);
+                    let key = ScheduleKey::TreeBroadcast {
+                        root,
+                        count,
+                        elem_size: es,
+                    };
+                    let schedule = self.schedules.get(key, || {
+                        binomial_tree_broadcast(rank, n, root, count, es, chunk)
+                    });
                     plain(Algorithm::BinomialTree, schedule, dtype, buf.bytes_mut())
                 } else {
-                    let schedule = chain_broadcast(rank, n, root, count, es, chunk);
+                    let key = ScheduleKey::ChainBroadcast {
+                        root,
+                        count,
+                        elem_size: es,
+                    };
+                    let schedule = self
+                        .schedules
+                        .get(key, || chain_broadcast(rank, n, root, count, es, chunk));
                     plain(Algorithm::Chain, schedule, dtype, buf.bytes_mut())
                 };
                 self.run(op, job, deadline)
             }
             Request::Barrier => {
-                let schedule = dissemination_barrier(rank, n);
+                let schedule = self
+                    .schedules
+                    .get(ScheduleKey::Barrier, || dissemination_barrier(rank, n));
                 let job = plain(Algorithm::Dissemination, schedule, DType::U8, &mut []);
                 self.run(op, job, deadline)
             }
@@ -256,7 +286,15 @@ impl<T: Transport> Engine for HostEngine<T> {
                 root,
             } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
-                let schedule = ring_reduce(rank, n, root, count, dtype.size(), chunk);
+                let es = dtype.size();
+                let key = ScheduleKey::RingReduce {
+                    root,
+                    count,
+                    elem_size: es,
+                };
+                let schedule = self
+                    .schedules
+                    .get(key, || ring_reduce(rank, n, root, count, es, chunk));
                 let job = Job {
                     reduce: Some((dtype, reduce)),
                     ..plain(Algorithm::Ring, schedule, dtype, buf.bytes_mut())
@@ -268,7 +306,13 @@ impl<T: Transport> Engine for HostEngine<T> {
                 let es = dtype.size();
                 let own = segment(count, n, rank);
                 output.bytes_mut()[own.start * es..own.end * es].copy_from_slice(input.bytes());
-                let schedule = ring_all_gather(rank, n, count, es, chunk);
+                let key = ScheduleKey::AllGather {
+                    count,
+                    elem_size: es,
+                };
+                let schedule = self
+                    .schedules
+                    .get(key, || ring_all_gather(rank, n, count, es, chunk));
                 let job = plain(Algorithm::Ring, schedule, dtype, output.bytes_mut());
                 self.run(op, job, deadline)
             }
@@ -283,7 +327,13 @@ impl<T: Transport> Engine for HostEngine<T> {
                 // intact.
                 let mut work = aligned_copy(input.bytes());
                 let work_bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut work)[..count * es];
-                let schedule = ring_reduce_scatter(rank, n, count, es, chunk);
+                let key = ScheduleKey::ReduceScatter {
+                    count,
+                    elem_size: es,
+                };
+                let schedule = self
+                    .schedules
+                    .get(key, || ring_reduce_scatter(rank, n, count, es, chunk));
                 let job = Job {
                     reduce: Some((dtype, reduce)),
                     ..plain(Algorithm::Ring, schedule, dtype, &mut *work_bytes)
@@ -301,7 +351,13 @@ impl<T: Transport> Engine for HostEngine<T> {
                 let own = segment(count, n, rank);
                 let own_bytes = own.start * es..own.end * es;
                 output.bytes_mut()[own_bytes.clone()].copy_from_slice(&input.bytes()[own_bytes]);
-                let schedule = pairwise_all_to_all(rank, n, count, es, chunk);
+                let key = ScheduleKey::AllToAll {
+                    count,
+                    elem_size: es,
+                };
+                let schedule = self
+                    .schedules
+                    .get(key, || pairwise_all_to_all(rank, n, count, es, chunk));
                 let job = Job {
                     send_from: Some(input.bytes()),
                     ..plain(Algorithm::Pairwise, schedule, dtype, output.bytes_mut())
@@ -310,7 +366,13 @@ impl<T: Transport> Engine for HostEngine<T> {
             }
             Request::Send { buf, peer, .. } => {
                 let dtype = buf.dtype();
-                let schedule = send_to(peer, buf.len(), dtype.size(), chunk);
+                let (count, es) = (buf.len(), dtype.size());
+                let key = ScheduleKey::Send {
+                    peer,
+                    count,
+                    elem_size: es,
+                };
+                let schedule = self.schedules.get(key, || send_to(peer, count, es, chunk));
                 let job = Job {
                     send_from: Some(buf.bytes()),
                     ..plain(Algorithm::Direct, schedule, dtype, &mut [])
@@ -319,7 +381,15 @@ impl<T: Transport> Engine for HostEngine<T> {
             }
             Request::Recv { mut buf, peer, .. } => {
                 let dtype = buf.dtype();
-                let schedule = recv_from(peer, buf.len(), dtype.size(), chunk);
+                let (count, es) = (buf.len(), dtype.size());
+                let key = ScheduleKey::Recv {
+                    peer,
+                    count,
+                    elem_size: es,
+                };
+                let schedule = self
+                    .schedules
+                    .get(key, || recv_from(peer, count, es, chunk));
                 let job = plain(Algorithm::Direct, schedule, dtype, buf.bytes_mut());
                 self.run(op, job, deadline)
             }

@@ -26,6 +26,7 @@ mod op;
 mod op_desc;
 mod progress;
 pub mod schedule;
+mod schedule_cache;
 pub mod timeline;
 mod transport;
 pub mod wire;

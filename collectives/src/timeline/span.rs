@@ -3,6 +3,7 @@
 //! turned into JSON on the writer thread.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::schedule::Schedule;
@@ -115,7 +116,7 @@ enum Traffic {
     Unknown,
     Counted(Vec<PeerBytes>),
     Planned {
-        schedule: Schedule,
+        schedule: Arc<Schedule>,
         elem_size: usize,
     },
 }
@@ -133,7 +134,7 @@ impl PeerTraffic {
     }
 
     /// The bytes of `schedule`, run on elements of `elem_size` bytes, counted later.
-    pub(crate) fn planned(schedule: Schedule, elem_size: usize) -> PeerTraffic {
+    pub(crate) fn planned(schedule: Arc<Schedule>, elem_size: usize) -> PeerTraffic {
         PeerTraffic(Traffic::Planned {
             schedule,
             elem_size,
