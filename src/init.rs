@@ -73,6 +73,9 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     if let Some(bytes) = opts.small_all_reduce_max_bytes {
         config.small_all_reduce_max_bytes = bytes;
     }
+    if let Some(bytes) = opts.mid_all_reduce_max_bytes {
+        config.mid_all_reduce_max_bytes = bytes;
+    }
     let recipe = GlooRecipe {
         config,
         kind: opts.resolved_transport()?,
@@ -245,6 +248,7 @@ fn log_summary(
         address = %address,
         all_reduce = ?config.all_reduce_algo,
         recursive_doubling_up_to = config.small_all_reduce_max_bytes,
+        halving_doubling_up_to = config.mid_all_reduce_max_bytes,
         tree_broadcast_up_to = config.tree_broadcast_max_bytes,
         chunk_bytes = config.chunk_bytes,
         timeout = ?config.timeout,

@@ -265,8 +265,8 @@ fn assert_identical(lines: &[Vec<String>]) {
 }
 
 /// As threads: the whole matrix with the ring forced, then the all-reduce matrix again
-/// with recursive doubling forced (at every size). The process variant runs with the
-/// automatic choice.
+/// with recursive doubling forced, and with halving-doubling forced (at every size). The
+/// process variant runs with the automatic choice.
 fn threads_matrix(n: usize) {
     let _guard = heavy_lock();
     let started = Instant::now();
@@ -288,10 +288,23 @@ fn threads_matrix(n: usize) {
         lines[0][..rd[0].len()],
         "ring and recursive doubling disagree"
     );
+    let hd = run_threads_with(
+        n,
+        GROUP_TIMEOUT,
+        algo(AllReduceAlgo::HalvingDoubling),
+        |pg| all_reduce_matrix(&pg),
+    );
+    assert_identical(&hd);
+    assert_eq!(
+        hd[0][..],
+        rd[0][..],
+        "halving-doubling and recursive doubling disagree"
+    );
     eprintln!(
-        "threads n={n}: {} + {} cases in {:?}",
+        "threads n={n}: {} + {} + {} cases in {:?}",
         lines[0].len(),
         rd[0].len(),
+        hd[0].len(),
         started.elapsed()
     );
 }

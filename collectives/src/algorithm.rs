@@ -13,25 +13,51 @@ use crate::Error;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum AllReduceAlgo {
-    /// Recursive doubling up to `HostConfig::small_all_reduce_max_bytes`, ring above.
+    /// Recursive doubling up to `HostConfig::small_all_reduce_max_bytes`, halving-doubling
+    /// up to `HostConfig::mid_all_reduce_max_bytes` (with four ranks or more), ring above.
     #[default]
     Auto,
     /// Always the pipelined ring (bandwidth-optimal).
     Ring,
     /// Always recursive doubling (latency-optimal: ⌈log2 N⌉ steps).
     RecursiveDoubling,
+    /// Always Rabenseifner's halving-doubling: the ring's bytes in 2·log2 N steps.
+    HalvingDoubling,
 }
 
 impl AllReduceAlgo {
     /// The names accepted by [`FromStr`] (and the `RINGCCL_ALGO` variable).
-    pub const NAMES: &'static str = "auto, ring, recursive_doubling (or rd)";
+    pub const NAMES: &'static str =
+        "auto, ring, recursive_doubling (or rd), halving_doubling (or hd)";
 
-    /// The schedule to run for a buffer of `bytes` bytes.
-    pub fn pick(self, bytes: usize, small_max_bytes: usize) -> Algorithm {
+    /// The schedule to run for a buffer of `bytes` bytes over `ranks` ranks: under
+    /// `Auto`, recursive doubling up to `small_max_bytes`, then halving-doubling up to
+    /// `mid_max_bytes` where it takes fewer steps than the ring (four ranks or more),
+    /// then the ring.
+    ///
+    /// ```
+    /// use ringccl_collectives::{wire::Algorithm, AllReduceAlgo};
+    /// let auto = AllReduceAlgo::Auto;
+    /// assert_eq!(auto.pick(8, 4, 100, 1000), Algorithm::RecursiveDoubling);
+    /// assert_eq!(auto.pick(500, 4, 100, 1000), Algorithm::HalvingDoubling);
+    /// assert_eq!(auto.pick(500, 2, 100, 1000), Algorithm::Ring);
+    /// assert_eq!(auto.pick(5000, 4, 100, 1000), Algorithm::Ring);
+    /// ```
+    pub fn pick(
+        self,
+        bytes: usize,
+        ranks: usize,
+        small_max_bytes: usize,
+        mid_max_bytes: usize,
+    ) -> Algorithm {
         match self {
             AllReduceAlgo::Ring => Algorithm::Ring,
             AllReduceAlgo::RecursiveDoubling => Algorithm::RecursiveDoubling,
+            AllReduceAlgo::HalvingDoubling => Algorithm::HalvingDoubling,
             AllReduceAlgo::Auto if bytes <= small_max_bytes => Algorithm::RecursiveDoubling,
+            AllReduceAlgo::Auto if bytes <= mid_max_bytes && ranks >= 4 => {
+                Algorithm::HalvingDoubling
+            }
             AllReduceAlgo::Auto => Algorithm::Ring,
         }
     }
@@ -45,6 +71,7 @@ impl FromStr for AllReduceAlgo {
             "auto" => Ok(AllReduceAlgo::Auto),
             "ring" => Ok(AllReduceAlgo::Ring),
             "recursive_doubling" | "rd" => Ok(AllReduceAlgo::RecursiveDoubling),
+            "halving_doubling" | "hd" | "rabenseifner" => Ok(AllReduceAlgo::HalvingDoubling),
             _ => Err(Error::InvalidArgument(format!(
                 "unknown all-reduce algorithm {s:?}: valid names are {}",
                 AllReduceAlgo::NAMES
@@ -59,6 +86,7 @@ impl fmt::Display for AllReduceAlgo {
             AllReduceAlgo::Auto => "auto",
             AllReduceAlgo::Ring => "ring",
             AllReduceAlgo::RecursiveDoubling => "recursive_doubling",
+            AllReduceAlgo::HalvingDoubling => "halving_doubling",
         })
     }
 }
@@ -84,15 +112,25 @@ mod tests {
         let err = "tree".parse::<AllReduceAlgo>().unwrap_err();
         assert!(err.to_string().contains("auto, ring"), "{err}");
         assert_eq!(
-            AllReduceAlgo::Auto.pick(100, 100),
+            AllReduceAlgo::Auto.pick(100, 4, 100, 200),
             Algorithm::RecursiveDoubling
         );
-        assert_eq!(AllReduceAlgo::Auto.pick(101, 100), Algorithm::Ring);
-        assert_eq!(AllReduceAlgo::Ring.pick(1, 100), Algorithm::Ring);
+        assert_eq!(
+            AllReduceAlgo::Auto.pick(101, 4, 100, 200),
+            Algorithm::HalvingDoubling
+        );
+        assert_eq!(AllReduceAlgo::Auto.pick(101, 3, 100, 200), Algorithm::Ring);
+        assert_eq!(AllReduceAlgo::Auto.pick(201, 4, 100, 200), Algorithm::Ring);
+        assert_eq!(AllReduceAlgo::Ring.pick(1, 4, 100, 200), Algorithm::Ring);
+        assert_eq!(
+            "HD".parse::<AllReduceAlgo>().unwrap(),
+            AllReduceAlgo::HalvingDoubling
+        );
         for algo in [
             AllReduceAlgo::Auto,
             AllReduceAlgo::Ring,
             AllReduceAlgo::RecursiveDoubling,
+            AllReduceAlgo::HalvingDoubling,
         ] {
             assert_eq!(algo.to_string().parse::<AllReduceAlgo>().unwrap(), algo);
         }

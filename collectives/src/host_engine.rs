@@ -10,9 +10,9 @@ use crate::executor::{execute, Call};
 use crate::flight::FlightRecorder;
 use crate::group::{Deadline, Engine, GroupRunner, Request};
 use crate::schedule::{
-    binomial_tree_broadcast, chain_broadcast, dissemination_barrier, pairwise_all_to_all,
-    recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
-    ring_reduce_scatter, segment, send_to, Schedule,
+    binomial_tree_broadcast, chain_broadcast, dissemination_barrier, halving_doubling_all_reduce,
+    pairwise_all_to_all, recursive_doubling_all_reduce, recv_from, ring_all_gather,
+    ring_all_reduce, ring_reduce, ring_reduce_scatter, segment, send_to, Schedule,
 };
 use crate::schedule_cache::{ScheduleCache, ScheduleKey};
 use crate::timeline::{self, CollectiveTrace, PeerTraffic};
@@ -33,10 +33,15 @@ pub struct HostConfig {
     pub all_reduce_algo: AllReduceAlgo,
     /// With [`AllReduceAlgo::Auto`], all-reduces up to this size use recursive doubling.
     pub small_all_reduce_max_bytes: usize,
+    /// With [`AllReduceAlgo::Auto`] and four ranks or more, larger all-reduces up to this
+    /// size use halving-doubling; the ring above.
+    pub mid_all_reduce_max_bytes: usize,
 }
 
 /// Default crossover between recursive doubling and the ring; see docs/benchmarks.md.
 pub const DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES: usize = 32 * 1024;
+/// Default crossover between halving-doubling and the ring; see docs/benchmarks.md.
+pub const DEFAULT_MID_ALL_REDUCE_MAX_BYTES: usize = 4 * 1024 * 1024;
 
 impl Default for HostConfig {
     fn default() -> HostConfig {
@@ -46,6 +51,7 @@ impl Default for HostConfig {
             tree_broadcast_max_bytes: 64 * 1024,
             all_reduce_algo: AllReduceAlgo::Auto,
             small_all_reduce_max_bytes: DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
+            mid_all_reduce_max_bytes: DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
         }
     }
 }
@@ -222,9 +228,12 @@ impl<T: Transport> Engine for HostEngine<T> {
             } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
                 let es = dtype.size();
-                let algorithm = cfg
-                    .all_reduce_algo
-                    .pick(count * es, cfg.small_all_reduce_max_bytes);
+                let algorithm = cfg.all_reduce_algo.pick(
+                    count * es,
+                    n,
+                    cfg.small_all_reduce_max_bytes,
+                    cfg.mid_all_reduce_max_bytes,
+                );
                 let schedule = match algorithm {
                     Algorithm::RecursiveDoubling => self.schedules.get(
                         ScheduleKey::RecursiveDoublingAllReduce {
@@ -232,6 +241,13 @@ impl<T: Transport> Engine for HostEngine<T> {
                             elem_size: es,
                         },
                         || recursive_doubling_all_reduce(rank, n, count, es, chunk),
+                    ),
+                    Algorithm::HalvingDoubling => self.schedules.get(
+                        ScheduleKey::HalvingDoublingAllReduce {
+                            count,
+                            elem_size: es,
+                        },
+                        || halving_doubling_all_reduce(rank, n, count, es, chunk),
                     ),
                     _ => self.schedules.get(
                         ScheduleKey::RingAllReduce {

@@ -40,7 +40,10 @@ pub use group::{
     validate_peer, Deadline, Engine, GroupRunner, Request, Sequence, ABORT_NOTICE_GRACE,
     PEER_FAILURE_GRACE,
 };
-pub use host_engine::{HostBackend, HostConfig, HostEngine, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES};
+pub use host_engine::{
+    HostBackend, HostConfig, HostEngine, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
+    DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
+};
 pub use memory_transport::{MemoryConfig, MemoryTransport};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};

@@ -23,6 +23,10 @@ pub(crate) enum ScheduleKey {
         count: usize,
         elem_size: usize,
     },
+    HalvingDoublingAllReduce {
+        count: usize,
+        elem_size: usize,
+    },
     TreeBroadcast {
         root: usize,
         count: usize,

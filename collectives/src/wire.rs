@@ -60,10 +60,13 @@ pub enum Algorithm {
     /// The device library's own schedule (NCCL picks it); never in a frame, only in what
     /// a rank tells a peer that asks what it is doing.
     Device,
+    /// Rabenseifner's halving-doubling all-reduce (reduce-scatter by recursive halving,
+    /// all-gather by recursive doubling).
+    HalvingDoubling,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 8] = [
+    const ALL: [Algorithm; 9] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::BinomialTree,
@@ -72,6 +75,7 @@ impl Algorithm {
         Algorithm::Pairwise,
         Algorithm::Direct,
         Algorithm::Device,
+        Algorithm::HalvingDoubling,
     ];
 
     /// Stable one-byte code used on the wire.
@@ -85,6 +89,7 @@ impl Algorithm {
             Algorithm::Pairwise => 5,
             Algorithm::Direct => 6,
             Algorithm::Device => 7,
+            Algorithm::HalvingDoubling => 8,
         }
     }
 
@@ -104,6 +109,7 @@ impl Algorithm {
             Algorithm::Pairwise => "pairwise exchange",
             Algorithm::Direct => "direct",
             Algorithm::Device => "device library",
+            Algorithm::HalvingDoubling => "halving-doubling",
         }
     }
 }

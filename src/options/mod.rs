@@ -57,6 +57,9 @@ pub struct InitOptions {
     pub all_reduce_algo: Option<AllReduceAlgo>,
     /// Largest all-reduce that auto runs with recursive doubling, if overridden.
     pub small_all_reduce_max_bytes: Option<usize>,
+    /// Largest all-reduce that auto runs with halving-doubling (four ranks or more), if
+    /// overridden.
+    pub mid_all_reduce_max_bytes: Option<usize>,
     /// The transport chosen in code; `None` defers to `RINGCCL_TRANSPORT`, then auto.
     pub transport: Option<TransportKind>,
     /// The CUDA device override of the `"nccl"` backend.
@@ -101,6 +104,7 @@ impl InitOptions {
             chunk_bytes: None,
             all_reduce_algo: None,
             small_all_reduce_max_bytes: None,
+            mid_all_reduce_max_bytes: None,
             transport: None,
             device: None,
             auth_token: None,
@@ -214,6 +218,19 @@ impl InitOptions {
     /// ```
     pub fn small_all_reduce_max_bytes(mut self, bytes: usize) -> InitOptions {
         self.small_all_reduce_max_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets the largest all-reduce that [`AllReduceAlgo::Auto`] runs with
+    /// halving-doubling when the group has four ranks or more (default 4 MiB; the ring
+    /// above). Every rank must use the same value.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").mid_all_reduce_max_bytes(1 << 20);
+    /// assert_eq!(opts.mid_all_reduce_max_bytes, Some(1 << 20));
+    /// ```
+    pub fn mid_all_reduce_max_bytes(mut self, bytes: usize) -> InitOptions {
+        self.mid_all_reduce_max_bytes = Some(bytes);
         self
     }
 

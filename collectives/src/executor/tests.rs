@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::schedule::{
-    binomial_tree_broadcast, chain_broadcast, dissemination_barrier, pairwise_all_to_all,
-    recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
-    ring_reduce_scatter, segment, send_to, SendStep,
+    binomial_tree_broadcast, chain_broadcast, dissemination_barrier, halving_doubling_all_reduce,
+    pairwise_all_to_all, recursive_doubling_all_reduce, recv_from, ring_all_gather,
+    ring_all_reduce, ring_reduce, ring_reduce_scatter, segment, send_to, SendStep,
 };
 use crate::{CollectiveKind, MemoryConfig, MemoryTransport};
 
@@ -149,6 +149,7 @@ fn every_collective(me: &mut Rank, count: usize) -> Results {
     let all_reduce = |me: &mut Rank, name, algorithm, value, op| {
         let schedule = match algorithm {
             Algorithm::Ring => ring_all_reduce(rank, n, count, 4, chunk),
+            Algorithm::HalvingDoubling => halving_doubling_all_reduce(rank, n, count, 4, chunk),
             _ => recursive_doubling_all_reduce(rank, n, count, 4, chunk),
         };
         let mut buf = inputs(rank, count, value);
@@ -181,6 +182,10 @@ fn every_collective(me: &mut Rank, count: usize) -> Results {
     let rd = Algorithm::RecursiveDoubling;
     out.push(all_reduce(me, "rd sum", rd, exact, ReduceOp::Sum));
     out.push(all_reduce(me, "rd noisy", rd, noisy, ReduceOp::Sum));
+    let hd = Algorithm::HalvingDoubling;
+    out.push(all_reduce(me, "hd sum", hd, exact, ReduceOp::Sum));
+    out.push(all_reduce(me, "hd avg", hd, exact, ReduceOp::Avg));
+    out.push(all_reduce(me, "hd noisy", hd, noisy, ReduceOp::Sum));
 
     let root = n / 2;
     for (name, algorithm, schedule) in [
@@ -307,9 +312,13 @@ fn check(n: usize, count: usize, results: &[Results], what: &str) {
             let replicated = |i: usize| &results[0].iter().find(|(m, _)| m == name).unwrap().1[i];
             for (i, &got) in buf.iter().enumerate() {
                 match *name {
-                    "ring sum" | "rd sum" => assert_eq!(got, exact_sum(n, i), "{}", at(i)),
-                    "ring avg" => assert_eq!(got, exact_sum(n, i) / n as f32, "{}", at(i)),
-                    "ring noisy" | "rd noisy" => {
+                    "ring sum" | "rd sum" | "hd sum" => {
+                        assert_eq!(got, exact_sum(n, i), "{}", at(i))
+                    }
+                    "ring avg" | "hd avg" => {
+                        assert_eq!(got, exact_sum(n, i) / n as f32, "{}", at(i))
+                    }
+                    "ring noisy" | "rd noisy" | "hd noisy" => {
                         let want: f64 = (0..n).map(|q| f64::from(noisy(q, i))).sum();
                         assert!((f64::from(got) - want).abs() < 64.0, "{}: {got}", at(i));
                         let first = replicated(i);

@@ -96,6 +96,7 @@ pub fn algorithm_label(algorithm: Algorithm) -> &'static str {
         Algorithm::Pairwise => "pairwise",
         Algorithm::Direct => "direct",
         Algorithm::Device => "device",
+        Algorithm::HalvingDoubling => "halving_doubling",
     }
 }
 
