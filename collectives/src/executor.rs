@@ -6,7 +6,9 @@
 //! says. One thread drives both directions with non-blocking calls: it writes the next
 //! ready send straight from the caller's buffer (header and payload in one vectored
 //! write), reads the next receive (straight into the caller's buffer for a store, into a
-//! scratch chunk for a reduction), checks each frame header, reduces finished chunks, and
+//! scratch chunk for a reduction; a store of at most 4 KiB is read whole, header and
+//! payload in one read, into a staging area first), checks each frame header, reduces
+//! finished chunks, and
 //! sleeps in [`Transport::wait`] only when nothing moved. No busy-spinning, no extra
 //! copies of the payload beyond the one the kernel makes.
 
@@ -54,11 +56,17 @@ pub(crate) fn execute<T: Transport + ?Sized>(
     send_from: Option<&[u8]>,
     scratch: &mut Vec<u64>,
 ) -> Result<(), Error> {
-    let scratch_words = (schedule.max_reduce_len() * call.elem_size).div_ceil(8);
+    // Reduction operands first, then the staging area of small stored frames: a stored
+    // frame is read whole, header and payload in one read (one system call over TCP),
+    // and copied into the caller's buffer once its header has been checked and its last
+    // byte has arrived.
+    let reduce_bytes = (schedule.max_reduce_len() * call.elem_size).next_multiple_of(8);
+    let scratch_words = (reduce_bytes + STAGED_MAX) / 8;
     if scratch.len() < scratch_words {
         scratch.resize(scratch_words, 0);
     }
     let scratch: &mut [u8] = bytemuck::cast_slice_mut(scratch.as_mut_slice());
+    let (scratch, staged) = scratch.split_at_mut(reduce_bytes);
     let mut progress = Progress::new(schedule, call.elem_size);
     let mut outgoing = [0u8; FRAME_HEADER_LEN];
     let mut incoming = [0u8; FRAME_HEADER_LEN];
@@ -104,25 +112,29 @@ pub(crate) fn execute<T: Transport + ?Sized>(
         loop {
             if let Some(recv) = progress.next_recv() {
                 let len = recv.payload.len();
+                let staging = recv.into == Destination::Buffer && len <= STAGED_MAX;
                 let dest: &mut [u8] = match recv.into {
+                    Destination::Buffer if staging => &mut staged[..len],
                     Destination::Buffer => &mut buf[recv.payload.clone()],
                     Destination::Scratch => &mut scratch[..len],
                 };
-                let read = if recv.done < FRAME_HEADER_LEN && recv.into == Destination::Buffer {
-                    // The caller's buffer is written only once the header shows the frame
-                    // belongs to this call: a mismatched frame never lands in it.
-                    let mut iov = [IoSliceMut::new(&mut incoming[recv.done..])];
-                    transport.read_some(recv.peer, &mut iov)
-                } else if recv.done < FRAME_HEADER_LEN {
-                    let mut iov = [
-                        IoSliceMut::new(&mut incoming[recv.done..]),
-                        IoSliceMut::new(dest),
-                    ];
-                    transport.read_some(recv.peer, &mut iov)
-                } else {
-                    let mut iov = [IoSliceMut::new(&mut dest[recv.done - FRAME_HEADER_LEN..])];
-                    transport.read_some(recv.peer, &mut iov)
-                };
+                let read =
+                    if recv.done < FRAME_HEADER_LEN && recv.into == Destination::Buffer && !staging
+                    {
+                        // The caller's buffer is written only once the header shows the frame
+                        // belongs to this call: a mismatched frame never lands in it.
+                        let mut iov = [IoSliceMut::new(&mut incoming[recv.done..])];
+                        transport.read_some(recv.peer, &mut iov)
+                    } else if recv.done < FRAME_HEADER_LEN {
+                        let mut iov = [
+                            IoSliceMut::new(&mut incoming[recv.done..]),
+                            IoSliceMut::new(dest),
+                        ];
+                        transport.read_some(recv.peer, &mut iov)
+                    } else {
+                        let mut iov = [IoSliceMut::new(&mut dest[recv.done - FRAME_HEADER_LEN..])];
+                        transport.read_some(recv.peer, &mut iov)
+                    };
                 match read {
                     Ok(0) => {
                         return Err(peer_lost(
@@ -146,6 +158,10 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                 if progress.header_unchecked() {
                     check_header(call, recv.peer, &incoming, len)?;
                     progress.header_checked();
+                }
+                let arrived = matches!(read, Ok(n) if recv.done + n == recv.frame_len());
+                if staging && arrived {
+                    buf[recv.payload.clone()].copy_from_slice(&staged[..len]);
                 }
                 continue;
             }
@@ -217,6 +233,9 @@ pub(crate) fn execute<T: Transport + ?Sized>(
         }
     }
 }
+
+/// The largest stored frame payload read whole through the executor's staging buffer.
+const STAGED_MAX: usize = 4096;
 
 fn check_header(
     call: &Call<'_>,

@@ -84,8 +84,7 @@ pub(crate) struct RecvNow {
 }
 
 impl RecvNow {
-    /// Length of the whole frame, header included (for message-granular drivers).
-    #[cfg(test)]
+    /// Length of the whole frame, header included.
     pub(crate) fn frame_len(&self) -> usize {
         FRAME_HEADER_LEN + self.payload.len()
     }
