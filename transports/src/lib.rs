@@ -11,6 +11,8 @@
 //! - [`ShmTransport`]: futex-signalled rings under `/dev/shm` ([`shm::set_up`] builds
 //!   them collectively), with the TCP connections kept as a liveness channel.
 //! - [`poll`]: sleeping until a socket is ready.
+//! - `spin.rs`: the spin window both transports share (`RINGCCL_SPIN_US`): spin
+//!   between looks while every rank has a core, yield the core when they outnumber it.
 //! - [`liveness`]: is a peer's process still there?
 //! - [`WatchedStore`]: waiting on the store during start-up while watching the peers
 //!   ([`PeerWatch`]), so a peer that dies is named at once ([`PeerGone`]).
