@@ -29,11 +29,18 @@ fn cpu_time() -> Duration {
 /// Rank 0 enters a barrier at once, rank 1 after [`LATE`]; rank 0 prints the CPU time it
 /// used while it waited, and the wall time. Returns (cpu, wall) in the parent.
 fn waiting_rank_cpu(test: &str, transport: &str) -> Option<(Duration, Duration)> {
+    waiting_rank_cpu_of(test, transport, 2)
+}
+
+/// [`waiting_rank_cpu`] with `ranks` ranks (every rank but rank 1 waits).
+fn waiting_rank_cpu_of(test: &str, transport: &str, ranks: usize) -> Option<(Duration, Duration)> {
     if let Some(pg) = child_group(test) {
         pg.barrier().expect("first barrier");
         if pg.rank() == 1 {
             std::thread::sleep(LATE);
             pg.barrier().expect("late barrier");
+        } else if pg.rank() > 1 {
+            pg.barrier().expect("waiting barrier");
         } else {
             let (cpu, wall) = (cpu_time(), Instant::now());
             pg.barrier().expect("waiting barrier");
@@ -48,7 +55,7 @@ fn waiting_rank_cpu(test: &str, transport: &str) -> Option<(Duration, Duration)>
         return None;
     }
     let _guard = heavy_lock();
-    let results = run_processes_with_env(test, 2, &[("RINGCCL_TRANSPORT", transport)]);
+    let results = run_processes_with_env(test, ranks, &[("RINGCCL_TRANSPORT", transport)]);
     let line = results[0].first().expect("rank 0's figures");
     let mut figures = line
         .split(' ')
@@ -92,5 +99,31 @@ fn a_rank_waiting_over_shared_memory_sleeps() {
 fn a_rank_waiting_over_tcp_sleeps() {
     if let Some((cpu, wall)) = waiting_rank_cpu("a_rank_waiting_over_tcp_sleeps", "tcp") {
         assert_idle("tcp", cpu, wall);
+    }
+}
+
+/// More ranks than cores: the waits yield their core between looks for the spin window
+/// instead of spinning, and then sleep all the same.
+#[test]
+fn ranks_that_outnumber_the_cores_sleep_too() {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let ranks = cores + 1;
+    if ranks > 5 {
+        eprintln!(
+            "skipped: this host has {cores} cores; oversubscribing it takes {ranks} ranks, more \
+             than this test starts on a shared machine"
+        );
+        return;
+    }
+    for transport in ["tcp", "shm"] {
+        if transport == "shm" && !std::path::Path::new("/dev/shm").is_dir() {
+            eprintln!("skipped shm: no /dev/shm on this machine");
+            continue;
+        }
+        let test = "ranks_that_outnumber_the_cores_sleep_too";
+        let Some((cpu, wall)) = waiting_rank_cpu_of(test, transport, ranks) else {
+            return;
+        };
+        assert_idle(transport, cpu, wall);
     }
 }
