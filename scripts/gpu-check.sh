@@ -101,6 +101,11 @@ run() {
         --np 2 -b 8 -e 16M -f 16 --budget 0.3
     step "bench gloo device memory 4 ranks" "$out/ringccl-bench" --backend gloo --memory device \
         --np 4 -b 8 -e 16M -f 16 -d all --budget 0.2
+    # NCCL calls on the timeline: one span per call, algorithm "device library".
+    trace_dir="$out/trace"
+    rm -rf "$trace_dir"
+    step "nccl timeline" sh -c "RINGCCL_TRACE='$trace_dir' '$out/ringccl-bench' --backend nccl \
+        --np 1 -b 8 -e 1K -n 20 && grep -l 'device library' '$trace_dir'/*.json"
     echo
     echo "=== gpu-check summary"
     printf '%s\n' "${summary[@]}"

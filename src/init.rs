@@ -290,7 +290,9 @@ fn start_nccl(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
         group: MAIN_GROUP.into(),
         transport: "nccl",
     };
-    // NCCL's calls are not on the timeline yet; the trainer's and DDP's rows are.
+    config.trace = trace
+        .as_ref()
+        .map(|file| CollectiveTrace::new(file.new_row("collectives"), "nccl"));
     let hold = trace.as_ref().map(TraceFile::hold);
     Ok(
         ProcessGroup::from_nccl(Arc::new(ringccl_nccl::NcclBackend::connect(config)?))

@@ -1,6 +1,7 @@
 //! What joining an NCCL communicator needs to know, besides the mesh.
 
 use ringccl_collectives::flight::FlightConfig;
+use ringccl_collectives::timeline::CollectiveTrace;
 use ringccl_rendezvous::MeshConfig;
 
 /// The settings of [`NcclBackend::connect`](crate::NcclBackend::connect): how to reach
@@ -17,6 +18,8 @@ pub struct NcclConfig {
     pub local_rank: Option<usize>,
     /// The group's flight recorder: how many calls it keeps, where its files go.
     pub flight: FlightConfig,
+    /// Where each call's span goes on the timeline (`RINGCCL_TRACE`), if anywhere.
+    pub trace: Option<CollectiveTrace>,
 }
 
 impl NcclConfig {
@@ -30,6 +33,7 @@ impl NcclConfig {
                 transport: "nccl",
                 ..FlightConfig::default()
             },
+            trace: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaStream;
 use ringccl_collectives::control::GroupControl;
 use ringccl_collectives::flight::FlightRecorder;
+use ringccl_collectives::timeline::CollectiveTrace;
 use ringccl_collectives::wire::Algorithm;
 use ringccl_collectives::{
     CollectiveKind, DType, Deadline, Engine, Error, OpDesc, ReduceOp, Request, Transport,
@@ -39,6 +40,8 @@ pub struct NcclEngine {
     control: Option<Arc<GroupControl>>,
     /// The group's flight recorder, once a runner has taken the engine.
     flight: Option<Arc<FlightRecorder>>,
+    /// Where each call's span goes, when tracing is on.
+    pub(super) trace: Option<CollectiveTrace>,
 }
 
 impl NcclEngine {
@@ -60,6 +63,7 @@ impl NcclEngine {
             timeout,
             control: None,
             flight: None,
+            trace: None,
         }
     }
 
@@ -161,12 +165,17 @@ impl NcclEngine {
             }
         }
         let predecessor = (self.rank + self.world_size - 1) % self.world_size;
+        let started = self.trace.is_some().then(Instant::now);
         let result = body(self).and_then(|()| match &control {
             Some(control) if checked => control.check_fingerprint(op, predecessor, deadline),
             _ => Ok(()),
         });
         if let Some(control) = &control {
             control.activity().end();
+        }
+        if let (Some(trace), Some(started)) = (&self.trace, started) {
+            let (rank, world_size) = (self.rank, self.world_size);
+            trace.record_device_call(op, rank, world_size, deadline, started, &result);
         }
         result
     }

@@ -25,6 +25,7 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
         device,
         local_rank,
         flight,
+        trace,
     } = config;
     mesh.validate()?;
     let device_count = probe()?;
@@ -101,7 +102,8 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
             other => other,
         });
     }
-    let engine = NcclEngine::new(rank, world_size, comm, Arc::clone(&stream), peers, timeout);
+    let mut engine = NcclEngine::new(rank, world_size, comm, Arc::clone(&stream), peers, timeout);
+    engine.trace = trace;
     let mut group = GroupRunner::with_engine("nccl", rank, world_size, timeout, engine);
     group.configure_flight(flight);
     // The TCP side of an abort: peers hear of it even while NCCL is stuck.

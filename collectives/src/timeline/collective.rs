@@ -76,6 +76,43 @@ impl CollectiveTrace {
         self.transport
     }
 
+    /// Records a call run by a device library (NCCL) for rank `rank` of `world_size`:
+    /// `op`, started at `started`, issued with `deadline`, ending now with `result`. The
+    /// library chose the schedule, so no bytes per peer are given.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
+    /// use ringccl_collectives::{DType, Deadline, OpDesc, ReduceOp};
+    ///
+    /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let trace = CollectiveTrace::new(file.new_row("collectives"), "nccl");
+    /// let op = OpDesc::all_reduce(1, DType::F32, 1024, ReduceOp::Sum);
+    /// let deadline = Deadline::after(Duration::from_secs(5));
+    /// trace.record_device_call(&op, 0, 2, deadline, Instant::now(), &Ok(()));
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn record_device_call(
+        &self,
+        op: &OpDesc,
+        rank: usize,
+        world_size: usize,
+        deadline: Deadline,
+        started: Instant,
+        result: &Result<(), Error>,
+    ) {
+        self.record(Call {
+            op,
+            algorithm: Some(Algorithm::Device),
+            rank,
+            world_size,
+            traffic: PeerTraffic::default(),
+            deadline,
+            started,
+            result,
+        });
+    }
+
     /// Records `call`, which ends now.
     pub(crate) fn record(&self, call: Call<'_>) {
         let end = Instant::now();

@@ -164,3 +164,36 @@ fn a_second_file_of_the_same_rank_in_one_process_gets_its_own_name() {
     assert!(first.close() && second.close());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_device_library_call_is_a_span_with_its_outcome_and_no_bytes_per_peer() {
+    use crate::{DType, Deadline, Error, OpDesc, ReduceOp};
+    let out = Gated::default();
+    let file = TraceFile::to_writer(out.clone(), 0).unwrap();
+    let hold = file.hold();
+    let trace = CollectiveTrace::new(file.new_row("collectives"), "nccl");
+    let deadline = Deadline::after(Duration::from_secs(5));
+    let op = OpDesc::all_reduce(1, DType::F32, 1024, ReduceOp::Sum);
+    trace.record_device_call(&op, 1, 2, deadline, Instant::now(), &Ok(()));
+    let failed = Err(Error::InvalidArgument("the device failed".into()));
+    trace.record_device_call(&OpDesc::barrier(2), 1, 2, deadline, Instant::now(), &failed);
+    drop(hold);
+    let events: Vec<serde_json::Value> = serde_json::from_str(&out.text()).unwrap();
+    let spans: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(spans.len(), 2, "{events:#?}");
+    assert_eq!(spans[0]["name"], "all_reduce");
+    let args = &spans[0]["args"];
+    assert_eq!(
+        (&args["algorithm"], &args["transport"]),
+        (&"device library".into(), &"nccl".into())
+    );
+    assert!(args.get("error").is_none(), "{args}");
+    assert_eq!(spans[1]["name"], "barrier");
+    assert!(
+        spans[1]["args"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("the device failed")),
+        "{}",
+        spans[1]["args"]
+    );
+}
