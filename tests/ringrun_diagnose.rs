@@ -61,6 +61,14 @@ fn child() -> bool {
         ("compute", 2) => thread::sleep(Duration::from_secs(10)),
         ("mismatch", 1) => x.truncate(512),
         ("dies", 1) => std::process::exit(3),
+        ("killed", 1) => {
+            // As the kernel's OOM killer or a scheduler would: SIGKILL, no handler runs.
+            let pid = std::process::id().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid])
+                .status();
+            thread::sleep(Duration::from_secs(100));
+        }
         _ => {}
     }
     match pg.all_reduce(&mut x, ReduceOp::Sum) {
@@ -408,6 +416,35 @@ fn a_rank_that_dies_is_named_with_its_exit_status() {
     assert!(
         took < Duration::from_secs(20),
         "diagnosis {took:?} after the death:\n{all}"
+    );
+    let _ = fs::remove_dir_all(kept_dir(&run));
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_named_with_the_signal() {
+    if child() {
+        return;
+    }
+    let _heavy = heavy_lock();
+    let run = ringrun(
+        "a_rank_killed_by_a_signal_is_named_with_the_signal",
+        "killed",
+        &["--hang-timeout", "30"],
+        &[],
+    );
+    let all = run.all();
+    assert!(!run.status.success(), "{all}");
+    let diagnosis = run.diagnosis();
+    let headline = diagnosis.get(1).copied().unwrap_or_default();
+    assert!(
+        headline.contains("rank 1 exited (killed by signal 9 (SIGKILL))"),
+        "{all}"
+    );
+    assert_eq!(op_in(headline), WARM_UP + 1, "{all}");
+    let took = run.entering_to_diagnosis();
+    assert!(
+        took < Duration::from_secs(20),
+        "diagnosis {took:?} after the kill:\n{all}"
     );
     let _ = fs::remove_dir_all(kept_dir(&run));
 }
