@@ -397,11 +397,15 @@ impl FlightRecorder {
             Sequence::SentTo(peer) | Sequence::ReceivedFrom(peer) => Some(peer),
         };
         let call = match turn & !AT_ONCE {
-            // The facade's call, queued until now: no lock on this path.
+            // No turn was given: a call that came to the runner without the facade, or
+            // a second one in the same turn, gets an entry of its own, under the lock.
             0 => {
                 let mut book = self.lock();
                 self.claim(&mut book, sequence, started)
             }
+            // The facade's call, queued until now: no lock on this path. (If a ring
+            // smaller than the calls queued has overwritten its entry, the call runs
+            // unrecorded.)
             queued => queued,
         };
         self.live.begin(call, seq, started_us, peer);
