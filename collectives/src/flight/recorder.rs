@@ -392,10 +392,6 @@ impl FlightRecorder {
         let at_once = turn & AT_ONCE != 0;
         let started = (!at_once).then(Instant::now);
         let started_us = started.map(|at| self.stamp(at));
-        let peer = match sequence {
-            Sequence::Collective => None,
-            Sequence::SentTo(peer) | Sequence::ReceivedFrom(peer) => Some(peer),
-        };
         let call = match turn & !AT_ONCE {
             // No turn was given: a call that came to the runner without the facade, or
             // a second one in the same turn, gets an entry of its own, under the lock.
@@ -408,7 +404,7 @@ impl FlightRecorder {
             // unrecorded.)
             queued => queued,
         };
-        self.live.begin(call, seq, started_us, peer);
+        self.live.begin(call, seq, started_us, sequence.peer());
         if let Some(beacon) = &self.beacon {
             let since = started_us.unwrap_or_else(|| {
                 // A newer issue racing between the two loads gives a time a little
@@ -531,10 +527,7 @@ impl FlightRecorder {
             if let Some((seq, op)) = would_be {
                 slot.seq = Some(seq);
                 slot.op = op;
-                slot.peer = match sequence {
-                    Sequence::Collective => None,
-                    Sequence::SentTo(peer) | Sequence::ReceivedFrom(peer) => Some(peer),
-                };
+                slot.peer = sequence.peer();
             }
         }
         self.finished_one(&mut book, now);

@@ -89,6 +89,22 @@ pub enum Sequence {
     ReceivedFrom(usize),
 }
 
+impl Sequence {
+    /// The peer of a point-to-point counter (`None`: the collective one).
+    ///
+    /// ```
+    /// use ringccl_collectives::Sequence;
+    /// assert_eq!(Sequence::ReceivedFrom(3).peer(), Some(3));
+    /// assert_eq!(Sequence::Collective.peer(), None);
+    /// ```
+    pub fn peer(self) -> Option<usize> {
+        match self {
+            Sequence::Collective => None,
+            Sequence::SentTo(peer) | Sequence::ReceivedFrom(peer) => Some(peer),
+        }
+    }
+}
+
 impl Request<'_> {
     /// Which collective this is.
     pub fn kind(&self) -> CollectiveKind {
