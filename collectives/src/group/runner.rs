@@ -271,13 +271,14 @@ impl<E: Engine> GroupRunner<E> {
         request
             .validate(self.rank, self.world_size)
             .inspect_err(|e| self.flight.refused(request.sequence(), e))?;
+        // Described once: the number is the runner's to give.
         let described = request.describe(0);
         self.run_described(
             request.sequence(),
             Some(described),
             deadline,
             |engine, seq| {
-                let op = request.describe(seq);
+                let op = OpDesc { seq, ..described };
                 if !tracing::enabled!(tracing::Level::DEBUG) {
                     return engine.execute(&op, request, deadline);
                 }
