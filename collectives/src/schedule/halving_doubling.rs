@@ -11,6 +11,7 @@
 
 use std::ops::Range;
 
+use super::power_of_two_core::PowerOfTwoCore;
 use super::{chunks, segment, RecvAction, RecvStep, Schedule, SendStep};
 
 /// Rank `rank`'s schedule for a halving-doubling all-reduce.
@@ -30,23 +31,17 @@ pub fn halving_doubling_all_reduce(
     if n <= 1 {
         return plan.schedule;
     }
-    let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
-    let extra = n - p;
-    let real = |v: usize| if v < extra { 2 * v + 1 } else { v + extra };
+    let core = PowerOfTwoCore::of(n);
+    let (p, real) = (core.p, |v: usize| core.real(v));
     let everything = 0..count;
 
-    if rank < 2 * extra && rank % 2 == 0 {
+    let Some(v) = core.virtual_rank(rank) else {
         // Sit out: hand the buffer to rank+1, get the result back.
         plan.send(rank + 1, everything.clone());
         plan.recv(rank + 1, everything, RecvAction::Store);
         return plan.schedule;
-    }
-    let v = if rank < 2 * extra {
-        rank / 2
-    } else {
-        rank - extra
     };
-    if rank < 2 * extra {
+    if core.folds_in(rank) {
         let fold = RecvAction::Reduce {
             last: false,
             incoming_first: true,
@@ -98,7 +93,7 @@ pub fn halving_doubling_all_reduce(
         mask *= 2;
     }
 
-    if rank < 2 * extra {
+    if core.folds_in(rank) {
         plan.send(rank - 1, 0..count);
     }
     plan.schedule

@@ -14,6 +14,7 @@ mod barrier;
 mod broadcast;
 mod halving_doubling;
 mod point_to_point;
+mod power_of_two_core;
 mod recursive_doubling;
 mod ring;
 #[cfg(test)]

@@ -2,14 +2,15 @@
 //! latency-optimal choice for small messages.
 //!
 //! With `p` the largest power of two ≤ N and `e = N − p`, the first `2e` ranks pair up:
-//! each even rank sends its buffer to the odd rank above it and sits out. The `p`
-//! remaining ranks (virtual ranks `0..p`) run recursive doubling: in round `k` virtual
-//! rank `v` exchanges its buffer with `v ^ 2^k` and both compute
-//! `lower_half (op) upper_half` — the operand from the lower virtual ranks always first,
-//! so both partners compute the same bits. Finally each odd rank of the first `2e` sends
-//! the result back to the even rank that sat out. Every rank reduces the same values in
+//! each even rank sends its buffer to the odd rank above it and sits out
+//! (`power_of_two_core.rs`). The `p` remaining ranks (virtual ranks `0..p`) run
+//! recursive doubling: in round `k` virtual rank `v` exchanges its buffer with `v ^ 2^k`
+//! and both compute `lower_half (op) upper_half` — the operand from the lower virtual
+//! ranks always first, so both partners compute the same bits. Finally each odd rank of
+//! the first `2e` sends the result back to the even rank that sat out. Every rank reduces the same values in
 //! the same order, so every rank ends with bit-identical results.
 
+use super::power_of_two_core::PowerOfTwoCore;
 use super::{chunks, RecvAction, RecvStep, Schedule, SendStep};
 
 /// Rank `rank`'s schedule for a recursive-doubling all-reduce.
@@ -25,12 +26,11 @@ pub fn recursive_doubling_all_reduce(
     if n <= 1 {
         return schedule;
     }
-    let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
-    let extra = n - p;
+    let core = PowerOfTwoCore::of(n);
+    let (p, real) = (core.p, |v: usize| core.real(v));
     let pieces: Vec<_> = chunks(0..count, elem_size, max_chunk_bytes).collect();
-    let real = |v: usize| if v < extra { 2 * v + 1 } else { v + extra };
 
-    if rank < 2 * extra && rank % 2 == 0 {
+    let Some(v) = core.virtual_rank(rank) else {
         // Sit out: hand the buffer to rank+1, get the result back.
         for range in &pieces {
             schedule.sends.push(SendStep {
@@ -48,16 +48,10 @@ pub fn recursive_doubling_all_reduce(
             });
         }
         return schedule;
-    }
-
-    let v = if rank < 2 * extra {
-        rank / 2
-    } else {
-        rank - extra
     };
     // Receive index of each chunk in the latest round, for the next sends to wait on.
     let mut prev: Option<Vec<usize>> = None;
-    if rank < 2 * extra {
+    if core.folds_in(rank) {
         let mut got = Vec::new();
         for range in &pieces {
             got.push(schedule.recvs.len());
@@ -103,7 +97,7 @@ pub fn recursive_doubling_all_reduce(
         prev = Some(got);
         mask *= 2;
     }
-    if rank < 2 * extra {
+    if core.folds_in(rank) {
         for (j, range) in pieces.iter().enumerate() {
             schedule.sends.push(SendStep {
                 peer: rank - 1,
