@@ -392,20 +392,34 @@ fn a_rank_that_dies_is_named_with_its_exit_status() {
     if child() {
         return;
     }
+    let test = "a_rank_that_dies_is_named_with_its_exit_status";
+    a_dead_rank_is_named(test, "dies", "exit code 3");
+}
+
+#[test]
+fn a_rank_killed_by_a_signal_is_named_with_the_signal() {
+    if child() {
+        return;
+    }
+    let test = "a_rank_killed_by_a_signal_is_named_with_the_signal";
+    a_dead_rank_is_named(test, "killed", "killed by signal 9 (SIGKILL)");
+}
+
+/// Runs `scenario`, in which rank 1 dies in the op after the warm-up, and checks that
+/// ringrun names it seconds later as having exited (`how`), in that op.
+fn a_dead_rank_is_named(test: &str, scenario: &str, how: &str) {
     let _heavy = heavy_lock();
-    let run = ringrun(
-        "a_rank_that_dies_is_named_with_its_exit_status",
-        "dies",
-        &["--hang-timeout", "30"],
-        &[],
-    );
+    let run = ringrun(test, scenario, &["--hang-timeout", "30"], &[]);
     let all = run.all();
     assert!(!run.status.success(), "{all}");
     let diagnosis = run.diagnosis();
     let headline = diagnosis.get(1).copied().unwrap_or_default();
-    assert!(headline.contains("rank 1 exited (exit code 3)"), "{all}");
+    assert!(
+        headline.contains(&format!("rank 1 exited ({how})")),
+        "{all}"
+    );
     assert_eq!(op_in(headline), WARM_UP + 1, "{all}");
-    // It left no dump (exit(3) runs no destructor), only its beacon: 4 calls finished.
+    // It left no dump (no destructor runs), only its beacon: 4 calls finished.
     assert!(
         headline.contains(&format!("it had finished {WARM_UP} calls"))
             || headline.contains(&format!("it last finished op #{WARM_UP}")),
@@ -416,35 +430,6 @@ fn a_rank_that_dies_is_named_with_its_exit_status() {
     assert!(
         took < Duration::from_secs(20),
         "diagnosis {took:?} after the death:\n{all}"
-    );
-    let _ = fs::remove_dir_all(kept_dir(&run));
-}
-
-#[test]
-fn a_rank_killed_by_a_signal_is_named_with_the_signal() {
-    if child() {
-        return;
-    }
-    let _heavy = heavy_lock();
-    let run = ringrun(
-        "a_rank_killed_by_a_signal_is_named_with_the_signal",
-        "killed",
-        &["--hang-timeout", "30"],
-        &[],
-    );
-    let all = run.all();
-    assert!(!run.status.success(), "{all}");
-    let diagnosis = run.diagnosis();
-    let headline = diagnosis.get(1).copied().unwrap_or_default();
-    assert!(
-        headline.contains("rank 1 exited (killed by signal 9 (SIGKILL))"),
-        "{all}"
-    );
-    assert_eq!(op_in(headline), WARM_UP + 1, "{all}");
-    let took = run.entering_to_diagnosis();
-    assert!(
-        took < Duration::from_secs(20),
-        "diagnosis {took:?} after the kill:\n{all}"
     );
     let _ = fs::remove_dir_all(kept_dir(&run));
 }
