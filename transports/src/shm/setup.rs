@@ -398,16 +398,25 @@ mod tests {
         assert_eq!((read, &got), (4, b"ring"));
     }
 
-    /// Plays rank 1 of a two-rank job that publishes `ticket` as its inbox, and runs
-    /// rank 0's set-up against it.
-    fn rank_0_against(ticket: &str, required: bool) -> Result<Option<SharedRings>, StoreError> {
+    /// A store in which rank 1 of a two-rank job on this host has published its host and,
+    /// with `created`, the outcome of creating its inbox.
+    fn rank_1_published(created: Option<&str>) -> MemoryStore {
         let mut store = MemoryStore::default();
         store
             .set("ringccl/host/1", host_identity().as_bytes())
             .unwrap();
+        if let Some(created) = created {
+            store
+                .set("ringccl/shm/created/1", created.as_bytes())
+                .unwrap();
+        }
         store
-            .set("ringccl/shm/created/1", format!("ok:{ticket}").as_bytes())
-            .unwrap();
+    }
+
+    /// Plays rank 1 of a two-rank job that publishes `ticket` as its inbox, and runs
+    /// rank 0's set-up against it.
+    fn rank_0_against(ticket: &str, required: bool) -> Result<Option<SharedRings>, StoreError> {
+        let mut store = rank_1_published(Some(&format!("ok:{ticket}")));
         store.set("ringccl/shm/mapped/1", b"ok:").unwrap();
         store.set("ringccl/shm/declined/1", b"1").unwrap();
         set_up(&mut store, &all_there, 0, 2, 1, RING, soon(), required)
@@ -444,16 +453,7 @@ mod tests {
 
     #[test]
     fn every_rank_learns_why_another_could_not_create_its_inbox() {
-        let mut store = MemoryStore::default();
-        store
-            .set("ringccl/host/1", host_identity().as_bytes())
-            .unwrap();
-        store
-            .set(
-                "ringccl/shm/created/1",
-                b"err:creating its inbox: /dev/shm is full: ...",
-            )
-            .unwrap();
+        let mut store = rank_1_published(Some("err:creating its inbox: /dev/shm is full: ..."));
         store.set("ringccl/shm/declined/1", b"1").unwrap();
         let err = match set_up(&mut store, &all_there, 0, 2, 1, RING, soon(), true) {
             Err(StoreError::Unavailable(e)) => e,
@@ -471,13 +471,7 @@ mod tests {
     fn rank_0_keeps_the_store_until_every_rank_has_the_reason() {
         // Rank 1 reports a failure, then takes its time to read everyone's outcome;
         // rank 0 (which hosts the store) must not return before rank 1 has given up too.
-        let mut store = MemoryStore::default();
-        store
-            .set("ringccl/host/1", host_identity().as_bytes())
-            .unwrap();
-        store
-            .set("ringccl/shm/created/1", b"err:creating its inbox: full")
-            .unwrap();
+        let mut store = rank_1_published(Some("err:creating its inbox: full"));
         let started = Instant::now();
         let mut rank_1 = store.clone();
         let slow = std::thread::spawn(move || {
@@ -491,13 +485,7 @@ mod tests {
         assert!(waited >= Duration::from_millis(300), "{waited:?}");
         assert!(waited < Duration::from_secs(10), "{waited:?}");
         // A rank that never comes: rank 0 still reports the reason, by the deadline.
-        let mut store = MemoryStore::default();
-        store
-            .set("ringccl/host/1", host_identity().as_bytes())
-            .unwrap();
-        store
-            .set("ringccl/shm/created/1", b"err:creating its inbox: full")
-            .unwrap();
+        let mut store = rank_1_published(Some("err:creating its inbox: full"));
         let deadline = Instant::now() + Duration::from_millis(300);
         match set_up(&mut store, &all_there, 0, 2, 1, RING, deadline, true) {
             Err(StoreError::Unavailable(e)) => assert!(e.reason.contains("full"), "{e}"),
@@ -524,10 +512,7 @@ mod tests {
         // Rank 1 reports its host, then dies before creating its inbox; the deadline is
         // ten minutes away.
         for required in [true, false] {
-            let mut store = MemoryStore::default();
-            store
-                .set("ringccl/host/1", host_identity().as_bytes())
-                .unwrap();
+            let mut store = rank_1_published(None);
             let rank_1_died = |peer: usize| peer == 1;
             let started = Instant::now();
             let deadline = started + Duration::from_secs(600);
@@ -552,13 +537,7 @@ mod tests {
     fn rank_0_stops_waiting_for_a_dead_rank_to_give_up() {
         // Rank 1 failed to create its inbox, then died before saying it gave up: rank 0
         // reports the reason at once instead of at the deadline.
-        let mut store = MemoryStore::default();
-        store
-            .set("ringccl/host/1", host_identity().as_bytes())
-            .unwrap();
-        store
-            .set("ringccl/shm/created/1", b"err:creating its inbox: full")
-            .unwrap();
+        let mut store = rank_1_published(Some("err:creating its inbox: full"));
         let rank_1_died = |peer: usize| peer == 1;
         let started = Instant::now();
         let deadline = started + Duration::from_secs(600);
