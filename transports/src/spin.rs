@@ -6,7 +6,8 @@
 //! wake-up from sleep (a futex or `poll(2)` hop through the scheduler) is saved when the
 //! answer comes within the window.
 
-use std::time::Duration;
+use std::io;
+use std::time::{Duration, Instant};
 
 /// How long a wait spins before it sleeps, unless told otherwise.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
@@ -45,11 +46,43 @@ impl Spin {
     /// How many looks go between two readings of the clock, `spinning` when spinning
     /// (a yield takes long enough to read it every time).
     #[inline]
-    pub(crate) fn looks_per_clock(self, spinning: u32) -> u32 {
+    fn looks_per_clock(self, spinning: u32) -> u32 {
         if self.yields {
             1
         } else {
             spinning
+        }
+    }
+
+    /// Looks with `ready` until it holds (`Ok(true)`), or until the window or `deadline`
+    /// has passed (`Ok(false)`), pausing between looks. The clock is read only once the
+    /// first look found nothing, then every `looks_per_clock` looks while spinning (after
+    /// every look while yielding).
+    #[inline]
+    pub(crate) fn look(
+        self,
+        deadline: Instant,
+        looks_per_clock: u32,
+        mut ready: impl FnMut() -> io::Result<bool>,
+    ) -> io::Result<bool> {
+        if ready()? {
+            return Ok(true);
+        }
+        if self.window.is_zero() {
+            return Ok(false);
+        }
+        let until = (Instant::now() + self.window).min(deadline);
+        let every = self.looks_per_clock(looks_per_clock).max(1);
+        let mut looks = 0u32;
+        loop {
+            self.pause();
+            if ready()? {
+                return Ok(true);
+            }
+            looks = looks.wrapping_add(1);
+            if looks % every == 0 && Instant::now() >= until {
+                return Ok(false);
+            }
         }
     }
 }
@@ -81,5 +114,35 @@ mod tests {
         );
         assert_eq!(Spin::new(us(50), 3, 2).looks_per_clock(32), 1);
         assert!(host_cores() >= 1);
+    }
+
+    #[test]
+    fn a_look_ends_when_ready_or_when_the_window_has_passed() {
+        for yields in [false, true] {
+            let spin = Spin {
+                window: Duration::from_millis(5),
+                yields,
+            };
+            let far = Instant::now() + Duration::from_secs(60);
+            let mut looks = 0;
+            let found = spin.look(far, 32, || {
+                looks += 1;
+                Ok(looks == 10)
+            });
+            assert!(found.unwrap(), "yields={yields}");
+            let started = Instant::now();
+            assert!(!spin.look(far, 32, || Ok(false)).unwrap());
+            let took = started.elapsed();
+            assert!(took >= spin.window, "yields={yields}: {took:?}");
+            let failing = spin.look(far, 32, || Err(io::ErrorKind::Other.into()));
+            assert!(failing.is_err());
+        }
+        let none = Spin::new(Duration::ZERO, 2, 2);
+        let mut looks = 0;
+        let found = none.look(Instant::now(), 32, || {
+            looks += 1;
+            Ok(false)
+        });
+        assert_eq!((found.unwrap(), looks), (false, 1), "no window: one look");
     }
 }

@@ -195,21 +195,13 @@ impl Transport for TcpTransport {
             used += 1;
         }
         let interests = &interests[..used];
-        let spin = self.spin;
-        if !spin.window.is_zero() {
-            let until = (Instant::now() + spin.window).min(deadline);
-            let looks_per_clock = spin.looks_per_clock(LOOKS_PER_CLOCK);
-            let mut looks = 0u32;
-            loop {
-                if ready_now(interests)? {
-                    return Ok(Readiness::Ready);
-                }
-                looks = looks.wrapping_add(1);
-                if looks % looks_per_clock == 0 && Instant::now() >= until {
-                    break;
-                }
-                spin.pause();
-            }
+        // With no window, the one look is a wasted system call: sleep at once.
+        if !self.spin.window.is_zero()
+            && self
+                .spin
+                .look(deadline, LOOKS_PER_CLOCK, || ready_now(interests))?
+        {
+            return Ok(Readiness::Ready);
         }
         Ok(if wait_any(interests, deadline)? {
             Readiness::Ready

@@ -220,30 +220,17 @@ impl Transport for ShmTransport {
         deadline: Instant,
     ) -> io::Result<Readiness> {
         let me = self.rank();
-        let spin = self.spin;
-        // The clock is read only once the first look found nothing.
-        if ready(&self.rings, me, writable, readable) {
+        let rings = &self.rings;
+        let looked = self.spin.look(deadline, LOOKS_PER_CLOCK, || {
+            Ok(ready(rings, me, writable, readable))
+        })?;
+        if looked {
             return Ok(Readiness::Ready);
         }
-        let mut spin_until = (!spin.window.is_zero()).then(|| Instant::now() + spin.window);
-        let looks_per_clock = spin.looks_per_clock(LOOKS_PER_CLOCK);
-        let mut looks = 0u32;
         loop {
             let seen = self.rings.bell(me).load(Ordering::Acquire);
             if ready(&self.rings, me, writable, readable) {
                 return Ok(Readiness::Ready);
-            }
-            if let Some(until) = spin_until {
-                spin.pause();
-                looks = looks.wrapping_add(1);
-                if looks % looks_per_clock != 0 {
-                    continue;
-                }
-                let now = Instant::now();
-                if now < until.min(deadline) {
-                    continue;
-                }
-                spin_until = None;
             }
             let now = Instant::now();
             if self.any_gone([readable, writable], now) {
