@@ -4,6 +4,7 @@
 //! While it waits for a peer, it watches that peer's connection: a rank that dies in the
 //! middle of set-up is named within moments, not at the start-up deadline.
 
+use std::sync::atomic::AtomicU64;
 use std::time::Instant;
 
 use tracing::{info, warn};
@@ -195,6 +196,7 @@ pub fn set_up<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     Ok(Some(SharedRings(Rings {
         ring_bytes,
         inboxes: inboxes.into_iter().map(|(_, m)| m).collect(),
+        tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
     })))
 }
 
