@@ -159,13 +159,7 @@ pub(crate) fn gloo_over_mesh(
     };
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
-    log_summary(
-        rank,
-        world_size,
-        &recipe,
-        rings.is_some(),
-        &connections.data,
-    );
+    let address = local_address(&connections.data);
     let tcp =
         TcpTransport::new(rank, connections.data, dead_peer).map_err(|source| SetupError::Io {
             rank,
@@ -174,31 +168,60 @@ pub(crate) fn gloo_over_mesh(
         })?;
     let control = connections.control;
     let config = recipe.config.clone();
-    let transport = if rings.is_some() { "shm" } else { "tcp" };
-    let trace = recipe
-        .trace
-        .as_ref()
-        .map(|file| CollectiveTrace::new(file.new_row(row), transport));
-    let backend: Box<dyn Backend> = match rings {
+    let trace = |transport: &'static str| {
+        recipe
+            .trace
+            .as_ref()
+            .map(|file| CollectiveTrace::new(file.new_row(row), transport))
+    };
+    let (backend, peers): (Box<dyn Backend>, Vec<&'static str>) = match rings {
         Some(rings) => {
-            let mut backend = host_backend(
-                ShmTransport::new(rings, tcp).with_spin(recipe.spin),
-                config,
-                trace,
-            );
-            backend.configure_flight(recipe.flight(group, "shm"));
-            with_control_link(backend, control, dead_peer)?
+            let transport = ShmTransport::new(rings, tcp).with_spin(recipe.spin);
+            let peers: Vec<&'static str> = (0..world_size)
+                .map(|peer| transport.peer_transport(peer))
+                .collect();
+            let label = transport_label(&peers);
+            let mut backend = host_backend(transport, config, trace(label));
+            backend.configure_flight(recipe.flight(group, label));
+            (with_control_link(backend, control, dead_peer)?, peers)
         }
         None => {
-            let mut backend = host_backend(tcp.with_spin(recipe.spin), config, trace);
+            let peers = (0..world_size)
+                .map(|peer| if peer == rank { "self" } else { "tcp" })
+                .collect();
+            let mut backend = host_backend(tcp.with_spin(recipe.spin), config, trace("tcp"));
             backend.configure_flight(recipe.flight(group, "tcp"));
-            with_control_link(backend, control, dead_peer)?
+            (with_control_link(backend, control, dead_peer)?, peers)
         }
     };
+    log_summary(rank, world_size, &recipe, &peers, &address);
     let hold = recipe.trace.as_ref().map(TraceFile::hold);
     Ok(ProcessGroup::from_backend(backend)
         .keeping_store(store, recipe)
-        .holding_trace(hold))
+        .holding_trace(hold)
+        .reaching_peers_by(peers))
+}
+
+/// What a group whose ranks are reached by `peers` runs on, in one word: `"shm"`,
+/// `"tcp"`, or `"shm+tcp"` when it is some of each.
+fn transport_label(peers: &[&'static str]) -> &'static str {
+    let uses = |kind: &'static str| peers.contains(&kind);
+    match (uses("shm"), uses("tcp")) {
+        (true, true) => "shm+tcp",
+        (true, false) => "shm",
+        _ => "tcp",
+    }
+}
+
+/// The address this rank's connections to its peers leave from, for the log.
+fn local_address(data: &[Option<TcpStream>]) -> String {
+    data.iter()
+        .flatten()
+        .find_map(|c| c.local_addr().ok())
+        .map_or_else(
+            || "none (a group of one)".to_string(),
+            |a| a.ip().to_string(),
+        )
 }
 
 /// The `"gloo"` backend over `transport`, its calls traced on `trace` if given.
@@ -215,29 +238,19 @@ fn host_backend<T: Transport>(
     GroupRunner::with_engine("gloo", rank, world_size, timeout, engine)
 }
 
-/// `RINGCCL_DEBUG=info`: what this rank's group runs on, in one line.
+/// `RINGCCL_DEBUG=info`: what this rank's group runs on, in one line, with how it
+/// reaches each rank (`peers`, by rank).
 fn log_summary(
     rank: usize,
     world_size: usize,
     recipe: &GlooRecipe,
-    shared_memory: bool,
-    data: &[Option<TcpStream>],
+    peers: &[&'static str],
+    address: &str,
 ) {
     if !tracing::enabled!(tracing::Level::INFO) {
         return;
     }
-    let transport = if shared_memory { "shm" } else { "tcp" };
-    let peers: Vec<&str> = (0..world_size)
-        .map(|peer| if peer == rank { "self" } else { transport })
-        .collect();
-    let address = data
-        .iter()
-        .flatten()
-        .find_map(|c| c.local_addr().ok())
-        .map_or_else(
-            || "none (a group of one)".to_string(),
-            |a| a.ip().to_string(),
-        );
+    let transport = transport_label(peers);
     let config = &recipe.config;
     tracing::info!(
         rank,
@@ -245,7 +258,7 @@ fn log_summary(
         backend = "gloo",
         transport,
         peers = %peers.join(","),
-        address = %address,
+        address,
         all_reduce = ?config.all_reduce_algo,
         recursive_doubling_up_to = config.small_all_reduce_max_bytes,
         halving_doubling_up_to = config.mid_all_reduce_max_bytes,

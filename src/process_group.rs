@@ -49,6 +49,9 @@ pub struct ProcessGroup {
     /// This rank's trace file, kept open while the group lives; dropped last, so that
     /// dropping the group finishes the file (see [`ProcessGroup::trace_file`]).
     pub(crate) trace: Option<TraceHold>,
+    /// How this rank reaches each rank, when the start-up said (see
+    /// [`ProcessGroup::peer_transport`]).
+    peer_transports: Vec<&'static str>,
 }
 
 impl ProcessGroup {
@@ -75,7 +78,14 @@ impl ProcessGroup {
             fusion_buffers: FusionPool::default(),
             origin: None,
             trace: None,
+            peer_transports: Vec::new(),
         }
+    }
+
+    /// Records how this rank reaches each rank (`"self"`, `"shm"`, `"tcp"`), by rank.
+    pub(crate) fn reaching_peers_by(mut self, transports: Vec<&'static str>) -> ProcessGroup {
+        self.peer_transports = transports;
+        self
     }
 
     /// Keeps this rank's trace file open for the life of the group.
@@ -112,6 +122,38 @@ impl ProcessGroup {
     /// The backend's name (`"gloo"` or `"nccl"`).
     pub fn backend(&self) -> &str {
         self.backend.name()
+    }
+
+    /// How this rank reaches rank `peer`: under `"gloo"`, `"self"` for this rank,
+    /// `"shm"` for a rank it shares memory with (same host, set up and probed at
+    /// start-up), `"tcp"` for the others (another host, or a pair whose shared memory
+    /// could not be set up; the start-up log says why). Under `"nccl"`, `"nccl"`; for a
+    /// group over a backend of the caller's own, `"custom"`. `"none"` for a rank outside
+    /// the group.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), ringccl::Error> {
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::from_env()?)?;
+    /// for peer in 0..pg.world_size() {
+    ///     println!("rank {peer}: {}", pg.peer_transport(peer));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn peer_transport(&self, peer: usize) -> &'static str {
+        if peer >= self.world_size() {
+            return "none";
+        }
+        if let Some(&transport) = self.peer_transports.get(peer) {
+            return transport;
+        }
+        if peer == self.rank() {
+            return "self";
+        }
+        match self.backend.name() {
+            "nccl" => "nccl",
+            "gloo" => "tcp",
+            _ => "custom",
+        }
     }
 
     /// The group's flight recorder (for groups started by `init_process_group`): its

@@ -93,6 +93,36 @@ impl TcpTransport {
         self.peer(peer).map_or(true, connection_lost)
     }
 
+    /// What to `poll(2)` for on the connection to `peer`.
+    pub(crate) fn interest(&self, peer: usize, read: bool, write: bool) -> io::Result<Interest> {
+        Ok(Interest {
+            fd: self.peer(peer)?.as_raw_fd(),
+            read,
+            write,
+        })
+    }
+
+    /// Sends `peer` one byte that only wakes it (a shared-memory peer sleeping in
+    /// `poll(2)`; see `shm/ring.rs`). Never blocks: with the connection's buffer full,
+    /// bytes that will wake it are already on their way.
+    pub(crate) fn send_wake_up(&self, peer: usize) {
+        if let Ok(socket) = self.peer(peer) {
+            // A failed send means a lost peer, which its liveness check reports.
+            let _ = socket.send_with_flags(&[1], libc::MSG_NOSIGNAL);
+        }
+    }
+
+    /// Reads and drops the wake-up bytes `peer` has sent, without blocking.
+    pub(crate) fn drain_wake_ups(&self, peer: usize) {
+        let Ok(mut socket) = self.peer(peer) else {
+            return;
+        };
+        let mut bytes = [0u8; 64];
+        // Until the buffer is empty (WouldBlock), closed (0), or failed: the last two are
+        // the liveness check's to report.
+        while matches!(socket.read(&mut bytes), Ok(n) if n > 0) {}
+    }
+
     fn peer(&self, peer: usize) -> io::Result<&Socket> {
         self.peers
             .get(peer)

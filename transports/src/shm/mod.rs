@@ -66,6 +66,10 @@ mod mapping;
 mod ring;
 mod setup;
 mod space;
+#[cfg(test)]
+mod test_store;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -75,10 +79,11 @@ use std::time::{Duration, Instant};
 
 use ringccl_collectives::{Closer, Readiness, Transport};
 
+use crate::poll::{ready_now, wait_any, Interest};
 use crate::spin::{host_cores, Spin};
 use crate::TcpTransport;
-use ring::Rings;
 pub use ring::DEFAULT_RING_BYTES;
+use ring::{in_poll_for, Ring, Rings};
 pub use setup::{set_up, SharedRings, ShmUnavailable};
 
 /// Longest sleep between two looks at the peers' liveness.
@@ -130,7 +135,26 @@ impl ShmTransport {
     /// ```
     pub fn with_spin(mut self, window: Duration) -> ShmTransport {
         self.spin = Spin::new(window, self.tcp.world_size(), host_cores());
+        self.tcp = self.tcp.with_spin(window);
         self
+    }
+
+    /// How this rank reaches `peer`: `"self"`, `"shm"` (the two share memory) or
+    /// `"tcp"` (another host, or a pair whose shared memory could not be set up).
+    ///
+    /// ```
+    /// # fn f(t: ringccl_transports::ShmTransport) {
+    /// assert_eq!(t.peer_transport(ringccl_collectives::Transport::rank(&t)), "self");
+    /// # }
+    /// ```
+    pub fn peer_transport(&self, peer: usize) -> &'static str {
+        if peer == self.tcp.rank() {
+            "self"
+        } else if self.rings.has(peer) {
+            "shm"
+        } else {
+            "tcp"
+        }
     }
 
     /// How long a wait spins (or yields) before it sleeps, as [`ShmTransport::with_spin`]
@@ -168,6 +192,73 @@ impl ShmTransport {
         }
         Ok(())
     }
+
+    /// Finishes waking the peer a ring change was for: a byte, if it sleeps in `poll`.
+    fn wake(&self, peer: usize, ring: Ring) {
+        if ring == Ring::ByteNeeded {
+            self.tcp.send_wake_up(peer);
+        }
+    }
+
+    /// Waits for a local peer and a peer on another host at once (`shm` and `tcp`, each
+    /// `(writable, readable)`): spins on both, then sleeps in `poll(2)` on the remote
+    /// peer's connection and the local peer's, over which the local peer sends a byte
+    /// when it sees this rank waiting for it (see `ring.rs`).
+    fn wait_mixed(
+        &mut self,
+        shm: (Option<usize>, Option<usize>),
+        tcp: (Option<usize>, Option<usize>),
+        deadline: Instant,
+    ) -> io::Result<Readiness> {
+        let me = self.rank();
+        let local = shm.1.or(shm.0);
+        let mut interests = [Interest {
+            fd: -1,
+            read: false,
+            write: false,
+        }; 2];
+        let remote = tcp.1.or(tcp.0).unwrap_or(me);
+        interests[0] = self
+            .tcp
+            .interest(remote, tcp.1.is_some(), tcp.0.is_some())?;
+        interests[1] = self.tcp.interest(local.unwrap_or(me), true, false)?;
+        let rings = &self.rings;
+        let remote_ready = &interests[..1];
+        let looked = self.spin.look(deadline, LOOKS_PER_CLOCK, || {
+            Ok(ready(rings, me, shm.0, shm.1) || ready_now(remote_ready)?)
+        })?;
+        if looked {
+            return Ok(Readiness::Ready);
+        }
+        let peer_of_flag = local.map_or(u32::MAX, in_poll_for);
+        loop {
+            let now = Instant::now();
+            if self.any_gone([tcp.1.or(tcp.0), local], now) {
+                return Ok(Readiness::Ready); // the next read or write reports it
+            }
+            if now >= deadline {
+                return Ok(Readiness::TimedOut);
+            }
+            let until = deadline.min(now + LIVENESS_SLICE);
+            let rings = &self.rings;
+            if let Some(local) = local {
+                self.tcp.drain_wake_ups(local);
+            }
+            let found = rings.raise_flag(me, peer_of_flag, || ready(rings, me, shm.0, shm.1));
+            let woken = if found {
+                Ok(true)
+            } else {
+                wait_any(&interests, until)
+            };
+            rings.lower_flag(me);
+            if let Some(local) = local {
+                self.tcp.drain_wake_ups(local);
+            }
+            if woken? && (found || ready(rings, me, shm.0, shm.1) || ready_now(remote_ready)?) {
+                return Ok(Readiness::Ready);
+            }
+        }
+    }
 }
 
 impl Transport for ShmTransport {
@@ -187,7 +278,12 @@ impl Transport for ShmTransport {
                 "the peer's process is gone",
             ));
         }
-        match self.rings.write(self.rank(), peer, bufs) {
+        if !self.rings.has(peer) {
+            return self.tcp.write_some(peer, bufs);
+        }
+        let (written, ring) = self.rings.write(self.rank(), peer, bufs);
+        self.wake(peer, ring);
+        match written {
             0 if bufs.iter().any(|b| !b.is_empty()) => Err(io::ErrorKind::WouldBlock.into()),
             written => Ok(written),
         }
@@ -195,7 +291,12 @@ impl Transport for ShmTransport {
 
     fn read_some(&mut self, peer: usize, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         self.check_peer(peer)?;
-        match self.rings.read(self.rank(), peer, bufs) {
+        if !self.rings.has(peer) {
+            return self.tcp.read_some(peer, bufs);
+        }
+        let (read, ring) = self.rings.read(self.rank(), peer, bufs);
+        self.wake(peer, ring);
+        match read {
             // The peer's process is gone and its ring is drained: end of stream.
             0 if self.gone[peer] => Ok(0),
             0 if bufs.iter().any(|b| !b.is_empty()) => Err(io::ErrorKind::WouldBlock.into()),
@@ -219,6 +320,15 @@ impl Transport for ShmTransport {
         readable: Option<usize>,
         deadline: Instant,
     ) -> io::Result<Readiness> {
+        let local = |peer: Option<usize>| peer.filter(|&p| self.rings.has(p));
+        let remote = |peer: Option<usize>| peer.filter(|&p| !self.rings.has(p));
+        let shm = (local(writable), local(readable));
+        let tcp = (remote(writable), remote(readable));
+        match (shm, tcp) {
+            (_, (None, None)) => {}
+            ((None, None), _) => return self.tcp.wait(writable, readable, deadline),
+            (shm, tcp) => return self.wait_mixed(shm, tcp, deadline),
+        }
         let me = self.rank();
         let rings = &self.rings;
         let looked = self.spin.look(deadline, LOOKS_PER_CLOCK, || {
@@ -228,7 +338,7 @@ impl Transport for ShmTransport {
             return Ok(Readiness::Ready);
         }
         loop {
-            let seen = self.rings.bell(me).load(Ordering::Acquire);
+            let seen = self.rings.bell(me).map_or(0, |b| b.load(Ordering::Acquire));
             if ready(&self.rings, me, writable, readable) {
                 return Ok(Readiness::Ready);
             }

@@ -1,6 +1,8 @@
 //! The shared-memory layout: every rank's inbox holds a doorbell word, a "sleeping"
-//! flag and, for every other rank, a single-producer/single-consumer byte ring that rank
-//! writes into.
+//! flag and, for every rank of its host (its *local* ranks, itself included), a
+//! single-producer/single-consumer byte ring that rank writes into. A local rank's ring
+//! sits at the same place in every inbox of the host: its position among the local
+//! ranks, which every one of them knows alike.
 //!
 //! # Waking without a syscall when nobody sleeps
 //!
@@ -22,6 +24,15 @@
 //! longer equals `seen`, so `FUTEX_WAIT` returns at once if it has not started, and the
 //! wake reaches it if it has. The flag goes down after every sleep; a wake that finds it
 //! up after the sleeper woke costs one spare syscall, never a missed message.
+//!
+//! # Sleeping in `poll(2)` instead
+//!
+//! A rank that waits for a local peer and a peer on another host at once cannot sleep
+//! on its bell: it sleeps in `poll(2)` on its connections, with the flag saying which
+//! local peer it waits for ([`in_poll_for`]). The same protocol then tells that peer,
+//! and only that one, to ring by a byte on its connection to the sleeper instead (the
+//! caller of [`Rings::write`] or [`Rings::read`] sends it, see [`Ring::ByteNeeded`]);
+//! the sleeper's `poll` includes that connection and drains it when it wakes.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -34,25 +45,49 @@ pub const DEFAULT_RING_BYTES: usize = 1 << 20;
 /// Room for counters ahead of the data (one page keeps them on their own cache lines).
 const HEADER: usize = 4096;
 const BELL: usize = 0;
-/// Non-zero while the inbox's owner sleeps (or is about to) on its bell.
+/// Non-zero while the inbox's owner sleeps (or is about to): [`SLEEPING_ON_BELL`], or
+/// [`in_poll_for`] a peer.
 const SLEEPING: usize = 64;
+/// In the `SLEEPING` word: asleep on the bell (a futex).
+pub(super) const SLEEPING_ON_BELL: u32 = 1;
+
+/// In the `SLEEPING` word: asleep in `poll(2)` until local rank `peer` writes or reads,
+/// woken by a byte on the connection from `peer`.
+pub(super) fn in_poll_for(peer: usize) -> u32 {
+    u32::try_from(peer).map_or(u32::MAX, |p| p.saturating_add(2))
+}
+
+/// What a rank that has just changed a ring must still do to wake its reader or writer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub(super) enum Ring {
+    /// Nothing: it was awake, or its bell was rung.
+    Done,
+    /// It sleeps in `poll(2)`: send it a byte on the connection to it.
+    ByteNeeded,
+}
 const HEAD: usize = 0;
 const TAIL: usize = 64;
 
-/// Bytes of one rank's inbox.
-pub(super) fn inbox_len(world_size: usize, ring_bytes: usize) -> usize {
-    HEADER + world_size * (HEADER + ring_bytes)
+/// Bytes of one rank's inbox on a host of `local_ranks` ranks.
+pub(super) fn inbox_len(local_ranks: usize, ring_bytes: usize) -> usize {
+    HEADER + local_ranks * (HEADER + ring_bytes)
 }
 
-fn ring_offset(sender: usize, ring_bytes: usize) -> usize {
-    HEADER + sender * (HEADER + ring_bytes)
+/// Where the ring of the local rank at position `slot` starts in an inbox.
+fn ring_offset(slot: usize, ring_bytes: usize) -> usize {
+    HEADER + slot * (HEADER + ring_bytes)
 }
 
-/// Every rank's inbox, mapped by this rank.
+/// The inboxes of the ranks this rank shares memory with, mapped by this rank.
 pub(super) struct Rings {
     pub(super) ring_bytes: usize,
-    /// `inboxes[r]`: rank r's inbox (this rank's own included).
-    pub(super) inboxes: Vec<Mapping>,
+    /// `inboxes[r]`: rank r's inbox (this rank's own included), for the ranks this rank
+    /// shares memory with; `None` for the others.
+    pub(super) inboxes: Vec<Option<Mapping>>,
+    /// `slots[r]`: local rank r's position among the host's local ranks, where its ring
+    /// sits in every inbox of the host.
+    pub(super) slots: Vec<Option<usize>>,
     /// `tails_seen[p]`: the tail of the ring this rank writes into `p`'s inbox, as last
     /// loaded. The tail only grows, so the space it shows is never more than there is:
     /// a write loads the peer's tail again only when that space is too short. This
@@ -62,23 +97,58 @@ pub(super) struct Rings {
 }
 
 impl Rings {
-    /// `rank`'s doorbell: bumped (and woken) whenever its rings change.
-    pub(super) fn bell(&self, rank: usize) -> &AtomicU32 {
-        self.inboxes[rank].atomic_u32(BELL)
+    /// Whether this rank shares memory with `rank` (itself included).
+    pub(super) fn has(&self, rank: usize) -> bool {
+        matches!(self.inboxes.get(rank), Some(Some(_)))
     }
 
-    /// Wakes `rank` if it sleeps (or is about to) on its bell; the caller has just
-    /// published a counter `rank` waits on. No syscall when `rank` is awake.
-    fn ring_bell(&self, rank: usize) {
+    fn inbox(&self, rank: usize) -> Option<&Mapping> {
+        self.inboxes.get(rank)?.as_ref()
+    }
+
+    /// `rank`'s doorbell: bumped (and woken) whenever its rings change; `None` for a
+    /// rank this one shares no memory with.
+    pub(super) fn bell(&self, rank: usize) -> Option<&AtomicU32> {
+        Some(self.inbox(rank)?.atomic_u32(BELL))
+    }
+
+    /// Wakes `rank` if it sleeps (or is about to) on its bell; `me` has just published
+    /// a counter `rank` waits on. No syscall when `rank` is awake. If it sleeps in
+    /// `poll(2)` waiting for `me`, says so: the caller sends it a byte.
+    fn ring_bell(&self, me: usize, rank: usize) -> Ring {
         fence(Ordering::SeqCst);
-        if self.inboxes[rank]
-            .atomic_u32(SLEEPING)
-            .load(Ordering::Relaxed)
-            != 0
-        {
-            let bell = self.bell(rank);
-            bell.fetch_add(1, Ordering::Release);
-            futex_wake(bell);
+        let Some(inbox) = self.inbox(rank) else {
+            return Ring::Done;
+        };
+        match inbox.atomic_u32(SLEEPING).load(Ordering::Relaxed) {
+            0 => Ring::Done,
+            SLEEPING_ON_BELL => {
+                let bell = inbox.atomic_u32(BELL);
+                bell.fetch_add(1, Ordering::Release);
+                futex_wake(bell);
+                Ring::Done
+            }
+            how if how == in_poll_for(me) => Ring::ByteNeeded,
+            // In `poll(2)` for another peer: this change is not what it waits for.
+            _ => Ring::Done,
+        }
+    }
+
+    /// Raises `me`'s flag (`how`: [`SLEEPING_ON_BELL`] or [`in_poll_for`]) and
+    /// returns whether `ready()` holds after it, which the caller must check before it
+    /// sleeps; see the module documentation. [`Rings::lower_flag`] undoes it.
+    pub(super) fn raise_flag(&self, me: usize, how: u32, ready: impl Fn() -> bool) -> bool {
+        if let Some(inbox) = self.inbox(me) {
+            inbox.atomic_u32(SLEEPING).store(how, Ordering::Relaxed);
+        }
+        fence(Ordering::SeqCst);
+        ready()
+    }
+
+    /// `me` is awake again.
+    pub(super) fn lower_flag(&self, me: usize) {
+        if let Some(inbox) = self.inbox(me) {
+            inbox.atomic_u32(SLEEPING).store(0, Ordering::Relaxed);
         }
     }
 
@@ -93,27 +163,34 @@ impl Rings {
         timeout: Duration,
         ready: impl Fn() -> bool,
     ) -> bool {
-        let sleeping = self.inboxes[me].atomic_u32(SLEEPING);
-        sleeping.store(1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
-        let ready_now = ready();
+        let ready_now = self.raise_flag(me, SLEEPING_ON_BELL, ready);
         if !ready_now {
-            futex_wait(self.bell(me), seen, timeout);
+            if let Some(bell) = self.bell(me) {
+                futex_wait(bell, seen, timeout);
+            }
         }
-        sleeping.store(0, Ordering::Relaxed);
+        self.lower_flag(me);
         ready_now
     }
 
-    /// (head, tail) of the ring `sender → receiver`.
-    fn counters(&self, sender: usize, receiver: usize) -> (&AtomicU64, &AtomicU64) {
-        let inbox = &self.inboxes[receiver];
-        let ring = ring_offset(sender, self.ring_bytes);
-        (inbox.atomic_u64(ring + HEAD), inbox.atomic_u64(ring + TAIL))
+    /// The inbox of `receiver` and where the ring `sender → receiver` starts in it, if
+    /// both share memory with this rank.
+    fn ring(&self, sender: usize, receiver: usize) -> Option<(&Mapping, usize)> {
+        let slot = (*self.slots.get(sender)?)?;
+        Some((self.inbox(receiver)?, ring_offset(slot, self.ring_bytes)))
     }
 
-    /// Bytes waiting in the ring `sender → receiver`.
+    /// (head, tail) of the ring `sender → receiver`.
+    fn counters(&self, sender: usize, receiver: usize) -> Option<(&AtomicU64, &AtomicU64)> {
+        let (inbox, ring) = self.ring(sender, receiver)?;
+        Some((inbox.atomic_u64(ring + HEAD), inbox.atomic_u64(ring + TAIL)))
+    }
+
+    /// Bytes waiting in the ring `sender → receiver` (0 if there is none).
     pub(super) fn used(&self, sender: usize, receiver: usize) -> usize {
-        let (head, tail) = self.counters(sender, receiver);
+        let Some((head, tail)) = self.counters(sender, receiver) else {
+            return 0;
+        };
         let used = head
             .load(Ordering::Acquire)
             .wrapping_sub(tail.load(Ordering::Acquire));
@@ -121,10 +198,14 @@ impl Rings {
     }
 
     /// Copies a prefix of `bufs` into the ring `me → peer` (at most its free space),
-    /// publishes it and rings the peer's bell. Returns the bytes taken.
-    pub(super) fn write(&self, me: usize, peer: usize, bufs: &[IoSlice<'_>]) -> usize {
+    /// publishes it and rings the peer's bell. Returns the bytes taken (0 if there is no
+    /// such ring), and what is left to do to wake the peer.
+    pub(super) fn write(&self, me: usize, peer: usize, bufs: &[IoSlice<'_>]) -> (usize, Ring) {
         let cap = self.ring_bytes;
-        let (head, tail) = self.counters(me, peer);
+        let Some(((head, tail), (inbox, ring))) = self.counters(me, peer).zip(self.ring(me, peer))
+        else {
+            return (0, Ring::Done);
+        };
         // Only this rank moves the head.
         let start = head.load(Ordering::Relaxed);
         let free = match self.tails_seen.get(peer) {
@@ -143,10 +224,9 @@ impl Rings {
             None => cap - self.used(me, peer),
         };
         if free == 0 {
-            return 0;
+            return (0, Ring::Done);
         }
-        let data = ring_offset(me, cap) + HEADER;
-        let inbox = &self.inboxes[peer];
+        let data = ring + HEADER;
         let mut written = 0usize;
         for buf in bufs {
             let mut src: &[u8] = buf;
@@ -159,22 +239,29 @@ impl Rings {
             }
         }
         head.store(start.wrapping_add(written as u64), Ordering::Release);
-        self.ring_bell(peer);
-        written
+        (written, self.ring_bell(me, peer))
     }
 
     /// Copies what waits in the ring `peer → me` into `bufs` (as much as fits), frees
-    /// that space and rings the peer's bell. Returns the bytes read.
-    pub(super) fn read(&self, me: usize, peer: usize, bufs: &mut [IoSliceMut<'_>]) -> usize {
+    /// that space and rings the peer's bell. Returns the bytes read (0 if there is no
+    /// such ring), and what is left to do to wake the peer.
+    pub(super) fn read(
+        &self,
+        me: usize,
+        peer: usize,
+        bufs: &mut [IoSliceMut<'_>],
+    ) -> (usize, Ring) {
         let cap = self.ring_bytes;
         let available = self.used(peer, me);
+        let Some(((_, tail), (inbox, ring))) = self.counters(peer, me).zip(self.ring(peer, me))
+        else {
+            return (0, Ring::Done);
+        };
         if available == 0 {
-            return 0;
+            return (0, Ring::Done);
         }
-        let (_, tail) = self.counters(peer, me);
         let start = tail.load(Ordering::Relaxed);
-        let data = ring_offset(peer, cap) + HEADER;
-        let inbox = &self.inboxes[me];
+        let data = ring + HEADER;
         let mut read = 0usize;
         for buf in bufs.iter_mut() {
             let mut dst: &mut [u8] = buf;
@@ -188,8 +275,7 @@ impl Rings {
             }
         }
         tail.store(start.wrapping_add(read as u64), Ordering::Release);
-        self.ring_bell(peer);
-        read
+        (read, self.ring_bell(me, peer))
     }
 }
 
@@ -217,7 +303,8 @@ mod tests {
         }
         Some(Rings {
             ring_bytes: RING,
-            inboxes,
+            inboxes: inboxes.into_iter().map(Some).collect(),
+            slots: vec![Some(0), Some(1)],
             tails_seen: (0..2).map(|_| AtomicU64::new(0)).collect(),
         })
     }
@@ -228,8 +315,8 @@ mod tests {
         let mut longest = Duration::ZERO;
         let mut byte = [0u8; 1];
         loop {
-            let seen = rings.bell(me).load(Ordering::Acquire);
-            if rings.read(me, peer, &mut [IoSliceMut::new(&mut byte)]) == 1 {
+            let seen = rings.bell(me).map_or(0, |b| b.load(Ordering::Acquire));
+            if rings.read(me, peer, &mut [IoSliceMut::new(&mut byte)]).0 == 1 {
                 return longest;
             }
             let started = Instant::now();
@@ -257,7 +344,7 @@ mod tests {
                 let mut longest = Duration::ZERO;
                 for _ in 0..ROUNDS {
                     longest = longest.max(receive(rings, 1, 0, lost));
-                    assert_eq!(rings.write(1, 0, &[IoSlice::new(b"y")]), 1);
+                    assert_eq!(rings.write(1, 0, &[IoSlice::new(b"y")]).0, 1);
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
@@ -266,7 +353,7 @@ mod tests {
             });
             let mut longest = Duration::ZERO;
             for _ in 0..ROUNDS {
-                assert_eq!(rings.write(0, 1, &[IoSlice::new(b"x")]), 1);
+                assert_eq!(rings.write(0, 1, &[IoSlice::new(b"x")]).0, 1);
                 longest = longest.max(receive(rings, 0, 1, lost));
                 if started.elapsed() > Duration::from_secs(60) {
                     stop.store(true, Ordering::Relaxed);
@@ -294,7 +381,7 @@ mod tests {
         let (mut sent, mut received) = (0usize, 0usize);
         let mut write = |len: usize| {
             let bytes: Vec<u8> = (sent..sent + len).map(pattern).collect();
-            let n = rings.write(0, 1, &[IoSlice::new(&bytes)]);
+            let n = rings.write(0, 1, &[IoSlice::new(&bytes)]).0;
             sent += n;
             n
         };
@@ -303,7 +390,7 @@ mod tests {
         assert_eq!(write(10), 0, "full");
         let mut read = |len: usize| {
             let mut bytes = vec![0u8; len];
-            let n = rings.read(1, 0, &mut [IoSliceMut::new(&mut bytes)]);
+            let n = rings.read(1, 0, &mut [IoSliceMut::new(&mut bytes)]).0;
             for (i, byte) in bytes[..n].iter().enumerate() {
                 assert_eq!(*byte, pattern(received + i), "byte {}", received + i);
             }
@@ -328,10 +415,10 @@ mod tests {
     #[test]
     fn a_write_to_an_awake_rank_makes_no_wake_up() {
         let Some(rings) = two_rings() else { return };
-        let bell = rings.bell(1).load(Ordering::Acquire);
-        assert_eq!(rings.write(0, 1, &[IoSlice::new(b"abc")]), 3);
+        let bell = rings.bell(1).map_or(0, |b| b.load(Ordering::Acquire));
+        assert_eq!(rings.write(0, 1, &[IoSlice::new(b"abc")]).0, 3);
         assert_eq!(
-            rings.bell(1).load(Ordering::Acquire),
+            rings.bell(1).map_or(0, |b| b.load(Ordering::Acquire)),
             bell,
             "rang an awake rank"
         );
@@ -341,9 +428,9 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(1));
         assert_eq!(
             rings.inboxes[1]
-                .atomic_u32(SLEEPING)
-                .load(Ordering::Relaxed),
-            0
+                .as_ref()
+                .map(|inbox| inbox.atomic_u32(SLEEPING).load(Ordering::Relaxed)),
+            Some(0)
         );
     }
 }

@@ -10,6 +10,7 @@ use std::time::Instant;
 use tracing::{info, warn};
 
 use super::inbox::{open_peer, OwnInbox, Ticket};
+use super::mapping::Mapping;
 use super::ring::{inbox_len, Rings};
 use crate::{PeerWatch, SetupStore, WatchedStore};
 
@@ -127,86 +128,188 @@ pub fn set_up<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         required,
     };
     let store = &mut WatchedStore::new(store, peers, rank, n, STEP);
-    let decline = |store: &mut WatchedStore<'_, S, W>, reason: String| group.decline(store, reason);
-    // 1. Every rank on this host?
-    let me = host_identity();
+    set_up_as(store, &group, &host_identity(), ring_bytes)
+}
+
+/// [`set_up`] for a rank whose host identity is `me` (a test gives several ranks of one
+/// process different hosts).
+pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
+    store: &mut WatchedStore<'_, S, W>,
+    group: &Group,
+    me: &str,
+    ring_bytes: usize,
+) -> Result<Option<SharedRings>, S::Error> {
+    let (rank, n, deadline) = (group.rank, group.n, group.deadline);
+    // 1. Which ranks share this host: those that report this rank's identity.
     store.set(&format!("ringccl/host/{rank}"), me.as_bytes())?;
+    let mut local = Vec::new();
+    let mut elsewhere = None;
     for peer in 0..n {
         let theirs = store.wait_for(peer, &format!("ringccl/host/{peer}"), deadline, &|| {
             format!("rank {peer} to report its host")
         })?;
-        if theirs != me.as_bytes() {
-            let reason = format!(
-                "it needs every rank on one host (and in one PID namespace), but rank {peer} \
-                 runs on {:?} and this rank on {me:?}",
-                String::from_utf8_lossy(&theirs)
-            );
-            if required {
-                return decline(store, reason);
-            }
-            info!(rank, "ranks on several hosts: using TCP");
-            return Ok(None);
+        if theirs == me.as_bytes() {
+            local.push(peer);
+        } else if elsewhere.is_none() {
+            elsewhere = Some((peer, String::from_utf8_lossy(&theirs).into_owned()));
         }
     }
-    // 2. Create this rank's inbox, reserving its space; publish where peers find it.
-    let len = inbox_len(n, ring_bytes);
-    let created = OwnInbox::create(len, n);
+    if let (Some((peer, theirs)), true) = (&elsewhere, group.required) {
+        let reason = format!(
+            "it needs every rank on one host (and in one PID namespace), but rank {peer} \
+             runs on {theirs:?} and this rank on {me:?}"
+        );
+        return group.decline(store, reason);
+    }
+    if local.len() < 2 {
+        info!(rank, "no other rank on this host: TCP to every peer");
+        return Ok(None);
+    }
+    // 2. Create this rank's inbox, with a ring for every local rank, reserving its
+    // space; publish where the local peers find it.
+    let len = inbox_len(local.len(), ring_bytes);
+    let created = OwnInbox::create(len, local.len());
     let outcome = match &created {
         Ok(own) => Ok(own.ticket().encode()),
         Err(reason) => Err(format!("creating its inbox: {reason}")),
     };
-    let tickets = match agree(store, "created", rank, n, outcome, deadline)? {
-        Ok(tickets) => tickets,
-        Err(reason) => return decline(store, reason), // `created` drops: its memory is freed
-    };
-    let Ok(own) = created else {
-        return decline(store, "this rank could not create its inbox".into());
-    };
-    // 3. Map every other rank's inbox, once it has passed the checks.
-    let mut inboxes = Vec::with_capacity(n);
-    let mut map_error = None;
-    for (peer, ticket) in tickets.iter().enumerate() {
-        if peer == rank {
-            continue;
+    let tickets = gather(store, "created", rank, &local, outcome, deadline)?;
+    if group.required {
+        if let Some(Err(reason)) = tickets.iter().find(|t| t.is_err()) {
+            return group.decline(store, reason.clone());
         }
-        let mapped = match Ticket::decode(ticket) {
-            Some(ticket) => open_peer(&ticket, len, own.owner())
-                .map_err(|e| format!("rank {peer}'s inbox ({}): {e}", ticket.path().display())),
-            None => Err(format!(
-                "rank {peer} published an unreadable inbox ticket {ticket:?}"
-            )),
-        };
-        match mapped {
-            Ok(mapping) => inboxes.push((peer, mapping)),
-            Err(e) => {
-                map_error = Some(format!("mapping {e}"));
-                break;
+    }
+    // 3. Map the inbox of every local peer that created one: the probe. A peer that
+    // reports this host but whose inbox cannot be opened from here (another /dev/shm,
+    // another user) is not one to share memory with.
+    let mut mapped = Vec::new();
+    let mut why_not: Vec<(usize, String)> = Vec::new();
+    match &created {
+        Ok(own) => {
+            for (&peer, ticket) in local.iter().zip(&tickets) {
+                if peer == rank {
+                    continue;
+                }
+                let opened = match ticket {
+                    Err(reason) => Err(reason.clone()),
+                    Ok(ticket) => match Ticket::decode(ticket) {
+                        Some(ticket) => open_peer(&ticket, len, own.owner()).map_err(|e| {
+                            format!(
+                                "mapping rank {peer}'s inbox ({}): {e}",
+                                ticket.path().display()
+                            )
+                        }),
+                        None => Err(format!(
+                            "rank {peer} published an unreadable inbox ticket {ticket:?}"
+                        )),
+                    },
+                };
+                match opened {
+                    Ok(mapping) => mapped.push((peer, mapping)),
+                    Err(reason) => why_not.push((peer, reason)),
+                }
             }
         }
+        Err(reason) => why_not.extend(
+            local
+                .iter()
+                .filter(|&&p| p != rank)
+                .map(|&p| (p, format!("this rank could not create its inbox: {reason}"))),
+        ),
     }
-    let outcome = map_error.map_or(Ok(String::new()), Err);
-    let all_mapped = agree(store, "mapped", rank, n, outcome, deadline);
-    // Every peer has opened this rank's inbox (or given up): close it to everyone else.
-    let own = own.into_mapping();
-    if let Err(reason) = all_mapped? {
-        return decline(store, reason);
+    let list: Vec<String> = mapped.iter().map(|(peer, _)| peer.to_string()).collect();
+    let theirs = gather(store, "mapped", rank, &local, Ok(list.join(",")), deadline)?;
+    // Every local peer has opened this rank's inbox (or given up): close it to everyone
+    // else.
+    let own = created.map(OwnInbox::into_mapping);
+    // 4. Shared memory with the peers each of the two could map.
+    let maps_me = |index: usize| {
+        theirs
+            .get(index)
+            .and_then(|t| t.as_ref().ok())
+            .is_some_and(|list| {
+                list.split(',')
+                    .any(|p| p.parse::<usize>().ok() == Some(rank))
+            })
+    };
+    let mut inboxes: Vec<Option<Mapping>> = (0..n).map(|_| None).collect();
+    for (peer, mapping) in mapped {
+        let index = local.iter().position(|&p| p == peer).unwrap_or(usize::MAX);
+        if maps_me(index) {
+            if let Some(slot) = inboxes.get_mut(peer) {
+                *slot = Some(mapping);
+            }
+        } else {
+            why_not.push((
+                peer,
+                format!("rank {peer} could not map this rank's inbox (its log says why)"),
+            ));
+        }
     }
-    inboxes.push((rank, own));
-    inboxes.sort_by_key(|(r, _)| *r);
+    why_not.sort_by_key(|(peer, _)| *peer);
+    if group.required {
+        // Every rank must share memory with every other: all decline alike if a pair
+        // cannot, the one that failed with its own reason.
+        let missing = local.iter().zip(&theirs).find_map(|(&a, list)| {
+            let list = list.as_deref().unwrap_or("");
+            let has = |b: usize| list.split(',').any(|p| p.parse::<usize>().ok() == Some(b));
+            let b = local.iter().copied().find(|&b| b != a && !has(b))?;
+            Some((a, b))
+        });
+        if let Some((a, b)) = missing {
+            let reason = match why_not.first() {
+                Some((_, reason)) if a == rank => reason.clone(),
+                _ => format!("rank {a} could not map rank {b}'s inbox (its log says why)"),
+            };
+            return group.decline(store, reason);
+        }
+    }
+    let job = format!("{:016x}", group.job);
+    if inboxes.iter().all(Option::is_none) {
+        if let Some((_, reason)) = why_not.first() {
+            warn!(
+                rank,
+                job, "shared memory cannot be used, so this job runs over TCP: {reason}"
+            );
+        }
+    } else {
+        for (peer, reason) in &why_not {
+            warn!(
+                rank,
+                peer,
+                job,
+                "rank {peer} is on this host, but shared memory with it cannot be set up, so \
+                 the two use TCP: {reason}"
+            );
+        }
+    }
+    let (Ok(own), true) = (own, inboxes.iter().any(Option::is_some)) else {
+        return Ok(None);
+    };
+    if let Some(slot) = inboxes.get_mut(rank) {
+        *slot = Some(own);
+    }
+    let mut slots = vec![None; n];
+    for (position, &peer) in local.iter().enumerate() {
+        if let Some(slot) = slots.get_mut(peer) {
+            *slot = Some(position);
+        }
+    }
     Ok(Some(SharedRings(Rings {
         ring_bytes,
-        inboxes: inboxes.into_iter().map(|(_, m)| m).collect(),
+        inboxes,
+        slots,
         tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
     })))
 }
 
-/// The facts of the job that giving up needs.
-struct Group {
-    rank: usize,
-    n: usize,
-    job: u64,
-    deadline: Instant,
-    required: bool,
+/// The facts of the job that set-up and giving up need.
+pub(super) struct Group {
+    pub(super) rank: usize,
+    pub(super) n: usize,
+    pub(super) job: u64,
+    pub(super) deadline: Instant,
+    pub(super) required: bool,
 }
 
 impl Group {
@@ -254,102 +357,48 @@ impl Group {
 }
 
 /// Publishes this rank's outcome of a set-up step (a payload, or why it failed) and
-/// learns everyone's. `Ok(Ok(payloads))`, by rank, when every rank succeeded; else
-/// `Ok(Err(why))` naming the first rank that failed — the same answer on every rank.
-fn agree<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
+/// learns that of every rank in `ranks` (this one among them): their outcomes, in the
+/// order of `ranks`, each with the reason it failed, said from this rank's side.
+fn gather<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     store: &mut WatchedStore<'_, S, W>,
     step: &str,
     rank: usize,
-    n: usize,
+    ranks: &[usize],
     outcome: Result<String, String>,
     deadline: Instant,
-) -> Result<Result<Vec<String>, String>, S::Error> {
+) -> Result<Vec<Result<String, String>>, S::Error> {
     let published = match &outcome {
         Ok(payload) => format!("ok:{payload}"),
         Err(reason) => format!("err:{reason}"),
     };
     store.set(&format!("ringccl/shm/{step}/{rank}"), published.as_bytes())?;
-    let mut payloads = Vec::with_capacity(n);
-    let mut failure = None;
-    for peer in 0..n {
+    let mut outcomes = Vec::with_capacity(ranks.len());
+    for &peer in ranks {
         let key = format!("ringccl/shm/{step}/{peer}");
         let value = store.wait_for(peer, &key, deadline, &|| {
             format!("rank {peer} to finish setting up shared memory ({step})")
         })?;
         let value = String::from_utf8_lossy(&value).into_owned();
-        if let Some(payload) = value.strip_prefix("ok:") {
-            payloads.push(payload.to_string());
-            continue;
-        }
-        if failure.is_none() {
-            failure = Some(match (peer == rank, value.strip_prefix("err:")) {
-                (true, Some(reason)) => reason.to_string(),
-                (false, Some(reason)) => format!("rank {peer} failed: {reason}"),
-                (_, None) => format!("rank {peer} published an unreadable outcome {value:?}"),
-            });
-        }
-        payloads.push(String::new());
+        outcomes.push(
+            match (value.strip_prefix("ok:"), value.strip_prefix("err:")) {
+                (Some(payload), _) => Ok(payload.to_string()),
+                (None, Some(reason)) if peer == rank => Err(reason.to_string()),
+                (None, Some(reason)) => Err(format!("rank {peer} failed: {reason}")),
+                (None, None) => Err(format!(
+                    "rank {peer} published an unreadable outcome {value:?}"
+                )),
+            },
+        );
     }
-    Ok(failure.map_or(Ok(payloads), Err))
+    Ok(outcomes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-    use std::sync::{Arc, Condvar, Mutex};
     use std::time::Duration;
 
-    /// An in-memory store shared by threads (or by a test playing a hostile rank).
-    #[derive(Clone, Default)]
-    struct MemoryStore(Arc<(Mutex<Keys>, Condvar)>);
-
-    type Keys = HashMap<String, Vec<u8>>;
-
-    #[derive(Debug, thiserror::Error)]
-    enum StoreError {
-        #[error(transparent)]
-        Unavailable(#[from] ShmUnavailable),
-        #[error(transparent)]
-        Gone(#[from] crate::PeerGone),
-        #[error("timed out waiting for {0}")]
-        Timeout(String),
-    }
-
-    impl SetupStore for MemoryStore {
-        type Error = StoreError;
-
-        fn set(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-            let (map, changed) = &*self.0;
-            map.lock().unwrap().insert(key.into(), value.into());
-            changed.notify_all();
-            Ok(())
-        }
-
-        fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-            Ok(self.0 .0.lock().unwrap().get(key).cloned())
-        }
-
-        fn wait(
-            &mut self,
-            key: &str,
-            deadline: Instant,
-            waiting_for: &dyn Fn() -> String,
-        ) -> Result<Vec<u8>, StoreError> {
-            let (map, changed) = &*self.0;
-            let mut map = map.lock().unwrap();
-            loop {
-                if let Some(v) = map.get(key) {
-                    return Ok(v.clone());
-                }
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(StoreError::Timeout(waiting_for()));
-                }
-                map = changed.wait_timeout(map, left).unwrap().0;
-            }
-        }
-    }
+    use crate::shm::test_store::{MemoryStore, StoreError};
 
     const RING: usize = 4096;
 
@@ -391,13 +440,72 @@ mod tests {
         });
         assert!(started.elapsed() < Duration::from_secs(20));
         // Rank 0 writes to rank 2; rank 2 reads it from its own inbox.
-        let sent = rings[0].0.write(0, 2, &[std::io::IoSlice::new(b"ring")]);
+        let (sent, _) = rings[0].0.write(0, 2, &[std::io::IoSlice::new(b"ring")]);
         assert_eq!(sent, 4);
         let mut got = [0u8; 4];
-        let read = rings[2]
+        let (read, _) = rings[2]
             .0
             .read(2, 0, &mut [std::io::IoSliceMut::new(&mut got)]);
         assert_eq!((read, &got), (4, b"ring"));
+    }
+
+    /// Ranks 0 and 1 share a host with rank 2, whose inbox cannot be mapped (a ticket
+    /// that names no inbox): 0 and 1 share memory, and each uses TCP with rank 2.
+    #[test]
+    fn a_pair_that_cannot_share_memory_falls_back_alone() {
+        if !have_shm() {
+            return;
+        }
+        let mut store = MemoryStore::default();
+        store.set("ringccl/host/2", b"here").unwrap();
+        store.set("ringccl/shm/created/2", b"ok:garbage").unwrap();
+        store.set("ringccl/shm/mapped/2", b"ok:0,1").unwrap();
+        let rings: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|rank| {
+                    let mut store = store.clone();
+                    s.spawn(move || {
+                        let group = Group {
+                            rank,
+                            n: 3,
+                            job: 1,
+                            deadline: soon(),
+                            required: false,
+                        };
+                        let mut store = WatchedStore::new(&mut store, &all_there, rank, 3, STEP);
+                        set_up_as(&mut store, &group, "here", RING).unwrap()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap())
+                .collect()
+        });
+        for (rank, rings) in rings.iter().enumerate() {
+            let shared: Vec<bool> = (0..3).map(|peer| rings.0.has(peer)).collect();
+            assert_eq!(shared, [true, true, false], "rank {rank}");
+        }
+        // The same job required to share memory everywhere: an error naming the pair.
+        let group = Group {
+            rank: 0,
+            n: 3,
+            job: 1,
+            deadline: Instant::now() + Duration::from_millis(500),
+            required: true,
+        };
+        let mut alone = store.clone();
+        alone.set("ringccl/host/1", b"here").unwrap();
+        alone.set("ringccl/shm/declined/1", b"1").unwrap();
+        alone.set("ringccl/shm/declined/2", b"1").unwrap();
+        alone
+            .set("ringccl/shm/created/1", b"err:creating its inbox: full")
+            .unwrap();
+        let mut watched = WatchedStore::new(&mut alone, &all_there, 0, 3, STEP);
+        match set_up_as(&mut watched, &group, "here", RING) {
+            Err(StoreError::Unavailable(e)) => assert!(e.reason.contains("rank 1 failed"), "{e}"),
+            other => panic!("{:?}", other.map(|r| r.is_some())),
+        }
     }
 
     /// A store in which rank 1 of a two-rank job on this host has published its host and,
