@@ -7,7 +7,10 @@
 //!     naming the lost rank;
 //! (c) killing one rank does the same;
 //! (d) a stranger sending garbage to the store port (during rendezvous and training) and
-//!     to rank 0's data port (while it waits for its peers) leaves the group unharmed.
+//!     to rank 0's data port (while it waits for its peers) leaves the group unharmed;
+//! (e) with several ranks per host (2 + 2, 1 + 1, 2 + 1 + 1), the ranks of a host share
+//!     memory, ranks of different hosts use TCP, and the whole collective matrix is exact
+//!     and bit-identical on every rank.
 
 mod common;
 
@@ -15,6 +18,7 @@ use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use common::matrix::{assert_identical, matrix};
 use common::netns::Lab;
 use common::{child_group, digest, heavy_lock, RESULT_PREFIX};
 use ringccl::core::store::StoreClient;
@@ -241,6 +245,65 @@ fn strangers_with_garbage_do_not_disturb_the_group() {
         assert!(
             *ok && lines == &vec!["ok".to_string()],
             "rank {rank}: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
+    const NAME: &str = "ranks_share_memory_within_a_host_and_use_tcp_across_hosts";
+    if let Some(pg) = child_group(NAME) {
+        let peers: Vec<&str> = (0..pg.world_size())
+            .map(|peer| pg.peer_transport(peer))
+            .collect();
+        println!("{RESULT_PREFIX}peers {}", peers.join(","));
+        for line in matrix(&pg) {
+            println!("{RESULT_PREFIX}{line}");
+        }
+        return;
+    }
+    for hosts in [&[2, 2][..], &[1, 1], &[2, 1, 1]] {
+        let lab = match Lab::with_hosts(hosts) {
+            Ok(lab) => lab,
+            Err(reason) => {
+                println!("{NAME}: skipped: cannot build network namespaces ({reason})");
+                return;
+            }
+        };
+        let _heavy = heavy_lock();
+        let started = Instant::now();
+        let results = lab
+            .spawn(NAME, &[("RINGCCL_TRANSPORT", "auto")])
+            .finish(Duration::from_secs(600));
+        let host_of: Vec<usize> = hosts
+            .iter()
+            .enumerate()
+            .flat_map(|(host, &ranks)| std::iter::repeat_n(host, ranks))
+            .collect();
+        let mut cases = Vec::new();
+        for (rank, (lines, ok)) in results.into_iter().enumerate() {
+            assert!(ok, "hosts {hosts:?}: rank {rank} failed");
+            let expected: Vec<&str> = host_of
+                .iter()
+                .enumerate()
+                .map(|(peer, &host)| match peer {
+                    p if p == rank => "self",
+                    _ if host == host_of[rank] => "shm",
+                    _ => "tcp",
+                })
+                .collect();
+            assert_eq!(
+                lines.first().map(String::as_str),
+                Some(format!("peers {}", expected.join(",")).as_str()),
+                "hosts {hosts:?}: rank {rank}"
+            );
+            cases.push(lines[1..].to_vec());
+        }
+        assert_identical(&cases);
+        println!(
+            "hosts {hosts:?}: {} cases bit-identical on every rank in {:?}",
+            cases[0].len(),
+            started.elapsed()
         );
     }
 }

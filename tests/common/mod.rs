@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod elements;
+pub mod matrix;
 pub mod netns;
 
 use std::io::{BufRead, BufReader};

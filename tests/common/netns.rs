@@ -1,6 +1,8 @@
 //! A small lab of network namespaces: N "hosts", each with its own address on a
-//! bridge, so that ranks really talk across (virtual) links that a test can cut or
-//! rate-limit. Needs root and iproute2; [`Lab::new`] says why when it cannot be built.
+//! bridge and its own host name (each rank runs in a UTS namespace named after its
+//! host), so that ranks really talk across (virtual) links that a test can cut or
+//! rate-limit, and only ranks of one host share memory. Needs root, iproute2 and
+//! util-linux's `unshare`; [`Lab::new`] says why when it cannot be built.
 //!
 //! Everything lives in the lab's own namespaces (the bridge too): nothing touches the
 //! host's network. Namespaces are deleted when the lab is dropped.
@@ -16,11 +18,13 @@ use super::{after, CHILD_VAR, PORT_PREFIX, RESULT_PREFIX};
 
 static LABS: AtomicUsize = AtomicUsize::new(0);
 
-/// N namespaces `<prefix>0 .. <prefix>N-1` on a bridge in `<prefix>hub`; host `r` has
-/// address `10.77.0.(r+1)/24` on its `eth0`.
+/// N namespaces `<prefix>0 .. <prefix>N-1` on a bridge in `<prefix>hub`; host `h` has
+/// address `10.77.0.(h+1)/24` on its `eth0`, and runs the ranks `host_of` gives it.
 pub struct Lab {
     prefix: String,
     n: usize,
+    /// The host of each rank.
+    host_of: Vec<usize>,
 }
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -40,8 +44,24 @@ fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 impl Lab {
-    /// Builds the lab, or says why it cannot (not root, no iproute2, no netns support).
+    /// Builds a lab of `n` hosts with one rank each, or says why it cannot (not root, no
+    /// iproute2, no netns support).
     pub fn new(n: usize) -> Result<Lab, String> {
+        Lab::with_hosts(&vec![1; n])
+    }
+
+    /// Builds a lab of `ranks_per_host.len()` hosts, host `h` running the next
+    /// `ranks_per_host[h]` ranks (ranks are numbered host by host).
+    pub fn with_hosts(ranks_per_host: &[usize]) -> Result<Lab, String> {
+        let n = ranks_per_host.len();
+        let host_of = ranks_per_host
+            .iter()
+            .enumerate()
+            .flat_map(|(host, &ranks)| std::iter::repeat_n(host, ranks))
+            .collect();
+        if Command::new("unshare").arg("--version").output().is_err() {
+            return Err("util-linux's unshare is missing".into());
+        }
         // SAFETY-free check of root: the effective uid as `id -u` prints it.
         let uid = Command::new("id")
             .arg("-u")
@@ -56,7 +76,7 @@ impl Lab {
             std::process::id(),
             LABS.fetch_add(1, Ordering::SeqCst)
         );
-        let lab = Lab { prefix, n };
+        let lab = Lab { prefix, n, host_of };
         let hub = lab.hub();
         ip(&["netns", "add", &hub])?;
         ip(&["-n", &hub, "link", "set", "lo", "up"])?;
@@ -122,6 +142,16 @@ impl Lab {
             .status()
             .map(|s| s.success())
             .unwrap_or(false)
+    }
+
+    /// How many ranks the lab runs.
+    pub fn ranks(&self) -> usize {
+        self.host_of.len()
+    }
+
+    /// The host name of host `h`, which its ranks see.
+    pub fn host_name(&self, h: usize) -> String {
+        format!("{}host{h}", self.prefix)
     }
 
     /// Host `r`'s address.
@@ -195,7 +225,7 @@ impl Lab {
         };
         between(port);
         ranks.store_port = port;
-        for r in 1..self.n {
+        for r in 1..self.ranks() {
             ranks.start(self, test_name, r, Some(port), env);
         }
         ranks
@@ -238,14 +268,25 @@ impl Ranks {
         env: &[(&str, &str)],
     ) {
         let exe = std::env::current_exe().expect("current test binary");
+        let host = lab.host_of[rank];
+        // In the host's network namespace, in a UTS namespace of its own named after the
+        // host.
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &lab.ns(rank)])
+            .args(["netns", "exec", &lab.ns(host)])
+            .args([
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                "hostname \"$0\" && exec \"$@\"",
+            ])
+            .arg(lab.host_name(host))
             .arg(exe)
             .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
             .envs(env.iter().copied())
             .env(CHILD_VAR, test_name)
             .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", lab.n.to_string())
+            .env("WORLD_SIZE", lab.ranks().to_string())
             .env("MASTER_ADDR", lab.addr(0))
             .env("MASTER_PORT", port.unwrap_or(0).to_string())
             .stdout(Stdio::piped())
