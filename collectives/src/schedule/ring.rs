@@ -14,15 +14,93 @@
 //! receive of the same chunk at step `k`: the ring is pipelined chunk by chunk, with
 //! sending, receiving and reducing overlapping.
 
+use std::ops::Range;
+
 use super::{chunks, segment, RecvAction, RecvStep, Schedule, SendStep};
 
+/// What one ring phase does with what it receives.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    ReduceScatter,
+pub(super) enum Phase {
+    /// Reduce-scatter: fold it in, as the final reduction at the phase's last step when
+    /// `last` (no later phase reduces these elements further).
+    ReduceScatter { last: bool },
+    /// All-gather: store it.
     AllGather,
 }
 
-/// Shape shared by every ring phase of one call.
+/// One phase of a ring over `members` (ranks in ring order, this rank at position `me`),
+/// whose segment at position `v` is the element ranges `pieces[v]`, already cut into
+/// chunks. With ownership shift `shift`, this rank ends the reduce-scatter owning segment
+/// `me + shift`: in step `k` it sends segment `me + shift − 1 − k` to the next member and
+/// receives segment `me + shift − 2 − k` from the previous one (the all-gather sends
+/// `me + shift − k` and receives `me + shift − 1 − k`).
+pub(super) struct RingOver<'a> {
+    pub(super) members: &'a [usize],
+    pub(super) me: usize,
+    pub(super) pieces: &'a [Vec<Range<usize>>],
+    pub(super) shift: usize,
+}
+
+impl RingOver<'_> {
+    /// `me + shift − k` modulo the ring's size, for any k.
+    fn seg(&self, k: usize) -> usize {
+        let n = self.members.len();
+        (self.me + self.shift + n - k % n) % n
+    }
+
+    /// Appends the phase (one step fewer than members) to `schedule`. `prev` holds the
+    /// receive index each chunk of the segment the first step sends must wait for, if
+    /// any. Returns the receive indices of the phase's last step, chunk by chunk.
+    pub(super) fn push_phase(
+        &self,
+        schedule: &mut Schedule,
+        phase: Phase,
+        mut prev: Option<Vec<usize>>,
+    ) -> Vec<usize> {
+        let n = self.members.len();
+        let mut last = Vec::new();
+        if n < 2 {
+            return last;
+        }
+        let next = self.members[(self.me + 1) % n];
+        let from = self.members[(self.me + n - 1) % n];
+        for step in 0..n - 1 {
+            let (send_seg, recv_seg, action) = match phase {
+                Phase::ReduceScatter { last } => (
+                    self.seg(step + 1),
+                    self.seg(step + 2),
+                    RecvAction::Reduce {
+                        last: last && step == n - 2,
+                        incoming_first: true,
+                    },
+                ),
+                Phase::AllGather => (self.seg(step), self.seg(step + 1), RecvAction::Store),
+            };
+            for (j, range) in self.pieces[send_seg].iter().enumerate() {
+                schedule.sends.push(SendStep {
+                    peer: next,
+                    range: range.clone(),
+                    // What is sent at step k+1 is what was received at step k.
+                    after_recv: prev.as_ref().and_then(|p| p.get(j).copied()),
+                });
+            }
+            last.clear();
+            for range in &self.pieces[recv_seg] {
+                last.push(schedule.recvs.len());
+                schedule.recvs.push(RecvStep {
+                    peer: from,
+                    range: range.clone(),
+                    action,
+                    after_send: None,
+                });
+            }
+            prev = Some(last.clone());
+        }
+        last
+    }
+}
+
+/// Shape shared by every ring phase of one call over all ranks `0..n`.
 #[derive(Clone, Copy)]
 struct Ring {
     rank: usize,
@@ -35,63 +113,27 @@ struct Ring {
 }
 
 impl Ring {
-    /// `r + shift − k` modulo n, for any k.
-    fn seg(&self, k: usize) -> usize {
-        let n = self.n;
-        (self.rank + self.shift + n - k % n) % n
-    }
-
-    /// Appends one phase (N−1 steps) to `schedule`. `prev` holds the receive index of
-    /// each chunk of the segment the first step sends, when that send must wait for it.
-    /// Returns the receive indices of the phase's last step, chunk by chunk.
+    /// Appends one phase over every rank, the buffer cut into `n` segments.
     fn push_phase(
         &self,
         schedule: &mut Schedule,
         phase: Phase,
-        mut prev: Option<Vec<usize>>,
+        prev: Option<Vec<usize>>,
     ) -> Vec<usize> {
-        let n = self.n;
-        let next = (self.rank + 1) % n;
-        let from = (self.rank + n - 1) % n;
-        let mut last = Vec::new();
-        for step in 0..n - 1 {
-            let (send_seg, recv_seg, action) = match phase {
-                Phase::ReduceScatter => (
-                    self.seg(step + 1),
-                    self.seg(step + 2),
-                    RecvAction::Reduce {
-                        last: step == n - 2,
-                        incoming_first: true,
-                    },
-                ),
-                Phase::AllGather => (self.seg(step), self.seg(step + 1), RecvAction::Store),
-            };
-            let send_range = segment(self.count, n, send_seg);
-            for (j, range) in chunks(send_range, self.elem_size, self.max_chunk_bytes).enumerate() {
-                schedule.sends.push(SendStep {
-                    peer: next,
-                    range,
-                    // What is sent at step k+1 is what was received at step k.
-                    after_recv: prev.as_ref().map(|p| p[j]),
-                });
-            }
-            last.clear();
-            for range in chunks(
-                segment(self.count, n, recv_seg),
-                self.elem_size,
-                self.max_chunk_bytes,
-            ) {
-                last.push(schedule.recvs.len());
-                schedule.recvs.push(RecvStep {
-                    peer: from,
-                    range,
-                    action,
-                    after_send: None,
-                });
-            }
-            prev = Some(last.clone());
+        let members: Vec<usize> = (0..self.n).collect();
+        let pieces: Vec<Vec<Range<usize>>> = (0..self.n)
+            .map(|v| {
+                chunks(segment(self.count, self.n, v), self.elem_size, self.max_chunk_bytes)
+                    .collect()
+            })
+            .collect();
+        RingOver {
+            members: &members,
+            me: self.rank,
+            pieces: &pieces,
+            shift: self.shift,
         }
-        last
+        .push_phase(schedule, phase, prev)
     }
 }
 
@@ -125,7 +167,7 @@ pub fn ring_all_reduce(
     let mut schedule = Schedule::default();
     if world_size > 1 {
         let r = ring(rank, world_size, count, elem_size, max_chunk_bytes, 1);
-        let owned = r.push_phase(&mut schedule, Phase::ReduceScatter, None);
+        let owned = r.push_phase(&mut schedule, Phase::ReduceScatter { last: true }, None);
         r.push_phase(&mut schedule, Phase::AllGather, Some(owned));
     }
     schedule
@@ -167,7 +209,7 @@ pub fn ring_reduce_scatter(
         count,
         elem_size,
         max_chunk_bytes,
-        Phase::ReduceScatter,
+        Phase::ReduceScatter { last: true },
     )
 }
 
@@ -207,7 +249,7 @@ pub fn ring_reduce(
         return schedule;
     }
     let r = ring(rank, n, count, elem_size, max_chunk_bytes, 0);
-    let owned = r.push_phase(&mut schedule, Phase::ReduceScatter, None);
+    let owned = r.push_phase(&mut schedule, Phase::ReduceScatter { last: true }, None);
     if rank != root {
         for (j, range) in chunks(segment(count, n, rank), elem_size, max_chunk_bytes).enumerate() {
             schedule.sends.push(SendStep {

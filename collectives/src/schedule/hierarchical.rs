@@ -1,0 +1,227 @@
+//! The hierarchical all-reduce, for groups that span hosts with several ranks on a host
+//! (as NCCL and Horovod run it):
+//!
+//! 1. a ring reduce-scatter inside each host (over shared memory);
+//! 2. a ring all-reduce of each shard across the hosts, every local rank driving its own
+//!    shard at once (over the network);
+//! 3. a ring all-gather inside each host.
+//!
+//! A host's link then carries about 2(M−1)/M of the buffer for M hosts, where a flat
+//! ring over all N ranks sends 2(N−1)/N of it through each host's link.
+//!
+//! The buffer is cut into `G` segments, `G` the most ranks any host has. On a host of `L`
+//! ranks, local rank `j` owns the segments `g` with `g mod L = j` (all of them on a host
+//! of one). Step 1 reduces each segment onto its owner (the host's ranks around their
+//! ring, in one fixed order); step 2 runs, for each segment, a ring all-reduce among its
+//! owners on every host, in host order, whose reduce-scatter makes the final reduction;
+//! step 3 copies the results around each host. Every element is therefore reduced in one
+//! fixed order on one rank and copied everywhere else: bit-identical on every rank,
+//! whatever the hosts' sizes. Uneven hosts are fine: a rank owning several segments takes
+//! part in one cross-host ring per segment, in segment order on every rank.
+
+use std::ops::Range;
+
+use super::ring::{Phase, RingOver};
+use super::{chunks, ring_all_reduce, segment, Schedule};
+
+/// Rank `rank`'s part of a hierarchical all-reduce of `count` elements of `elem_size`
+/// bytes, in chunks of at most `max_chunk_bytes`, for ranks on the hosts `host_of` gives
+/// (`host_of[r]`: any label of rank r's host, the same for every rank of it). With one
+/// host, or one rank on every host, it is the flat ring.
+///
+/// ```
+/// use ringccl_collectives::schedule::hierarchical_all_reduce;
+///
+/// // Two hosts of two ranks: rank 0 reduces with rank 1 (its host), then with rank 2.
+/// let s = hierarchical_all_reduce(0, &[0, 0, 1, 1], 1000, 4, 1 << 20);
+/// let peers: Vec<usize> = s.sends.iter().map(|send| send.peer).collect();
+/// assert_eq!(peers, [1, 2, 2, 1]);
+/// ```
+pub fn hierarchical_all_reduce(
+    rank: usize,
+    host_of: &[usize],
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+) -> Schedule {
+    let n = host_of.len();
+    let Some(topology) = Topology::new(host_of).filter(|t| t.hosts.len() > 1 && t.widest > 1)
+    else {
+        return ring_all_reduce(rank, n, count, elem_size, max_chunk_bytes);
+    };
+    let Some((host, local_index)) = topology.place(rank) else {
+        return Schedule::default();
+    };
+    let local = &topology.hosts[host];
+    let segments = topology.widest;
+    let cut = |range: Range<usize>| -> Vec<Range<usize>> {
+        chunks(range, elem_size, max_chunk_bytes).collect()
+    };
+    // The host's ring works on "virtual segments": local rank v's, the segments it owns.
+    let owned_by = |v: usize| (0..segments).filter(move |g| g % local.len() == v);
+    let local_pieces: Vec<Vec<Range<usize>>> = (0..local.len())
+        .map(|v| {
+            owned_by(v)
+                .flat_map(|g| cut(segment(count, segments, g)))
+                .collect()
+        })
+        .collect();
+    let inside = RingOver {
+        members: local,
+        me: local_index,
+        pieces: &local_pieces,
+        shift: 0,
+    };
+    let mut schedule = Schedule::default();
+    // 1. Reduce-scatter inside the host: this rank ends with its segments' host sums.
+    let reduced = inside.push_phase(
+        &mut schedule,
+        Phase::ReduceScatter { last: false },
+        None,
+    );
+    let host_sums = reduced.last().copied();
+    // 2. Each owned segment, all-reduced with its owners on the other hosts.
+    let mut crossed = None;
+    for g in owned_by(local_index) {
+        let members: Vec<usize> = topology
+            .hosts
+            .iter()
+            .map(|ranks| ranks[g % ranks.len()])
+            .collect();
+        let range = segment(count, segments, g);
+        let pieces: Vec<Vec<Range<usize>>> = (0..members.len())
+            .map(|v| {
+                let part = segment(range.len(), members.len(), v);
+                cut(range.start + part.start..range.start + part.end)
+            })
+            .collect();
+        let across = RingOver {
+            members: &members,
+            me: host,
+            pieces: &pieces,
+            shift: 1,
+        };
+        // Its first sends wait for the host's sum of the segment (coarsely: for the
+        // last receive of step 1, which completes after all the others).
+        let widest = pieces.iter().map(Vec::len).max().unwrap_or(0);
+        let after_host_sums = host_sums.map(|at| vec![at; widest]);
+        let owned = across.push_phase(
+            &mut schedule,
+            Phase::ReduceScatter { last: true },
+            after_host_sums,
+        );
+        across.push_phase(&mut schedule, Phase::AllGather, Some(owned));
+        crossed = schedule.recvs.len().checked_sub(1).or(crossed);
+    }
+    // 3. All-gather inside the host, once every owned segment is complete.
+    let widest = local_pieces.iter().map(Vec::len).max().unwrap_or(0);
+    inside.push_phase(
+        &mut schedule,
+        Phase::AllGather,
+        crossed.map(|at| vec![at; widest]),
+    );
+    schedule
+}
+
+/// The ranks of each host, hosts in the order of their lowest rank, ranks in order.
+struct Topology {
+    hosts: Vec<Vec<usize>>,
+    /// The most ranks on one host.
+    widest: usize,
+}
+
+impl Topology {
+    fn new(host_of: &[usize]) -> Option<Topology> {
+        let mut hosts: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (rank, &label) in host_of.iter().enumerate() {
+            match hosts.iter_mut().find(|(l, _)| *l == label) {
+                Some((_, ranks)) => ranks.push(rank),
+                None => hosts.push((label, vec![rank])),
+            }
+        }
+        let hosts: Vec<Vec<usize>> = hosts.into_iter().map(|(_, ranks)| ranks).collect();
+        let widest = hosts.iter().map(Vec::len).max()?;
+        Some(Topology { hosts, widest })
+    }
+
+    /// `rank`'s host and its position among the host's ranks.
+    fn place(&self, rank: usize) -> Option<(usize, usize)> {
+        self.hosts.iter().enumerate().find_map(|(host, ranks)| {
+            let index = ranks.iter().position(|&r| r == rank)?;
+            Some((host, index))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::sim::simulate;
+    use super::*;
+    use crate::schedule::RecvAction;
+    use crate::CollectiveKind;
+
+    /// Hosts of every shape the tests prove: even, uneven, interleaved ranks.
+    const LAYOUTS: &[&[usize]] = &[
+        &[0, 0, 1, 1],
+        &[0, 0, 1],
+        &[0, 1, 1],
+        &[0, 0, 1, 2],
+        &[0, 0, 0, 1, 1],
+        &[0, 1, 0, 1],
+        &[5, 5, 5, 5, 9, 9, 9, 9],
+        &[0, 0, 1, 1, 2, 2],
+        &[0, 0, 0, 1],
+        &[2, 0, 1, 0, 2, 2, 1],
+        &[0, 0],
+        &[0, 1, 2],
+    ];
+
+    #[test]
+    fn every_layout_and_size_reduces_once_in_one_order_without_deadlock() {
+        for &host_of in LAYOUTS {
+            let n = host_of.len();
+            for count in [0, 1, 2, 3, 5, 7, 64, 1001] {
+                for chunk in [4, 12, 64, 1 << 20] {
+                    simulate(n, count, CollectiveKind::AllReduce, None, |rank| {
+                        hierarchical_all_reduce(rank, host_of, count, 4, chunk)
+                    });
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_owners_cross_hosts_and_each_crossing_carries_a_shard() {
+        // 2 hosts x 2 ranks, 1000 elements: rank 0 owns segment 0 (elements 0..500),
+        // sends its first half to rank 2 and finishes the second half, whose final sum
+        // comes from rank 2; then it sends that half back and gets the first.
+        let s = hierarchical_all_reduce(0, &[0, 0, 1, 1], 1000, 4, 1 << 20);
+        let to = |peer: usize| -> usize {
+            s.sends
+                .iter()
+                .filter(|x| x.peer == peer)
+                .map(|x| x.range.len())
+                .sum()
+        };
+        assert_eq!((to(1), to(2), to(3)), (500 + 500, 250 + 250, 0));
+        let finals: Vec<_> = s
+            .recvs
+            .iter()
+            .filter(|r| matches!(r.action, RecvAction::Reduce { last: true, .. }))
+            .map(|r| (r.peer, r.range.clone()))
+            .collect();
+        assert_eq!(finals, [(2, 250..500)], "the final sums come across hosts");
+    }
+
+    #[test]
+    fn one_host_or_one_rank_per_host_is_the_flat_ring() {
+        for host_of in [&[0, 0, 0][..], &[0, 1, 2]] {
+            for rank in 0..3 {
+                assert_eq!(
+                    hierarchical_all_reduce(rank, host_of, 100, 4, 64),
+                    ring_all_reduce(rank, 3, 100, 4, 64)
+                );
+            }
+        }
+    }
+}
