@@ -258,7 +258,7 @@ fn log_summary(
         backend = "gloo",
         transport,
         peers = %peers.join(","),
-        address,
+        address = %address,
         all_reduce = ?config.all_reduce_algo,
         recursive_doubling_up_to = config.small_all_reduce_max_bytes,
         halving_doubling_up_to = config.mid_all_reduce_max_bytes,

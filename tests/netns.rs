@@ -10,7 +10,8 @@
 //!     to rank 0's data port (while it waits for its peers) leaves the group unharmed;
 //! (e) with several ranks per host (2 + 2, 1 + 1, 2 + 1 + 1), the ranks of a host share
 //!     memory, ranks of different hosts use TCP, and the whole collective matrix is exact
-//!     and bit-identical on every rank.
+//!     and bit-identical on every rank, with the automatic all-reduce and with the
+//!     hierarchical one forced.
 
 mod common;
 
@@ -262,7 +263,15 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
         }
         return;
     }
-    for hosts in [&[2, 2][..], &[1, 1], &[2, 1, 1]] {
+    // The automatic choice (the hierarchical all-reduce above 32 KiB where hosts hold
+    // several ranks), then the hierarchical one forced at every size.
+    for (hosts, algo) in [
+        (&[2, 2][..], "auto"),
+        (&[1, 1], "auto"),
+        (&[2, 1, 1], "auto"),
+        (&[2, 2], "hierarchical"),
+        (&[2, 1, 1], "hierarchical"),
+    ] {
         let lab = match Lab::with_hosts(hosts) {
             Ok(lab) => lab,
             Err(reason) => {
@@ -273,7 +282,10 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
         let _heavy = heavy_lock();
         let started = Instant::now();
         let results = lab
-            .spawn(NAME, &[("RINGCCL_TRANSPORT", "auto")])
+            .spawn(
+                NAME,
+                &[("RINGCCL_TRANSPORT", "auto"), ("RINGCCL_ALGO", algo)],
+            )
             .finish(Duration::from_secs(600));
         let host_of: Vec<usize> = hosts
             .iter()
@@ -282,7 +294,7 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
             .collect();
         let mut cases = Vec::new();
         for (rank, (lines, ok)) in results.into_iter().enumerate() {
-            assert!(ok, "hosts {hosts:?}: rank {rank} failed");
+            assert!(ok, "hosts {hosts:?}, {algo}: rank {rank} failed");
             let expected: Vec<&str> = host_of
                 .iter()
                 .enumerate()
@@ -301,7 +313,7 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
         }
         assert_identical(&cases);
         println!(
-            "hosts {hosts:?}: {} cases bit-identical on every rank in {:?}",
+            "hosts {hosts:?}, {algo}: {} cases bit-identical on every rank in {:?}",
             cases[0].len(),
             started.elapsed()
         );

@@ -23,12 +23,15 @@ pub enum AllReduceAlgo {
     RecursiveDoubling,
     /// Always Rabenseifner's halving-doubling: the ring's bytes in 2·log2 N steps.
     HalvingDoubling,
+    /// The hierarchical all-reduce whenever the group spans hosts with several ranks on
+    /// one (inside each host, across, inside again); the ring otherwise.
+    Hierarchical,
 }
 
 impl AllReduceAlgo {
     /// The names accepted by [`FromStr`] (and the `RINGCCL_ALGO` variable).
     pub const NAMES: &'static str =
-        "auto, ring, recursive_doubling (or rd), halving_doubling (or hd)";
+        "auto, ring, recursive_doubling (or rd), halving_doubling (or hd), hierarchical (or hier)";
 
     /// The schedule to run for a buffer of `bytes` bytes over `ranks` ranks: under
     /// `Auto`, recursive doubling up to `small_max_bytes`, then halving-doubling up to
@@ -51,7 +54,7 @@ impl AllReduceAlgo {
         mid_max_bytes: usize,
     ) -> Algorithm {
         match self {
-            AllReduceAlgo::Ring => Algorithm::Ring,
+            AllReduceAlgo::Ring | AllReduceAlgo::Hierarchical => Algorithm::Ring,
             AllReduceAlgo::RecursiveDoubling => Algorithm::RecursiveDoubling,
             AllReduceAlgo::HalvingDoubling => Algorithm::HalvingDoubling,
             AllReduceAlgo::Auto if bytes <= small_max_bytes => Algorithm::RecursiveDoubling,
@@ -59,6 +62,37 @@ impl AllReduceAlgo {
                 Algorithm::HalvingDoubling
             }
             AllReduceAlgo::Auto => Algorithm::Ring,
+        }
+    }
+}
+
+impl AllReduceAlgo {
+    /// [`AllReduceAlgo::pick`] for a group whose ranks sit on several hosts with several
+    /// ranks on at least one (`spans_hosts`): there `Auto` takes the hierarchical
+    /// all-reduce above `small_max_bytes` (recursive doubling's latency still wins below),
+    /// and `Hierarchical` takes it at every size. Without `spans_hosts`, `pick`.
+    ///
+    /// ```
+    /// use ringccl_collectives::{wire::Algorithm, AllReduceAlgo};
+    /// let auto = AllReduceAlgo::Auto;
+    /// assert_eq!(auto.pick_on_hosts(8, 4, 100, 1000, true), Algorithm::RecursiveDoubling);
+    /// assert_eq!(auto.pick_on_hosts(500, 4, 100, 1000, true), Algorithm::Hierarchical);
+    /// assert_eq!(auto.pick_on_hosts(500, 4, 100, 1000, false), Algorithm::HalvingDoubling);
+    /// ```
+    pub fn pick_on_hosts(
+        self,
+        bytes: usize,
+        ranks: usize,
+        small_max_bytes: usize,
+        mid_max_bytes: usize,
+        spans_hosts: bool,
+    ) -> Algorithm {
+        match self {
+            AllReduceAlgo::Hierarchical if spans_hosts => Algorithm::Hierarchical,
+            AllReduceAlgo::Auto if spans_hosts && bytes > small_max_bytes => {
+                Algorithm::Hierarchical
+            }
+            _ => self.pick(bytes, ranks, small_max_bytes, mid_max_bytes),
         }
     }
 }
@@ -72,6 +106,7 @@ impl FromStr for AllReduceAlgo {
             "ring" => Ok(AllReduceAlgo::Ring),
             "recursive_doubling" | "rd" => Ok(AllReduceAlgo::RecursiveDoubling),
             "halving_doubling" | "hd" | "rabenseifner" => Ok(AllReduceAlgo::HalvingDoubling),
+            "hierarchical" | "hier" => Ok(AllReduceAlgo::Hierarchical),
             _ => Err(Error::InvalidArgument(format!(
                 "unknown all-reduce algorithm {s:?}: valid names are {}",
                 AllReduceAlgo::NAMES
@@ -87,6 +122,7 @@ impl fmt::Display for AllReduceAlgo {
             AllReduceAlgo::Ring => "ring",
             AllReduceAlgo::RecursiveDoubling => "recursive_doubling",
             AllReduceAlgo::HalvingDoubling => "halving_doubling",
+            AllReduceAlgo::Hierarchical => "hierarchical",
         })
     }
 }
@@ -131,6 +167,7 @@ mod tests {
             AllReduceAlgo::Ring,
             AllReduceAlgo::RecursiveDoubling,
             AllReduceAlgo::HalvingDoubling,
+            AllReduceAlgo::Hierarchical,
         ] {
             assert_eq!(algo.to_string().parse::<AllReduceAlgo>().unwrap(), algo);
         }

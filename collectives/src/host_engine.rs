@@ -11,8 +11,8 @@ use crate::flight::FlightRecorder;
 use crate::group::{Deadline, Engine, GroupRunner, Request};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, halving_doubling_all_reduce,
-    pairwise_all_to_all, recursive_doubling_all_reduce, recv_from, ring_all_gather,
-    ring_all_reduce, ring_reduce, ring_reduce_scatter, segment, send_to, Schedule,
+    hierarchical_all_reduce, pairwise_all_to_all, recursive_doubling_all_reduce, recv_from,
+    ring_all_gather, ring_all_reduce, ring_reduce, ring_reduce_scatter, segment, send_to, Schedule,
 };
 use crate::schedule_cache::{ScheduleCache, ScheduleKey};
 use crate::timeline::{self, CollectiveTrace, PeerTraffic};
@@ -228,11 +228,13 @@ impl<T: Transport> Engine for HostEngine<T> {
             } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
                 let es = dtype.size();
-                let algorithm = cfg.all_reduce_algo.pick(
+                let hosts = self.transport.hosts();
+                let algorithm = cfg.all_reduce_algo.pick_on_hosts(
                     count * es,
                     n,
                     cfg.small_all_reduce_max_bytes,
                     cfg.mid_all_reduce_max_bytes,
+                    hosts.is_some(),
                 );
                 let schedule = match algorithm {
                     Algorithm::RecursiveDoubling => self.schedules.get(
@@ -248,6 +250,13 @@ impl<T: Transport> Engine for HostEngine<T> {
                             elem_size: es,
                         },
                         || halving_doubling_all_reduce(rank, n, count, es, chunk),
+                    ),
+                    Algorithm::Hierarchical => self.schedules.get(
+                        ScheduleKey::HierarchicalAllReduce {
+                            count,
+                            elem_size: es,
+                        },
+                        || hierarchical_all_reduce(rank, hosts.unwrap_or(&[]), count, es, chunk),
                     ),
                     _ => self.schedules.get(
                         ScheduleKey::RingAllReduce {

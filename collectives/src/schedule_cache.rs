@@ -27,6 +27,10 @@ pub(crate) enum ScheduleKey {
         count: usize,
         elem_size: usize,
     },
+    HierarchicalAllReduce {
+        count: usize,
+        elem_size: usize,
+    },
     TreeBroadcast {
         root: usize,
         count: usize,

@@ -61,6 +61,13 @@ pub trait Transport: Send + fmt::Debug {
     fn closer(&self) -> Option<Arc<dyn Closer>> {
         None
     }
+
+    /// The host of every rank (`hosts[r]`: a label, equal for ranks of one host), when
+    /// the group spans several hosts with several ranks on at least one: what the
+    /// hierarchical all-reduce needs. `None` otherwise (the default).
+    fn hosts(&self) -> Option<&[usize]> {
+        None
+    }
 }
 
 /// Closes a transport's connections from any thread (see [`Transport::closer`]).

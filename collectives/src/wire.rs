@@ -63,10 +63,12 @@ pub enum Algorithm {
     /// Rabenseifner's halving-doubling all-reduce (reduce-scatter by recursive halving,
     /// all-gather by recursive doubling).
     HalvingDoubling,
+    /// Hierarchical all-reduce: inside each host, across hosts, inside each host again.
+    Hierarchical,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 9] = [
+    const ALL: [Algorithm; 10] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::BinomialTree,
@@ -76,6 +78,7 @@ impl Algorithm {
         Algorithm::Direct,
         Algorithm::Device,
         Algorithm::HalvingDoubling,
+        Algorithm::Hierarchical,
     ];
 
     /// Stable one-byte code used on the wire.
@@ -90,6 +93,7 @@ impl Algorithm {
             Algorithm::Direct => 6,
             Algorithm::Device => 7,
             Algorithm::HalvingDoubling => 8,
+            Algorithm::Hierarchical => 9,
         }
     }
 
@@ -110,6 +114,7 @@ impl Algorithm {
             Algorithm::Direct => "direct",
             Algorithm::Device => "device library",
             Algorithm::HalvingDoubling => "halving-doubling",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 }

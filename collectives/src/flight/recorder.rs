@@ -97,6 +97,7 @@ pub fn algorithm_label(algorithm: Algorithm) -> &'static str {
         Algorithm::Direct => "direct",
         Algorithm::Device => "device",
         Algorithm::HalvingDoubling => "halving_doubling",
+        Algorithm::Hierarchical => "hierarchical",
     }
 }
 

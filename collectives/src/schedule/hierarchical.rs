@@ -74,11 +74,7 @@ pub fn hierarchical_all_reduce(
     };
     let mut schedule = Schedule::default();
     // 1. Reduce-scatter inside the host: this rank ends with its segments' host sums.
-    let reduced = inside.push_phase(
-        &mut schedule,
-        Phase::ReduceScatter { last: false },
-        None,
-    );
+    let reduced = inside.push_phase(&mut schedule, Phase::ReduceScatter { last: false }, None);
     let host_sums = reduced.last().copied();
     // 2. Each owned segment, all-reduced with its owners on the other hosts.
     let mut crossed = None;

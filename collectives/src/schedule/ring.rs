@@ -123,8 +123,12 @@ impl Ring {
         let members: Vec<usize> = (0..self.n).collect();
         let pieces: Vec<Vec<Range<usize>>> = (0..self.n)
             .map(|v| {
-                chunks(segment(self.count, self.n, v), self.elem_size, self.max_chunk_bytes)
-                    .collect()
+                chunks(
+                    segment(self.count, self.n, v),
+                    self.elem_size,
+                    self.max_chunk_bytes,
+                )
+                .collect()
             })
             .collect();
         RingOver {

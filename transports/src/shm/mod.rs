@@ -95,12 +95,15 @@ pub use crate::spin::{DEFAULT_SPIN, MAX_SPIN};
 /// Spinning checks the clock once per this many looks at the rings.
 const LOOKS_PER_CLOCK: u32 = 32;
 
-/// Ranks connected through shared memory (all on one host), with the TCP mesh kept as
-/// the liveness channel.
+/// Ranks connected through shared memory where they share a host, and through the TCP
+/// mesh otherwise; the TCP connections to the local peers stay open as their liveness
+/// channel (and carry the byte that wakes a rank sleeping in `poll`).
 pub struct ShmTransport {
     tcp: TcpTransport,
     rings: Rings,
     gone: Vec<bool>,
+    /// Every rank's host, when the group spans hosts with several ranks on one.
+    hosts: Option<Vec<usize>>,
     /// How long `wait` spins before it sleeps (zero: it sleeps at once).
     spin: Spin,
     /// When `wait` last looked at the peers' liveness.
@@ -108,14 +111,15 @@ pub struct ShmTransport {
 }
 
 impl ShmTransport {
-    /// Moves the ranks onto the rings [`set_up`] mapped, keeping `tcp`'s connections as
-    /// the liveness channel. Waits spin for [`DEFAULT_SPIN`] before they sleep (see
+    /// Moves the local peers onto the rings [`set_up`] mapped, the others staying on
+    /// `tcp`'s connections, which remain the local peers' liveness channel. Waits spin for [`DEFAULT_SPIN`] before they sleep (see
     /// [`ShmTransport::with_spin`]).
     pub fn new(rings: SharedRings, tcp: TcpTransport) -> ShmTransport {
         let n = tcp.world_size();
         ShmTransport {
             tcp,
-            rings: rings.0,
+            rings: rings.rings,
+            hosts: spans_hosts(&rings.hosts).then_some(rings.hosts),
             gone: vec![false; n],
             spin: Spin::new(DEFAULT_SPIN, n, host_cores()),
             last_look: Instant::now(),
@@ -314,6 +318,10 @@ impl Transport for ShmTransport {
         self.tcp.closer()
     }
 
+    fn hosts(&self) -> Option<&[usize]> {
+        self.hosts.as_deref()
+    }
+
     fn wait(
         &mut self,
         writable: Option<usize>,
@@ -356,6 +364,18 @@ impl Transport for ShmTransport {
             }
         }
     }
+}
+
+/// Whether ranks on the hosts `hosts` gives sit on several hosts, several on at least
+/// one: where the hierarchical all-reduce pays.
+fn spans_hosts(hosts: &[usize]) -> bool {
+    let first = hosts.first();
+    let several_hosts = hosts.iter().any(|h| Some(h) != first);
+    let shared = hosts
+        .iter()
+        .enumerate()
+        .any(|(rank, h)| hosts.get(..rank).is_some_and(|before| before.contains(h)));
+    several_hosts && shared
 }
 
 /// Whether what rank `me` waits for is there: bytes to read from `readable`, room to

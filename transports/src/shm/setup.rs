@@ -44,21 +44,54 @@ pub struct ShmUnavailable {
 
 /// Every rank's inbox, mapped: what [`ShmTransport::new`](super::ShmTransport::new)
 /// needs besides the liveness connections.
-pub struct SharedRings(pub(super) Rings);
+pub struct SharedRings {
+    pub(super) rings: Rings,
+    /// Every rank's host, as a label (the lowest rank with the same host identity).
+    pub(super) hosts: Vec<usize>,
+}
+
+impl SharedRings {
+    /// No memory shared with any of the `n` ranks, which run on `hosts`.
+    fn without_rings(n: usize, ring_bytes: usize, hosts: Vec<usize>) -> SharedRings {
+        SharedRings {
+            rings: Rings {
+                ring_bytes,
+                inboxes: (0..n).map(|_| None).collect(),
+                slots: vec![None; n],
+                tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            },
+            hosts,
+        }
+    }
+
+    /// Whether this rank shares memory with `peer`.
+    ///
+    /// ```no_run
+    /// # fn f(rings: ringccl_transports::shm::SharedRings) {
+    /// println!("{}", if rings.shares_memory_with(1) { "shm" } else { "tcp" });
+    /// # }
+    /// ```
+    pub fn shares_memory_with(&self, peer: usize) -> bool {
+        self.rings.has(peer)
+    }
+}
 
 impl std::fmt::Debug for SharedRings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedRings")
-            .field("ranks", &self.0.inboxes.len())
-            .field("ring_bytes", &self.0.ring_bytes)
+            .field("ranks", &self.rings.inboxes.len())
+            .field("ring_bytes", &self.rings.ring_bytes)
+            .field("hosts", &self.hosts)
             .finish()
     }
 }
 
 /// Sets up shared memory between the `n` ranks of job `job`, collectively: every rank
-/// must call it. `Ok(None)` when some rank is on another host or could not set it up
-/// (every rank then sees `None`, logs why, and keeps TCP); with `required`, those cases
-/// are errors that say why. Inboxes never have a name in `/dev/shm`, and their space is
+/// must call it. Each rank shares memory with the other ranks of its host that it can
+/// (see the [module](super) docs); the result says with which, and where every rank
+/// runs, for a transport that reaches the others over TCP. A pair that cannot share
+/// memory logs why and uses TCP; with `required`, any rank elsewhere or any pair that
+/// cannot is an error that says why, on every rank. Inboxes never have a name in `/dev/shm`, and their space is
 /// reserved here, so a full `/dev/shm` is an error now rather than a SIGBUS later; no
 /// descriptor on them is left open once this returns, and the kernel frees them when
 /// the last rank unmaps them, even if a process is killed (see the [module](super) docs).
@@ -104,9 +137,9 @@ impl std::fmt::Debug for SharedRings {
 ///
 /// let deadline = Instant::now() + Duration::from_secs(10);
 /// let no_peers = |_peer: usize| false;
-/// // Not required: `None`, and a logged warning saying why, where it cannot work.
+/// // Not required: a group of one shares memory with nobody.
 /// let rings = shm::set_up(&mut OneRank::default(), &no_peers, 0, 1, 7, 4096, deadline, false)?;
-/// println!("{}", if rings.is_some() { "shared memory" } else { "TCP" });
+/// assert!(rings.is_some_and(|r| !r.shares_memory_with(0)));
 /// # Ok::<(), Failed>(())
 /// ```
 #[allow(clippy::too_many_arguments)] // every argument is one fact of the job; a struct would only rename them
@@ -144,10 +177,14 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     store.set(&format!("ringccl/host/{rank}"), me.as_bytes())?;
     let mut local = Vec::new();
     let mut elsewhere = None;
+    let mut identities: Vec<Vec<u8>> = Vec::with_capacity(n);
+    let mut hosts = Vec::with_capacity(n);
     for peer in 0..n {
         let theirs = store.wait_for(peer, &format!("ringccl/host/{peer}"), deadline, &|| {
             format!("rank {peer} to report its host")
         })?;
+        hosts.push(identities.iter().position(|i| *i == theirs).unwrap_or(peer));
+        identities.push(theirs.clone());
         if theirs == me.as_bytes() {
             local.push(peer);
         } else if elsewhere.is_none() {
@@ -163,7 +200,7 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     }
     if local.len() < 2 {
         info!(rank, "no other rank on this host: TCP to every peer");
-        return Ok(None);
+        return Ok(Some(SharedRings::without_rings(n, ring_bytes, hosts)));
     }
     // 2. Create this rank's inbox, with a ring for every local rank, reserving its
     // space; publish where the local peers find it.
@@ -284,7 +321,7 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         }
     }
     let (Ok(own), true) = (own, inboxes.iter().any(Option::is_some)) else {
-        return Ok(None);
+        return Ok(Some(SharedRings::without_rings(n, ring_bytes, hosts)));
     };
     if let Some(slot) = inboxes.get_mut(rank) {
         *slot = Some(own);
@@ -295,12 +332,15 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
             *slot = Some(position);
         }
     }
-    Ok(Some(SharedRings(Rings {
-        ring_bytes,
-        inboxes,
-        slots,
-        tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
-    })))
+    Ok(Some(SharedRings {
+        rings: Rings {
+            ring_bytes,
+            inboxes,
+            slots,
+            tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        },
+        hosts,
+    }))
 }
 
 /// The facts of the job that set-up and giving up need.
@@ -440,11 +480,13 @@ mod tests {
         });
         assert!(started.elapsed() < Duration::from_secs(20));
         // Rank 0 writes to rank 2; rank 2 reads it from its own inbox.
-        let (sent, _) = rings[0].0.write(0, 2, &[std::io::IoSlice::new(b"ring")]);
+        let (sent, _) = rings[0]
+            .rings
+            .write(0, 2, &[std::io::IoSlice::new(b"ring")]);
         assert_eq!(sent, 4);
         let mut got = [0u8; 4];
         let (read, _) = rings[2]
-            .0
+            .rings
             .read(2, 0, &mut [std::io::IoSliceMut::new(&mut got)]);
         assert_eq!((read, &got), (4, b"ring"));
     }
@@ -483,7 +525,7 @@ mod tests {
                 .collect()
         });
         for (rank, rings) in rings.iter().enumerate() {
-            let shared: Vec<bool> = (0..3).map(|peer| rings.0.has(peer)).collect();
+            let shared: Vec<bool> = (0..3).map(|peer| rings.rings.has(peer)).collect();
             assert_eq!(shared, [true, true, false], "rank {rank}");
         }
         // The same job required to share memory everywhere: an error naming the pair.
@@ -557,7 +599,10 @@ mod tests {
                 other => panic!("{ticket}: {:?}", other.map(|r| r.is_some())),
             }
             assert!(started.elapsed() < Duration::from_secs(10));
-            assert!(matches!(rank_0_against(ticket, false), Ok(None)));
+            match rank_0_against(ticket, false) {
+                Ok(Some(rings)) => assert!(!rings.shares_memory_with(1), "{ticket}"),
+                other => panic!("{ticket}: {:?}", other.map(|r| r.is_some())),
+            }
         }
     }
 
