@@ -22,7 +22,27 @@
 use std::ops::Range;
 
 use super::ring::{Phase, RingOver};
-use super::{chunks, ring_all_reduce, segment, Schedule};
+use super::{chunks, ring_all_reduce, segment, RecvStep, Schedule};
+
+/// For each range of the segment `ring` sends first in `phase`, the latest receive among
+/// `recvs[from..]` that writes any of its elements: the receive the send must wait for
+/// (receives complete in order, so every earlier one is done then). `None` when some
+/// range has no such receive (nothing before it to wait for).
+fn waits_for(
+    ring: &RingOver<'_>,
+    phase: Phase,
+    recvs: &[RecvStep],
+    from: usize,
+) -> Option<Vec<usize>> {
+    ring.pieces[ring.first_sent(phase)]
+        .iter()
+        .map(|range| {
+            (from..recvs.len())
+                .rev()
+                .find(|&i| recvs[i].range.start < range.end && range.start < recvs[i].range.end)
+        })
+        .collect()
+}
 
 /// Rank `rank`'s part of a hierarchical all-reduce of `count` elements of `elem_size`
 /// bytes, in chunks of at most `max_chunk_bytes`, for ranks on the hosts `host_of` gives
@@ -74,10 +94,9 @@ pub fn hierarchical_all_reduce(
     };
     let mut schedule = Schedule::default();
     // 1. Reduce-scatter inside the host: this rank ends with its segments' host sums.
-    let reduced = inside.push_phase(&mut schedule, Phase::ReduceScatter { last: false }, None);
-    let host_sums = reduced.last().copied();
+    inside.push_phase(&mut schedule, Phase::ReduceScatter { last: false }, None);
+    let crossing_starts = schedule.recvs.len();
     // 2. Each owned segment, all-reduced with its owners on the other hosts.
-    let mut crossed = None;
     for g in owned_by(local_index) {
         let members: Vec<usize> = topology
             .hosts
@@ -97,25 +116,17 @@ pub fn hierarchical_all_reduce(
             pieces: &pieces,
             shift: 1,
         };
-        // Its first sends wait for the host's sum of the segment (coarsely: for the
-        // last receive of step 1, which completes after all the others).
-        let widest = pieces.iter().map(Vec::len).max().unwrap_or(0);
-        let after_host_sums = host_sums.map(|at| vec![at; widest]);
-        let owned = across.push_phase(
-            &mut schedule,
-            Phase::ReduceScatter { last: true },
-            after_host_sums,
-        );
+        // Each chunk it sends first waits for the host's sum of its elements (step 1's
+        // receive that completes them), so the crossing starts with the first chunk.
+        let reduce = Phase::ReduceScatter { last: true };
+        let host_sums = waits_for(&across, reduce, &schedule.recvs, 0);
+        let owned = across.push_phase(&mut schedule, reduce, host_sums);
         across.push_phase(&mut schedule, Phase::AllGather, Some(owned));
-        crossed = schedule.recvs.len().checked_sub(1).or(crossed);
     }
-    // 3. All-gather inside the host, once every owned segment is complete.
-    let widest = local_pieces.iter().map(Vec::len).max().unwrap_or(0);
-    inside.push_phase(
-        &mut schedule,
-        Phase::AllGather,
-        crossed.map(|at| vec![at; widest]),
-    );
+    // 3. All-gather inside the host: each chunk of this rank's segments goes round once
+    // step 2 has completed its elements.
+    let complete = waits_for(&inside, Phase::AllGather, &schedule.recvs, crossing_starts);
+    inside.push_phase(&mut schedule, Phase::AllGather, complete);
     schedule
 }
 

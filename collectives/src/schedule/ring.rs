@@ -48,6 +48,15 @@ impl RingOver<'_> {
         (self.me + self.shift + n - k % n) % n
     }
 
+    /// The segment the phase's first step sends (the one `prev` in
+    /// [`RingOver::push_phase`] is about).
+    pub(super) fn first_sent(&self, phase: Phase) -> usize {
+        match phase {
+            Phase::ReduceScatter { .. } => self.seg(1),
+            Phase::AllGather => self.seg(0),
+        }
+    }
+
     /// Appends the phase (one step fewer than members) to `schedule`. `prev` holds the
     /// receive index each chunk of the segment the first step sends must wait for, if
     /// any. Returns the receive indices of the phase's last step, chunk by chunk.
