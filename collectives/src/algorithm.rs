@@ -66,11 +66,18 @@ impl AllReduceAlgo {
     }
 }
 
+/// Across hosts, the largest buffer recursive doubling keeps (when
+/// `small_all_reduce_max_bytes` is not lower): above it the hierarchical all-reduce was
+/// faster at 2 hosts x 2 ranks on 1 Gbit/s links (`SWEEP=1 scripts/netns-hosts-bench.sh`,
+/// docs/benchmarks.md): even at 4 KiB, 1.3x faster at 16 KiB, 2x from 32 KiB.
+pub const ACROSS_HOSTS_SMALL_MAX_BYTES: usize = 8 << 10;
+
 impl AllReduceAlgo {
     /// [`AllReduceAlgo::pick`] for a group whose ranks sit on several hosts with several
     /// ranks on at least one (`spans_hosts`): there `Auto` takes the hierarchical
-    /// all-reduce above `small_max_bytes` (recursive doubling's latency still wins below),
-    /// and `Hierarchical` takes it at every size. Without `spans_hosts`, `pick`.
+    /// all-reduce above `small_max_bytes` or [`ACROSS_HOSTS_SMALL_MAX_BYTES`], whichever
+    /// is lower (recursive doubling's latency still wins below), and `Hierarchical` takes
+    /// it at every size. Without `spans_hosts`, `pick`.
     ///
     /// ```
     /// use ringccl_collectives::{wire::Algorithm, AllReduceAlgo};
@@ -78,6 +85,7 @@ impl AllReduceAlgo {
     /// assert_eq!(auto.pick_on_hosts(8, 4, 100, 1000, true), Algorithm::RecursiveDoubling);
     /// assert_eq!(auto.pick_on_hosts(500, 4, 100, 1000, true), Algorithm::Hierarchical);
     /// assert_eq!(auto.pick_on_hosts(500, 4, 100, 1000, false), Algorithm::HalvingDoubling);
+    /// assert_eq!(auto.pick_on_hosts(16 << 10, 4, 32 << 10, 1 << 22, true), Algorithm::Hierarchical);
     /// ```
     pub fn pick_on_hosts(
         self,
@@ -89,7 +97,9 @@ impl AllReduceAlgo {
     ) -> Algorithm {
         match self {
             AllReduceAlgo::Hierarchical if spans_hosts => Algorithm::Hierarchical,
-            AllReduceAlgo::Auto if spans_hosts && bytes > small_max_bytes => {
+            AllReduceAlgo::Auto
+                if spans_hosts && bytes > small_max_bytes.min(ACROSS_HOSTS_SMALL_MAX_BYTES) =>
+            {
                 Algorithm::Hierarchical
             }
             _ => self.pick(bytes, ranks, small_max_bytes, mid_max_bytes),

@@ -31,7 +31,7 @@ pub mod timeline;
 mod transport;
 pub mod wire;
 
-pub use algorithm::AllReduceAlgo;
+pub use algorithm::{AllReduceAlgo, ACROSS_HOSTS_SMALL_MAX_BYTES};
 pub use backend::{validate_blocks, validate_reduce, validate_root, Backend};
 pub use buffer::{BufferMut, BufferRef};
 pub use dtype::{DType, Element};
