@@ -323,3 +323,95 @@ fn progress_appears_only_on_a_terminal_and_never_inside_the_table() {
         );
     }
 }
+
+/// A free port on loopback, for a launcher that takes the store's port by variable (it
+/// is released before the ranks start, a race every such launcher shares).
+fn free_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener
+        .local_addr()
+        .expect("local address")
+        .port()
+        .to_string()
+}
+
+/// Whether `stdout` holds exactly one result table, of a group of `ranks`.
+fn one_table_of(stdout: &str, ranks: usize) -> bool {
+    let headers = stdout.matches("backend gloo, ").count();
+    headers == 1 && stdout.contains(&format!("backend gloo, {ranks} ranks"))
+}
+
+#[test]
+fn runs_as_ranks_under_mpirun() {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        println!("runs_as_ranks_under_mpirun: skipped: no mpirun on this machine");
+        return;
+    }
+    let _guard = heavy_lock();
+    let out = Command::new("mpirun")
+        .args(["-np", "2", "--oversubscribe", "-x", "MASTER_ADDR=127.0.0.1"])
+        .args(["-x", &format!("MASTER_PORT={}", free_port())])
+        .args([BENCH, "-b", "8", "-e", "4K", "-f", "8", "-n", "3"])
+        // mpirun refuses root unless told; harmless otherwise.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove("RANK")
+        .output()
+        .expect("run mpirun");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        one_table_of(&stdout, 2),
+        "each process must be one rank of one group: {stdout}"
+    );
+    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+}
+
+#[test]
+fn runs_as_ranks_under_slurm_and_launches_its_own_in_a_batch_script() {
+    let _guard = heavy_lock();
+    let port = free_port();
+    // srun's variables for a two-task step on this host.
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(BENCH)
+                .args(["-b", "8", "-e", "4K", "-f", "8", "-n", "3"])
+                .env_remove("RANK")
+                .env_remove("WORLD_SIZE")
+                .env("SLURM_PROCID", rank.to_string())
+                .env("SLURM_LOCALID", rank.to_string())
+                .env("SLURM_NTASKS", "2")
+                .env("SLURM_STEP_ID", "0")
+                .env("SLURM_JOB_NODELIST", "localhost")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("start a rank")
+        })
+        .collect();
+    let outs: Vec<Output> = ranks
+        .into_iter()
+        .map(|r| r.wait_with_output().expect("rank output"))
+        .collect();
+    for (rank, out) in outs.iter().enumerate() {
+        assert!(out.status.success(), "rank {rank}: {}", text(&out.stderr));
+    }
+    let stdout = text(&outs[0].stdout);
+    assert!(
+        one_table_of(&stdout, 2),
+        "srun's tasks must form one group: {stdout}"
+    );
+    // A batch script has SLURM_PROCID but no step: the bench launches its own ranks.
+    let out = Command::new(BENCH)
+        .args(["-b", "8", "-e", "8", "-n", "1"])
+        .env_remove("RANK")
+        .env("SLURM_PROCID", "0")
+        .env("SLURM_NTASKS", "2")
+        .output()
+        .expect("run the bench");
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(one_table_of(&stdout, 4), "{stdout}");
+}

@@ -16,6 +16,15 @@ use crate::Error;
 
 const TORCHRUN_HINT: &str = "launch under `ringrun`, `torchrun`, Slurm's `srun` or OpenMPI's `mpirun`, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT";
 
+/// Whether the variables `lookup` reads make this process one rank of a launched group
+/// (see [`InitOptions::launched_as_rank`]).
+pub(super) fn launched_as_rank(lookup: impl Fn(&str) -> Option<String>) -> bool {
+    let set = |var: &str| lookup(var).is_some_and(|v| !v.trim().is_empty());
+    set("RANK")
+        || set("OMPI_COMM_WORLD_RANK")
+        || (set("SLURM_PROCID") && set("SLURM_NTASKS") && set("SLURM_STEP_ID"))
+}
+
 /// Builds options from the launcher's variables, read through `lookup`.
 pub(super) fn options_from(lookup: impl Fn(&str) -> Option<String>) -> Result<InitOptions, Error> {
     let set = |var: &str| lookup(var).filter(|v| !v.trim().is_empty());

@@ -146,6 +146,35 @@ impl InitOptions {
         env::options_from(lookup)
     }
 
+    /// Whether a launcher made this process one rank of a group: `RANK` is set (ringrun,
+    /// torchrun), or OpenMPI's `OMPI_COMM_WORLD_RANK` (mpirun), or Slurm's
+    /// `SLURM_PROCID` inside a job step (srun; a batch script, which runs outside any
+    /// step, is not a rank). A program that can also start its own ranks, as
+    /// `ringccl-bench` does, asks this first.
+    ///
+    /// ```no_run
+    /// if ringccl::InitOptions::launched_as_rank() {
+    ///     let opts = ringccl::InitOptions::from_env()?;
+    /// }
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn launched_as_rank() -> bool {
+        InitOptions::launched_as_rank_in(env::process_env)
+    }
+
+    /// [`InitOptions::launched_as_rank`], reading variables through `lookup`.
+    ///
+    /// ```
+    /// use ringccl::InitOptions;
+    /// let srun = [("SLURM_PROCID", "3"), ("SLURM_STEP_ID", "0")];
+    /// assert!(InitOptions::launched_as_rank_in(|k| srun.iter().find(|v| v.0 == k).map(|v| v.1.into())));
+    /// let sbatch = [("SLURM_PROCID", "0")];
+    /// assert!(!InitOptions::launched_as_rank_in(|k| sbatch.iter().find(|v| v.0 == k).map(|v| v.1.into())));
+    /// ```
+    pub fn launched_as_rank_in(lookup: impl Fn(&str) -> Option<String>) -> bool {
+        env::launched_as_rank(lookup)
+    }
+
     /// Sets the deadline of rendezvous and of each collective (default 30 minutes).
     ///
     /// ```

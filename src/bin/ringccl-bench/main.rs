@@ -5,7 +5,9 @@
 //! `size(B) count(elements) type redop root time(us) algbw(GB/s) busbw(GB/s) #wrong` per
 //! size (plus `loop(us)` and `iters`) and an "Avg bus bandwidth" footer.
 //!
-//! Under `ringrun` or `torchrun` (RANK set, no `--np`) each process is one rank.
+//! Under a launcher (no `--np`) each process is one rank: `ringrun` or `torchrun` (RANK
+//! set), OpenMPI's `mpirun` (with MASTER_ADDR and MASTER_PORT passed by `-x`), Slurm's
+//! `srun` (see `InitOptions::launched_as_rank`).
 //!
 //! Method (the same as `shared/peers`' scripts, so figures compare side by side): per size,
 //! warm-up calls, then `-n` iterations or, by default, a calibrated ~`--budget` seconds of
@@ -39,6 +41,7 @@ use args::Args;
 use clap::Parser;
 use launch::{launch, CHILD_VAR};
 use rank::run_rank;
+use ringccl::InitOptions;
 
 pub(crate) fn main() -> ExitCode {
     ringccl::logging::init_from_env();
@@ -51,7 +54,7 @@ pub(crate) fn main() -> ExitCode {
         } else {
             launch(np)
         }
-    } else if std::env::var_os("RANK").is_some() {
+    } else if InitOptions::launched_as_rank() {
         run_rank(&args, false)
     } else {
         launch(4)
