@@ -261,6 +261,19 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
         for line in matrix(&pg) {
             println!("{RESULT_PREFIX}{line}");
         }
+        // The async and bucketed all-reduces take the same path.
+        let (rank, n) = (pg.rank(), pg.world_size());
+        let work = pg.all_reduce_async(vec![(rank + 1) as f32; 300_001], ReduceOp::Sum);
+        let summed = work.and_then(|w| w.wait()).expect("async all-reduce");
+        let want = (n * (n + 1) / 2) as f32;
+        assert!(summed.iter().all(|&v| v == want), "async all-reduce");
+        let (mut a, mut b) = (vec![rank as i32; 100_000], vec![1i32; 70_001]);
+        pg.all_reduce_bucketed(&mut [&mut a[..], &mut b[..]], ReduceOp::Sum, 256 << 10)
+            .expect("bucketed all-reduce");
+        let ranks_sum = (n * (n - 1) / 2) as i32;
+        assert!(a.iter().all(|&v| v == ranks_sum) && b.iter().all(|&v| v == n as i32));
+        let bytes: Vec<u8> = summed.iter().flat_map(|v| v.to_le_bytes()).collect();
+        println!("{RESULT_PREFIX}async and bucketed {:016x}", digest(&bytes));
         return;
     }
     // The automatic choice (the hierarchical all-reduce above 32 KiB where hosts hold
@@ -318,4 +331,154 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
             started.elapsed()
         );
     }
+}
+
+const RINGRUN: &str = env!("CARGO_BIN_EXE_ringrun");
+
+/// The ddp_mlp example, built by `cargo test` next to this test's binary (built here if
+/// a filtered run has not).
+fn ddp_mlp() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .join("examples")
+        .join("ddp_mlp");
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = std::process::Command::new(cargo)
+            .args(["build", "--example", "ddp_mlp"])
+            .status()
+            .expect("run cargo build --example ddp_mlp");
+        assert!(built.success(), "building the ddp_mlp example failed");
+    }
+    path
+}
+
+fn final_l2(stdout: &str) -> Option<f64> {
+    stdout
+        .lines()
+        .find_map(|l| l.split("final_params_l2=").nth(1))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `ringrun --nnodes 2` started on each of two hosts (2 ranks each) runs one job: the
+/// ddp_mlp example ends with the parameters of a single-host run of the same global
+/// batch. Then, in a long benchmark, a rank killed on host 1 stops host 0's ranks too,
+/// with a message naming the lost rank and its host. (The store's port is ringrun's default: each lab
+/// host is a fresh network namespace, where nothing else listens.)
+#[test]
+fn ringrun_across_two_hosts_runs_one_job_and_a_lost_rank_stops_both() {
+    const NAME: &str = "ringrun_across_two_hosts_runs_one_job_and_a_lost_rank_stops_both";
+    let lab = match Lab::with_hosts(&[2, 2]) {
+        Ok(lab) => lab,
+        Err(reason) => {
+            println!("{NAME}: skipped: cannot build network namespaces ({reason})");
+            return;
+        }
+    };
+    let _heavy = heavy_lock();
+    let example = ddp_mlp();
+    let node = |k: usize, program: &dyn AsRef<std::ffi::OsStr>, args: &[&str]| {
+        let mut command = lab.command_on(k, RINGRUN);
+        command
+            .args(["--nproc-per-node", "2", "--nnodes", "2"])
+            .args(["--node-rank", &k.to_string(), "--master-addr", &lab.addr(0)])
+            .arg(program)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        command.spawn().expect("start ringrun")
+    };
+    let mlp = ["--local-batch", "16", "--steps", "30"];
+    let nodes = [node(0, &example, &mlp), node(1, &example, &mlp)];
+    let outs: Vec<_> = nodes
+        .into_iter()
+        .map(|n| n.wait_with_output().expect("ringrun's output"))
+        .collect();
+    for (k, out) in outs.iter().enumerate() {
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "node {k}: {stdout}{stderr}");
+    }
+    let across = final_l2(&text(&outs[0].stdout)).expect("rank 0 prints final_params_l2");
+    let single = std::process::Command::new(RINGRUN)
+        .args(["--nproc-per-node", "1"])
+        .arg(&example)
+        .args(["--local-batch", "64", "--steps", "30"])
+        .output()
+        .expect("run ringrun on one host");
+    let alone = final_l2(&text(&single.stdout)).expect("the single run prints final_params_l2");
+    assert!(
+        ((across - alone) / alone).abs() < 1e-6,
+        "2 hosts x 2 ranks gave {across}, one rank {alone}"
+    );
+
+    // A long benchmark; then one of host 1's ranks is killed.
+    let bench = env!("CARGO_BIN_EXE_ringccl-bench");
+    let long = ["-b", "64M", "-e", "64M", "-n", "100000", "-w", "1"];
+    let nodes = [node(0, &bench, &long), node(1, &bench, &long)];
+    std::thread::sleep(Duration::from_secs(3));
+    let ringrun_1 = nodes[1].id().to_string();
+    // One of its ranks (not its watchdog).
+    let children = std::process::Command::new("pgrep")
+        .args(["-P", &ringrun_1, "-f", "ringccl-bench"])
+        .output()
+        .expect("run pgrep");
+    let victim = text(&children.stdout)
+        .lines()
+        .next()
+        .map(str::to_string)
+        .expect("host 1's ringrun has rank processes");
+    let killed = Instant::now();
+    assert!(std::process::Command::new("kill")
+        .args(["-KILL", &victim])
+        .status()
+        .expect("run kill")
+        .success());
+    // Both must end on their own; after two minutes they are stopped and the test fails.
+    let pids: Vec<String> = nodes.iter().map(|n| n.id().to_string()).collect();
+    let (ended, outs) = std::sync::mpsc::channel();
+    for n in nodes {
+        let ended = ended.clone();
+        std::thread::spawn(move || {
+            let out = n.wait_with_output().expect("ringrun ends");
+            let _ = ended.send((out.status, text(&out.stdout) + &text(&out.stderr)));
+        });
+    }
+    let mut outs: Vec<_> = (0..2)
+        .filter_map(|_| outs.recv_timeout(Duration::from_secs(120)).ok())
+        .collect();
+    if outs.len() < 2 {
+        for pid in &pids {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", pid])
+                .status();
+        }
+        panic!("a ringrun still ran two minutes after the kill: {outs:?}");
+    }
+    // Host 0's first: it is the one that names the rank lost elsewhere.
+    outs.sort_by_key(|(_, out)| !out.contains("[rank 0]"));
+    let stopped = killed.elapsed();
+    for (k, (status, out)) in outs.iter().enumerate() {
+        assert!(!status.success(), "node {k} should fail: {out}");
+    }
+    let host_0 = &outs[0].1;
+    assert!(
+        host_0.contains("lost rank 2") || host_0.contains("lost rank 3"),
+        "host 0's ranks must name the lost rank: {host_0}"
+    );
+    assert!(
+        host_0.contains(&format!("host {} ({})", lab.host_name(1), lab.addr(1))),
+        "host 0's ranks must name the lost rank's host: {host_0}"
+    );
+    assert!(
+        stopped < Duration::from_secs(60),
+        "both stopped after {stopped:?}"
+    );
+    println!("both hosts stopped {stopped:?} after the kill; host 0 said:\n{host_0}");
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
 }

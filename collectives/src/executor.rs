@@ -105,7 +105,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                 }
                 Err(e) if is_would_block(&e) => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(peer_lost(call, send.peer, &e.to_string())),
+                Err(e) => return Err(peer_lost(call, &*transport, send.peer, &e.to_string())),
             }
         }
 
@@ -139,6 +139,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                     Ok(0) => {
                         return Err(peer_lost(
                             call,
+                            &*transport,
                             recv.peer,
                             "connection closed by peer (process exited or was killed?)",
                         ))
@@ -153,7 +154,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                     }
                     Err(e) if is_would_block(&e) => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(peer_lost(call, recv.peer, &e.to_string())),
+                    Err(e) => return Err(peer_lost(call, &*transport, recv.peer, &e.to_string())),
                 }
                 if progress.header_unchecked() {
                     check_header(call, recv.peer, &incoming, len)?;
@@ -269,12 +270,22 @@ fn check_header(
     Ok(())
 }
 
-fn peer_lost(call: &Call<'_>, peer: usize, reason: &str) -> Error {
+/// `peer` is lost for `reason`, which says where it ran when the transport knows.
+fn peer_lost<T: Transport + ?Sized>(
+    call: &Call<'_>,
+    transport: &T,
+    peer: usize,
+    reason: &str,
+) -> Error {
+    let reason = match transport.peer_host(peer) {
+        Some(host) => format!("{reason}; rank {peer} ran on {host}"),
+        None => reason.to_string(),
+    };
     Error::PeerLost {
         rank: peer,
         observer: call.rank,
         op: call.op,
-        reason: reason.to_string(),
+        reason,
         gone: Vec::new(),
     }
 }

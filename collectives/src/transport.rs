@@ -62,6 +62,12 @@ pub trait Transport: Send + fmt::Debug {
         None
     }
 
+    /// Where `peer` runs, for messages (its host's name and address, as far as the
+    /// transport knows); `None` when it knows nothing useful.
+    fn peer_host(&self, _peer: usize) -> Option<String> {
+        None
+    }
+
     /// The host of every rank (`hosts[r]`: a label, equal for ranks of one host), when
     /// the group spans several hosts with several ranks on at least one: what the
     /// hierarchical all-reduce needs. `None` otherwise (the default).

@@ -144,6 +144,26 @@ impl Lab {
             .unwrap_or(false)
     }
 
+    /// A command that runs `program` on host `h`: in its network namespace, and in a
+    /// UTS namespace of its own named after the host (add arguments and variables, then
+    /// spawn). `ip netns exec`, `unshare` and `sh` each exec the next: the child's pid is
+    /// `program`'s.
+    pub fn command_on(&self, h: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &self.ns(h)])
+            .args([
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                "hostname \"$0\" && exec \"$@\"",
+            ])
+            .arg(self.host_name(h))
+            .arg(program);
+        command
+    }
+
     /// How many ranks the lab runs.
     pub fn ranks(&self) -> usize {
         self.host_of.len()
@@ -269,19 +289,8 @@ impl Ranks {
     ) {
         let exe = std::env::current_exe().expect("current test binary");
         let host = lab.host_of[rank];
-        // In the host's network namespace, in a UTS namespace of its own named after the
-        // host.
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &lab.ns(host)])
-            .args([
-                "unshare",
-                "--uts",
-                "sh",
-                "-c",
-                "hostname \"$0\" && exec \"$@\"",
-            ])
-            .arg(lab.host_name(host))
-            .arg(exe)
+        let mut child = lab
+            .command_on(host, exe)
             .args(["--exact", test_name, "--nocapture", "--test-threads=1"])
             .envs(env.iter().copied())
             .env(CHILD_VAR, test_name)

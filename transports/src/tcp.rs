@@ -24,6 +24,8 @@ pub struct TcpTransport {
     world_size: usize,
     /// Shared with the [`Closer`], which may shut them down from another thread.
     peers: Vec<Option<Arc<Socket>>>,
+    /// Each peer's address, read at the start (a connection that failed has none).
+    addresses: Vec<Option<std::net::IpAddr>>,
     /// How long `wait` polls the sockets without sleeping before it sleeps in `poll(2)`
     /// (zero: it sleeps at once).
     spin: Spin,
@@ -41,6 +43,10 @@ impl TcpTransport {
         dead_peer: Duration,
     ) -> io::Result<TcpTransport> {
         let world_size = peers.len();
+        let addresses = peers
+            .iter()
+            .map(|stream| Some(stream.as_ref()?.peer_addr().ok()?.ip()))
+            .collect();
         let peers = peers
             .into_iter()
             .map(|stream| {
@@ -53,6 +59,7 @@ impl TcpTransport {
             rank,
             world_size,
             peers,
+            addresses,
             spin: Spin::new(DEFAULT_SPIN, world_size, host_cores()),
         })
     }
@@ -182,6 +189,10 @@ impl Transport for TcpTransport {
     fn read_some(&mut self, peer: usize, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         let mut socket = self.peer(peer)?;
         socket.read_vectored(bufs)
+    }
+
+    fn peer_host(&self, peer: usize) -> Option<String> {
+        self.addresses.get(peer)?.map(|ip| ip.to_string())
     }
 
     fn failed_peers(&mut self) -> Vec<usize> {

@@ -104,6 +104,8 @@ pub struct ShmTransport {
     gone: Vec<bool>,
     /// Every rank's host, when the group spans hosts with several ranks on one.
     hosts: Option<Vec<usize>>,
+    /// Every rank's host name, for messages.
+    host_names: Vec<String>,
     /// How long `wait` spins before it sleeps (zero: it sleeps at once).
     spin: Spin,
     /// When `wait` last looked at the peers' liveness.
@@ -120,6 +122,7 @@ impl ShmTransport {
             tcp,
             rings: rings.rings,
             hosts: spans_hosts(&rings.hosts).then_some(rings.hosts),
+            host_names: rings.host_names,
             gone: vec![false; n],
             spin: Spin::new(DEFAULT_SPIN, n, host_cores()),
             last_look: Instant::now(),
@@ -320,6 +323,15 @@ impl Transport for ShmTransport {
 
     fn hosts(&self) -> Option<&[usize]> {
         self.hosts.as_deref()
+    }
+
+    fn peer_host(&self, peer: usize) -> Option<String> {
+        let name = self.host_names.get(peer).filter(|n| !n.is_empty());
+        match (name, self.tcp.peer_host(peer)) {
+            (Some(name), Some(address)) => Some(format!("host {name} ({address})")),
+            (Some(name), None) => Some(format!("host {name}")),
+            (None, address) => address,
+        }
     }
 
     fn wait(

@@ -48,11 +48,19 @@ pub struct SharedRings {
     pub(super) rings: Rings,
     /// Every rank's host, as a label (the lowest rank with the same host identity).
     pub(super) hosts: Vec<usize>,
+    /// Every rank's host name, as it reported it.
+    pub(super) host_names: Vec<String>,
 }
 
 impl SharedRings {
-    /// No memory shared with any of the `n` ranks, which run on `hosts`.
-    fn without_rings(n: usize, ring_bytes: usize, hosts: Vec<usize>) -> SharedRings {
+    /// No memory shared with any of the `n` ranks, which run on `hosts` (named
+    /// `host_names`).
+    fn without_rings(
+        n: usize,
+        ring_bytes: usize,
+        hosts: Vec<usize>,
+        host_names: Vec<String>,
+    ) -> SharedRings {
         SharedRings {
             rings: Rings {
                 ring_bytes,
@@ -61,6 +69,7 @@ impl SharedRings {
                 tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
             },
             hosts,
+            host_names,
         }
     }
 
@@ -179,11 +188,15 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     let mut elsewhere = None;
     let mut identities: Vec<Vec<u8>> = Vec::with_capacity(n);
     let mut hosts = Vec::with_capacity(n);
+    let mut host_names = Vec::with_capacity(n);
     for peer in 0..n {
         let theirs = store.wait_for(peer, &format!("ringccl/host/{peer}"), deadline, &|| {
             format!("rank {peer} to report its host")
         })?;
         hosts.push(identities.iter().position(|i| *i == theirs).unwrap_or(peer));
+        // The identity starts with the host name (see `host_identity`).
+        let text = String::from_utf8_lossy(&theirs);
+        host_names.push(text.split('/').next().unwrap_or_default().to_string());
         identities.push(theirs.clone());
         if theirs == me.as_bytes() {
             local.push(peer);
@@ -200,7 +213,9 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     }
     if local.len() < 2 {
         info!(rank, "no other rank on this host: TCP to every peer");
-        return Ok(Some(SharedRings::without_rings(n, ring_bytes, hosts)));
+        return Ok(Some(SharedRings::without_rings(
+            n, ring_bytes, hosts, host_names,
+        )));
     }
     // 2. Create this rank's inbox, with a ring for every local rank, reserving its
     // space; publish where the local peers find it.
@@ -321,7 +336,9 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         }
     }
     let (Ok(own), true) = (own, inboxes.iter().any(Option::is_some)) else {
-        return Ok(Some(SharedRings::without_rings(n, ring_bytes, hosts)));
+        return Ok(Some(SharedRings::without_rings(
+            n, ring_bytes, hosts, host_names,
+        )));
     };
     if let Some(slot) = inboxes.get_mut(rank) {
         *slot = Some(own);
@@ -340,6 +357,7 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
             tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
         },
         hosts,
+        host_names,
     }))
 }
 
