@@ -133,19 +133,17 @@ fn auto_picks_shared_memory_on_one_host_and_tcp_when_asked() {
         let mut x = [pg.rank() as i64 + 1; 5];
         pg.all_reduce(&mut x, ReduceOp::Sum).unwrap();
         assert_eq!(x, [6; 5]);
-        format!("{pg:?}")
+        let peers: Vec<&str> = (0..3).map(|p| pg.peer_transport(p)).collect();
+        peers.join(",")
     });
-    assert!(
-        kinds.iter().all(|k| k.contains("ShmTransport")),
-        "{kinds:?}"
-    );
+    assert_eq!(kinds, ["self,shm,shm", "shm,self,shm", "shm,shm,self"]);
     let tcp = run_threads_with(
         2,
         TIMEOUT,
         |o| o.transport(TransportKind::Tcp),
-        |pg| format!("{pg:?}"),
+        |pg| format!("{},{}", pg.peer_transport(0), pg.peer_transport(1)),
     );
-    assert!(tcp.iter().all(|k| k.contains("TcpTransport")), "{tcp:?}");
+    assert_eq!(tcp, ["self,tcp", "tcp,self"]);
 }
 
 #[test]
