@@ -166,7 +166,7 @@ impl InitOptions {
     ///
     /// ```
     /// use ringccl::InitOptions;
-    /// let srun = [("SLURM_PROCID", "3"), ("SLURM_STEP_ID", "0")];
+    /// let srun = [("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"), ("SLURM_STEP_ID", "0")];
     /// assert!(InitOptions::launched_as_rank_in(|k| srun.iter().find(|v| v.0 == k).map(|v| v.1.into())));
     /// let sbatch = [("SLURM_PROCID", "0")];
     /// assert!(!InitOptions::launched_as_rank_in(|k| sbatch.iter().find(|v| v.0 == k).map(|v| v.1.into())));
