@@ -11,8 +11,9 @@ use crate::flight::FlightRecorder;
 use crate::group::{Deadline, Engine, GroupRunner, Request};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, halving_doubling_all_reduce,
-    hierarchical_all_reduce, pairwise_all_to_all, recursive_doubling_all_reduce, recv_from,
-    ring_all_gather, ring_all_reduce, ring_reduce, ring_reduce_scatter, segment, send_to, Schedule,
+    hierarchical_all_reduce, hierarchical_barrier, hierarchical_broadcast, pairwise_all_to_all,
+    recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
+    ring_reduce_scatter, segment, send_to, Schedule,
 };
 use crate::schedule_cache::{ScheduleCache, ScheduleKey};
 use crate::timeline::{self, CollectiveTrace, PeerTraffic};
@@ -275,7 +276,20 @@ impl<T: Transport> Engine for HostEngine<T> {
             Request::Broadcast { mut buf, root } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
                 let es = dtype.size();
-                let job = if count * es <= cfg.tree_broadcast_max_bytes {
+                let tree = count * es <= cfg.tree_broadcast_max_bytes;
+                let job = if let Some(hosts) = self.transport.hosts() {
+                    // One crossing per host, then inside each host.
+                    let key = ScheduleKey::HierarchicalBroadcast {
+                        root,
+                        count,
+                        elem_size: es,
+                        pipelined: !tree,
+                    };
+                    let schedule = self.schedules.get(key, || {
+                        hierarchical_broadcast(rank, hosts, root, count, es, chunk, !tree)
+                    });
+                    plain(Algorithm::Hierarchical, schedule, dtype, buf.bytes_mut())
+                } else if tree {
                     let key = ScheduleKey::TreeBroadcast {
                         root,
                         count,
@@ -299,10 +313,20 @@ impl<T: Transport> Engine for HostEngine<T> {
                 self.run(op, job, deadline)
             }
             Request::Barrier => {
-                let schedule = self
-                    .schedules
-                    .get(ScheduleKey::Barrier, || dissemination_barrier(rank, n));
-                let job = plain(Algorithm::Dissemination, schedule, DType::U8, &mut []);
+                let job = match self.transport.hosts() {
+                    Some(hosts) => {
+                        let schedule = self.schedules.get(ScheduleKey::HierarchicalBarrier, || {
+                            hierarchical_barrier(rank, hosts)
+                        });
+                        plain(Algorithm::Hierarchical, schedule, DType::U8, &mut [])
+                    }
+                    None => {
+                        let schedule = self
+                            .schedules
+                            .get(ScheduleKey::Barrier, || dissemination_barrier(rank, n));
+                        plain(Algorithm::Dissemination, schedule, DType::U8, &mut [])
+                    }
+                };
                 self.run(op, job, deadline)
             }
             Request::Reduce {

@@ -42,6 +42,13 @@ pub(crate) enum ScheduleKey {
         elem_size: usize,
     },
     Barrier,
+    HierarchicalBroadcast {
+        root: usize,
+        count: usize,
+        elem_size: usize,
+        pipelined: bool,
+    },
+    HierarchicalBarrier,
     RingReduce {
         root: usize,
         count: usize,

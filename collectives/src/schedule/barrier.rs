@@ -7,26 +7,38 @@ use super::{RecvAction, RecvStep, Schedule, SendStep};
 /// Rank `rank`'s schedule for a barrier of `world_size` ranks. Messages carry no payload:
 /// the frame header alone is the signal.
 pub fn dissemination_barrier(rank: usize, world_size: usize) -> Schedule {
-    let n = world_size;
+    let members: Vec<usize> = (0..world_size).collect();
     let mut schedule = Schedule::default();
+    dissemination_over(&mut schedule, &members, rank, None);
+    schedule
+}
+
+/// Appends to `schedule` this rank's part of a dissemination barrier among `members`
+/// (this rank at position `me`), whose first signal waits for receive `after`, if given.
+pub(super) fn dissemination_over(
+    schedule: &mut Schedule,
+    members: &[usize],
+    me: usize,
+    after: Option<usize>,
+) {
+    let n = members.len();
     let mut distance = 1;
-    let mut round: usize = 0;
+    let mut previous = after;
     while distance < n {
         schedule.sends.push(SendStep {
-            peer: (rank + distance) % n,
+            peer: members[(me + distance) % n],
             range: 0..0,
-            after_recv: round.checked_sub(1),
+            after_recv: previous,
         });
+        previous = Some(schedule.recvs.len());
         schedule.recvs.push(RecvStep {
-            peer: (rank + n - distance) % n,
+            peer: members[(me + n - distance) % n],
             range: 0..0,
             action: RecvAction::Store,
             after_send: None,
         });
         distance *= 2;
-        round += 1;
     }
-    schedule
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! Broadcast schedules: a binomial tree for latency, a pipelined chain for bandwidth.
 
+use std::ops::Range;
+
 use super::{chunks, RecvAction, RecvStep, Schedule, SendStep};
 
 /// Broadcast along the chain `root → root+1 → … → root−1`, chunk by chunk: each rank
@@ -18,27 +20,9 @@ pub fn chain_broadcast(
     if n <= 1 {
         return schedule;
     }
-    let position = (rank + n - root) % n;
+    let members: Vec<usize> = (0..n).map(|p| (root + p) % n).collect();
     let pieces: Vec<_> = chunks(0..count, elem_size, max_chunk_bytes).collect();
-    if position != 0 {
-        for range in &pieces {
-            schedule.recvs.push(RecvStep {
-                peer: (rank + n - 1) % n,
-                range: range.clone(),
-                action: RecvAction::Store,
-                after_send: None,
-            });
-        }
-    }
-    if position != n - 1 {
-        for (j, range) in pieces.into_iter().enumerate() {
-            schedule.sends.push(SendStep {
-                peer: (rank + 1) % n,
-                range,
-                after_recv: (position != 0).then_some(j),
-            });
-        }
-    }
+    chain_over(&mut schedule, &members, (rank + n - root) % n, &pieces);
     schedule
 }
 
@@ -58,44 +42,101 @@ pub fn binomial_tree_broadcast(
     if n <= 1 {
         return schedule;
     }
-    let relative = (rank + n - root) % n;
-    let absolute = |v: usize| (v + root) % n;
-    // The lowest set bit of `relative` bounds this rank's subtree; the root's spans all.
-    let span = if relative == 0 {
-        n.next_power_of_two()
-    } else {
-        relative & relative.wrapping_neg()
-    };
-    let mut children = Vec::new();
-    let mut mask = span >> 1;
-    while mask > 0 {
-        if relative + mask < n {
-            children.push(absolute(relative + mask));
-        }
-        mask >>= 1;
-    }
+    let members: Vec<usize> = (0..n).map(|p| (root + p) % n).collect();
     let pieces: Vec<_> = chunks(0..count, elem_size, max_chunk_bytes).collect();
-    if relative != 0 {
-        let parent = absolute(relative - span);
-        for range in &pieces {
+    tree_over(
+        &mut schedule,
+        &members,
+        (rank + n - root) % n,
+        &pieces,
+        None,
+    );
+    schedule
+}
+
+/// Appends to `schedule` this rank's part of a chain broadcast of `pieces` along
+/// `members` (the root first; this rank at position `me`).
+pub(super) fn chain_over(
+    schedule: &mut Schedule,
+    members: &[usize],
+    me: usize,
+    pieces: &[Range<usize>],
+) {
+    let base = schedule.recvs.len();
+    if let Some(&from) = me.checked_sub(1).and_then(|p| members.get(p)) {
+        for range in pieces {
             schedule.recvs.push(RecvStep {
-                peer: parent,
+                peer: from,
                 range: range.clone(),
                 action: RecvAction::Store,
                 after_send: None,
             });
         }
     }
+    if let Some(&to) = members.get(me + 1) {
+        for (j, range) in pieces.iter().enumerate() {
+            schedule.sends.push(SendStep {
+                peer: to,
+                range: range.clone(),
+                after_recv: (me != 0).then_some(base + j),
+            });
+        }
+    }
+}
+
+/// Appends to `schedule` this rank's part of a binomial-tree broadcast of `pieces` over
+/// `members` (the root first; this rank at position `me`). A root whose pieces arrive
+/// earlier in `schedule` passes `after`, the receive of each piece, for its sends to wait
+/// on. Returns the receives of the pieces, when this rank is not the root.
+pub(super) fn tree_over(
+    schedule: &mut Schedule,
+    members: &[usize],
+    me: usize,
+    pieces: &[Range<usize>],
+    after: Option<&[usize]>,
+) -> Option<Vec<usize>> {
+    let n = members.len();
+    // The lowest set bit of `me` bounds this rank's subtree; the root's spans all.
+    let span = if me == 0 {
+        n.next_power_of_two()
+    } else {
+        me & me.wrapping_neg()
+    };
+    let mut children = Vec::new();
+    let mut mask = span >> 1;
+    while mask > 0 {
+        if let Some(&child) = members.get(me + mask) {
+            children.push(child);
+        }
+        mask >>= 1;
+    }
+    let received = match me.checked_sub(span).and_then(|p| members.get(p)) {
+        Some(&parent) if me != 0 => {
+            let mut indices = Vec::with_capacity(pieces.len());
+            for range in pieces {
+                indices.push(schedule.recvs.len());
+                schedule.recvs.push(RecvStep {
+                    peer: parent,
+                    range: range.clone(),
+                    action: RecvAction::Store,
+                    after_send: None,
+                });
+            }
+            Some(indices)
+        }
+        _ => None,
+    };
+    let waits = received.as_deref().or(after);
     for (j, range) in pieces.iter().enumerate() {
         for &child in &children {
             schedule.sends.push(SendStep {
                 peer: child,
                 range: range.clone(),
-                after_recv: (relative != 0).then_some(j),
+                after_recv: waits.and_then(|w| w.get(j).copied()),
             });
         }
     }
-    schedule
+    received
 }
 
 #[cfg(test)]

@@ -21,8 +21,13 @@
 
 use std::ops::Range;
 
+use super::barrier::dissemination_over;
+use super::broadcast::{chain_over, tree_over};
 use super::ring::{Phase, RingOver};
-use super::{chunks, ring_all_reduce, segment, RecvStep, Schedule};
+use super::{
+    binomial_tree_broadcast, chain_broadcast, chunks, dissemination_barrier, ring_all_reduce,
+    segment, RecvAction, RecvStep, Schedule, SendStep,
+};
 
 /// For each range of the segment `ring` sends first in `phase`, the latest receive among
 /// `recvs[from..]` that writes any of its elements: the receive the send must wait for
@@ -65,8 +70,7 @@ pub fn hierarchical_all_reduce(
     max_chunk_bytes: usize,
 ) -> Schedule {
     let n = host_of.len();
-    let Some(topology) = Topology::new(host_of).filter(|t| t.hosts.len() > 1 && t.widest > 1)
-    else {
+    let Some(topology) = Topology::spanning(host_of) else {
         return ring_all_reduce(rank, n, count, elem_size, max_chunk_bytes);
     };
     let Some((host, local_index)) = topology.place(rank) else {
@@ -130,6 +134,124 @@ pub fn hierarchical_all_reduce(
     schedule
 }
 
+/// Rank `rank`'s part of a broadcast from `root` for ranks on the hosts `host_of` gives:
+/// the buffer crosses to each other host once, then fans out inside it. Pipelined
+/// (`pipelined`, for large buffers): one chain through the root's host, then host after
+/// host. Otherwise a binomial tree among one leader per host (the root on its own host,
+/// the lowest rank on the others), then a binomial tree inside each host. With one host,
+/// or one rank on every host, the flat chain or tree.
+///
+/// ```
+/// use ringccl_collectives::schedule::hierarchical_broadcast;
+///
+/// // Two hosts of two ranks, root 1: rank 1 sends to rank 0 (its host) and rank 2.
+/// let s = hierarchical_broadcast(1, &[0, 0, 1, 1], 1, 100, 4, 1 << 20, false);
+/// let peers: Vec<usize> = s.sends.iter().map(|send| send.peer).collect();
+/// assert_eq!(peers, [2, 0]);
+/// ```
+pub fn hierarchical_broadcast(
+    rank: usize,
+    host_of: &[usize],
+    root: usize,
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+    pipelined: bool,
+) -> Schedule {
+    let n = host_of.len();
+    let flat = || match pipelined {
+        true => chain_broadcast(rank, n, root, count, elem_size, max_chunk_bytes),
+        false => binomial_tree_broadcast(rank, n, root, count, elem_size, max_chunk_bytes),
+    };
+    let Some(topology) = Topology::spanning(host_of) else {
+        return flat();
+    };
+    let (Some((root_host, _)), Some((host, _))) = (topology.place(root), topology.place(rank))
+    else {
+        return Schedule::default();
+    };
+    let hosts = topology.hosts.len();
+    // Hosts from the root's on, each with its leader first.
+    let order: Vec<usize> = (0..hosts).map(|k| (root_host + k) % hosts).collect();
+    let leader_first = |h: usize| -> Vec<usize> {
+        let mut ranks = topology.hosts[h].clone();
+        if h == root_host {
+            ranks.retain(|&r| r != root);
+            ranks.insert(0, root);
+        }
+        ranks
+    };
+    let pieces: Vec<Range<usize>> = chunks(0..count, elem_size, max_chunk_bytes).collect();
+    let mut schedule = Schedule::default();
+    let position = |members: &[usize]| members.iter().position(|&r| r == rank);
+    if pipelined {
+        let members: Vec<usize> = order.iter().flat_map(|&h| leader_first(h)).collect();
+        if let Some(me) = position(&members) {
+            chain_over(&mut schedule, &members, me, &pieces);
+        }
+    } else {
+        let leaders: Vec<usize> = order.iter().map(|&h| leader_first(h)[0]).collect();
+        let received =
+            position(&leaders).and_then(|me| tree_over(&mut schedule, &leaders, me, &pieces, None));
+        let local = leader_first(host);
+        if let Some(me) = position(&local) {
+            tree_over(&mut schedule, &local, me, &pieces, received.as_deref());
+        }
+    }
+    schedule
+}
+
+/// Rank `rank`'s part of a barrier for ranks on the hosts `host_of` gives: each host's
+/// ranks signal its leader (the lowest rank there), the leaders run a dissemination
+/// barrier among themselves, then each leader releases its ranks. One crossing per host
+/// and round, where a flat dissemination barrier crosses hosts in every round. With one
+/// host, or one rank on every host, the flat dissemination barrier.
+///
+/// ```
+/// use ringccl_collectives::schedule::hierarchical_barrier;
+///
+/// // Rank 1 signals its leader, rank 0, and waits for its release.
+/// let s = hierarchical_barrier(1, &[0, 0, 1, 1]);
+/// assert_eq!((s.sends[0].peer, s.recvs[0].peer), (0, 0));
+/// ```
+pub fn hierarchical_barrier(rank: usize, host_of: &[usize]) -> Schedule {
+    let Some(topology) = Topology::spanning(host_of) else {
+        return dissemination_barrier(rank, host_of.len());
+    };
+    let Some((host, index)) = topology.place(rank) else {
+        return Schedule::default();
+    };
+    let local = &topology.hosts[host];
+    let mut schedule = Schedule::default();
+    let signal = |peer: usize, after_recv: Option<usize>| SendStep {
+        peer,
+        range: 0..0,
+        after_recv,
+    };
+    let hear = |peer: usize| RecvStep {
+        peer,
+        range: 0..0,
+        action: RecvAction::Store,
+        after_send: None,
+    };
+    if index != 0 {
+        schedule.sends.push(signal(local[0], None));
+        schedule.recvs.push(hear(local[0]));
+        return schedule;
+    }
+    for &r in &local[1..] {
+        schedule.recvs.push(hear(r));
+    }
+    let arrived = schedule.recvs.len().checked_sub(1);
+    let leaders: Vec<usize> = topology.hosts.iter().map(|ranks| ranks[0]).collect();
+    dissemination_over(&mut schedule, &leaders, host, arrived);
+    let everyone = schedule.recvs.len().checked_sub(1);
+    for &r in &local[1..] {
+        schedule.sends.push(signal(r, everyone));
+    }
+    schedule
+}
+
 /// The ranks of each host, hosts in the order of their lowest rank, ranks in order.
 struct Topology {
     hosts: Vec<Vec<usize>>,
@@ -149,6 +271,12 @@ impl Topology {
         let hosts: Vec<Vec<usize>> = hosts.into_iter().map(|(_, ranks)| ranks).collect();
         let widest = hosts.iter().map(Vec::len).max()?;
         Some(Topology { hosts, widest })
+    }
+
+    /// The topology of `host_of` when it spans several hosts with several ranks on at
+    /// least one: where the hierarchical schedules differ from the flat ones.
+    fn spanning(host_of: &[usize]) -> Option<Topology> {
+        Topology::new(host_of).filter(|t| t.hosts.len() > 1 && t.widest > 1)
     }
 
     /// `rank`'s host and its position among the host's ranks.
@@ -218,6 +346,58 @@ mod tests {
             .map(|r| (r.peer, r.range.clone()))
             .collect();
         assert_eq!(finals, [(2, 250..500)], "the final sums come across hosts");
+    }
+
+    #[test]
+    fn broadcasts_from_every_root_and_barriers_are_correct_on_every_layout() {
+        for &host_of in LAYOUTS {
+            let n = host_of.len();
+            for root in 0..n {
+                for count in [0, 1, 7, 64, 1001] {
+                    for (chunk, pipelined) in [(4, true), (64, true), (1 << 20, false), (64, false)]
+                    {
+                        simulate(n, count, CollectiveKind::Broadcast, Some(root), |rank| {
+                            hierarchical_broadcast(rank, host_of, root, count, 4, chunk, pipelined)
+                        });
+                    }
+                }
+            }
+            simulate(n, 0, CollectiveKind::Barrier, None, |rank| {
+                hierarchical_barrier(rank, host_of)
+            });
+        }
+    }
+
+    #[test]
+    fn a_broadcast_crosses_to_each_host_once_and_a_barrier_once_per_round() {
+        let host_of = [0, 0, 1, 1, 2, 2];
+        let crossing = |rank: usize, s: &Schedule| {
+            s.sends
+                .iter()
+                .filter(|send| host_of[send.peer] != host_of[rank])
+                .count()
+        };
+        for pipelined in [false, true] {
+            for root in 0..6 {
+                let crossings: usize = (0..6)
+                    .map(|r| {
+                        let s =
+                            hierarchical_broadcast(r, &host_of, root, 100, 4, 1 << 20, pipelined);
+                        crossing(r, &s)
+                    })
+                    .sum();
+                assert_eq!(crossings, 2, "root {root}, pipelined {pipelined}");
+            }
+        }
+        // Three leaders, two dissemination rounds: six crossings, against a flat
+        // dissemination barrier's fifteen (three rounds; all but three signals cross).
+        let barrier: usize = (0..6)
+            .map(|r| crossing(r, &hierarchical_barrier(r, &host_of)))
+            .sum();
+        let flat: usize = (0..6)
+            .map(|r| crossing(r, &dissemination_barrier(r, 6)))
+            .sum();
+        assert_eq!((barrier, flat), (6, 15));
     }
 
     #[test]
