@@ -8,10 +8,10 @@
 //! (c) killing one rank does the same;
 //! (d) a stranger sending garbage to the store port (during rendezvous and training) and
 //!     to rank 0's data port (while it waits for its peers) leaves the group unharmed;
-//! (e) with several ranks per host (2 + 2, 1 + 1, 2 + 1 + 1), the ranks of a host share
-//!     memory, ranks of different hosts use TCP, and the whole collective matrix is exact
-//!     and bit-identical on every rank, with the automatic all-reduce and with the
-//!     hierarchical one forced.
+//! (e) with several ranks per host (2 + 2, 1 + 1, 2 + 1 + 1, and 2 + 2 interleaved), the
+//!     ranks of a host share memory, ranks of different hosts use TCP, and the whole
+//!     collective matrix is exact and bit-identical on every rank, with the automatic
+//!     all-reduce, the hierarchical one forced, and the flat ring forced.
 
 mod common;
 
@@ -276,16 +276,18 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
         println!("{RESULT_PREFIX}async and bucketed {:016x}", digest(&bytes));
         return;
     }
-    // The automatic choice (the hierarchical all-reduce above 32 KiB where hosts hold
-    // several ranks), then the hierarchical one forced at every size.
-    for (hosts, algo) in [
-        (&[2, 2][..], "auto"),
-        (&[1, 1], "auto"),
-        (&[2, 1, 1], "auto"),
-        (&[2, 2], "hierarchical"),
-        (&[2, 1, 1], "hierarchical"),
+    // The automatic choice (the hierarchical all-reduce above 8 KiB where hosts hold
+    // several ranks), the hierarchical one forced at every size, and ranks interleaved
+    // across hosts with the flat ring forced (it goes host by host).
+    for (host_of, algo) in [
+        (&[0, 0, 1, 1][..], "auto"),
+        (&[0, 1], "auto"),
+        (&[0, 0, 1, 2], "auto"),
+        (&[0, 0, 1, 1], "hierarchical"),
+        (&[0, 0, 1, 2], "hierarchical"),
+        (&[0, 1, 0, 1], "ring"),
     ] {
-        let lab = match Lab::with_hosts(hosts) {
+        let lab = match Lab::with_placement(host_of) {
             Ok(lab) => lab,
             Err(reason) => {
                 println!("{NAME}: skipped: cannot build network namespaces ({reason})");
@@ -300,14 +302,9 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
                 &[("RINGCCL_TRANSPORT", "auto"), ("RINGCCL_ALGO", algo)],
             )
             .finish(Duration::from_secs(600));
-        let host_of: Vec<usize> = hosts
-            .iter()
-            .enumerate()
-            .flat_map(|(host, &ranks)| std::iter::repeat_n(host, ranks))
-            .collect();
         let mut cases = Vec::new();
         for (rank, (lines, ok)) in results.into_iter().enumerate() {
-            assert!(ok, "hosts {hosts:?}, {algo}: rank {rank} failed");
+            assert!(ok, "hosts {host_of:?}, {algo}: rank {rank} failed");
             let expected: Vec<&str> = host_of
                 .iter()
                 .enumerate()
@@ -320,13 +317,13 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
             assert_eq!(
                 lines.first().map(String::as_str),
                 Some(format!("peers {}", expected.join(",")).as_str()),
-                "hosts {hosts:?}: rank {rank}"
+                "hosts {host_of:?}: rank {rank}"
             );
             cases.push(lines[1..].to_vec());
         }
         assert_identical(&cases);
         println!(
-            "hosts {hosts:?}, {algo}: {} cases bit-identical on every rank in {:?}",
+            "hosts of ranks {host_of:?}, {algo}: {} cases bit-identical on every rank in {:?}",
             cases[0].len(),
             started.elapsed()
         );

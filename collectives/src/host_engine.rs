@@ -12,8 +12,9 @@ use crate::group::{Deadline, Engine, GroupRunner, Request};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, halving_doubling_all_reduce,
     hierarchical_all_reduce, hierarchical_barrier, hierarchical_broadcast, pairwise_all_to_all,
-    recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_reduce, ring_reduce,
-    ring_reduce_scatter, segment, send_to, Schedule,
+    recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_gather_over,
+    ring_all_reduce, ring_all_reduce_over, ring_order, ring_reduce, ring_reduce_scatter,
+    ring_reduce_scatter_over, segment, send_to, Schedule,
 };
 use crate::schedule_cache::{ScheduleCache, ScheduleKey};
 use crate::timeline::{self, CollectiveTrace, PeerTraffic};
@@ -264,7 +265,12 @@ impl<T: Transport> Engine for HostEngine<T> {
                             count,
                             elem_size: es,
                         },
-                        || ring_all_reduce(rank, n, count, es, chunk),
+                        || match hosts {
+                            Some(hosts) => {
+                                ring_all_reduce_over(rank, &ring_order(hosts), count, es, chunk)
+                            }
+                            None => ring_all_reduce(rank, n, count, es, chunk),
+                        },
                     ),
                 };
                 let job = Job {
@@ -359,9 +365,11 @@ impl<T: Transport> Engine for HostEngine<T> {
                     count,
                     elem_size: es,
                 };
-                let schedule = self
-                    .schedules
-                    .get(key, || ring_all_gather(rank, n, count, es, chunk));
+                let hosts = self.transport.hosts();
+                let schedule = self.schedules.get(key, || match hosts {
+                    Some(hosts) => ring_all_gather_over(rank, &ring_order(hosts), count, es, chunk),
+                    None => ring_all_gather(rank, n, count, es, chunk),
+                });
                 let job = plain(Algorithm::Ring, schedule, dtype, output.bytes_mut());
                 self.run(op, job, deadline)
             }
@@ -380,9 +388,13 @@ impl<T: Transport> Engine for HostEngine<T> {
                     count,
                     elem_size: es,
                 };
-                let schedule = self
-                    .schedules
-                    .get(key, || ring_reduce_scatter(rank, n, count, es, chunk));
+                let hosts = self.transport.hosts();
+                let schedule = self.schedules.get(key, || match hosts {
+                    Some(hosts) => {
+                        ring_reduce_scatter_over(rank, &ring_order(hosts), count, es, chunk)
+                    }
+                    None => ring_reduce_scatter(rank, n, count, es, chunk),
+                });
                 let job = Job {
                     reduce: Some((dtype, reduce)),
                     ..plain(Algorithm::Ring, schedule, dtype, &mut *work_bytes)

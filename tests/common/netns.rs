@@ -53,12 +53,19 @@ impl Lab {
     /// Builds a lab of `ranks_per_host.len()` hosts, host `h` running the next
     /// `ranks_per_host[h]` ranks (ranks are numbered host by host).
     pub fn with_hosts(ranks_per_host: &[usize]) -> Result<Lab, String> {
-        let n = ranks_per_host.len();
-        let host_of = ranks_per_host
+        let host_of: Vec<usize> = ranks_per_host
             .iter()
             .enumerate()
             .flat_map(|(host, &ranks)| std::iter::repeat_n(host, ranks))
             .collect();
+        Lab::with_placement(&host_of)
+    }
+
+    /// Builds a lab whose rank `r` runs on host `host_of[r]` (hosts `0..=max`), for
+    /// launchers that interleave ranks across hosts.
+    pub fn with_placement(host_of: &[usize]) -> Result<Lab, String> {
+        let n = host_of.iter().max().map_or(0, |&h| h + 1);
+        let host_of = host_of.to_vec();
         if Command::new("unshare").arg("--version").output().is_err() {
             return Err("util-linux's unshare is missing".into());
         }

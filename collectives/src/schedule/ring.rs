@@ -186,6 +186,105 @@ pub fn ring_all_reduce(
     schedule
 }
 
+/// The ring order for ranks on the hosts `host_of` gives (`host_of[r]`: a label, equal
+/// for ranks of one host): host by host, hosts in the order of their lowest rank, ranks in
+/// order within each. A ring in this order enters and leaves each host once, however the
+/// launcher placed the ranks; with ranks numbered host by host it is the rank order.
+///
+/// ```
+/// use ringccl_collectives::schedule::ring_order;
+/// assert_eq!(ring_order(&[0, 1, 0, 1]), [0, 2, 1, 3]);
+/// assert_eq!(ring_order(&[7, 7, 3, 3]), [0, 1, 2, 3]);
+/// ```
+pub fn ring_order(host_of: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..host_of.len()).collect();
+    // Each host's position: the lowest rank on it.
+    let first = |label: usize| host_of.iter().position(|&h| h == label).unwrap_or(0);
+    order.sort_by_key(|&r| (first(host_of[r]), r));
+    order
+}
+
+/// A ring all-reduce around `order` (every rank once, e.g. [`ring_order`]); otherwise
+/// as [`ring_all_reduce`].
+pub fn ring_all_reduce_over(
+    rank: usize,
+    order: &[usize],
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+) -> Schedule {
+    ordered(rank, order, count, elem_size, max_chunk_bytes, None)
+}
+
+/// A ring reduce-scatter around `order`; rank `r` still ends owning block `r`.
+pub fn ring_reduce_scatter_over(
+    rank: usize,
+    order: &[usize],
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+) -> Schedule {
+    let phase = Phase::ReduceScatter { last: true };
+    ordered(rank, order, count, elem_size, max_chunk_bytes, Some(phase))
+}
+
+/// A ring all-gather around `order`; rank `r` still contributes block `r`.
+pub fn ring_all_gather_over(
+    rank: usize,
+    order: &[usize],
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+) -> Schedule {
+    ordered(
+        rank,
+        order,
+        count,
+        elem_size,
+        max_chunk_bytes,
+        Some(Phase::AllGather),
+    )
+}
+
+/// A ring around `order`: both phases (an all-reduce) when `single` is `None`, else that
+/// one phase, with each rank owning its own block.
+fn ordered(
+    rank: usize,
+    order: &[usize],
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+    single: Option<Phase>,
+) -> Schedule {
+    let n = order.len();
+    let mut schedule = Schedule::default();
+    let Some(me) = order.iter().position(|&r| r == rank).filter(|_| n > 1) else {
+        return schedule;
+    };
+    // The segment at position v is block `order[v]`: its owner's own block.
+    let pieces: Vec<Vec<Range<usize>>> = order
+        .iter()
+        .map(|&owner| chunks(segment(count, n, owner), elem_size, max_chunk_bytes).collect())
+        .collect();
+    let ring = |shift| RingOver {
+        members: order,
+        me,
+        pieces: &pieces,
+        shift,
+    };
+    match single {
+        Some(phase) => {
+            ring(0).push_phase(&mut schedule, phase, None);
+        }
+        None => {
+            let owned =
+                ring(1).push_phase(&mut schedule, Phase::ReduceScatter { last: true }, None);
+            ring(1).push_phase(&mut schedule, Phase::AllGather, Some(owned));
+        }
+    }
+    schedule
+}
+
 /// One ring phase on its own, with rank `r` owning block `r`.
 fn single_phase(
     rank: usize,
@@ -346,6 +445,65 @@ mod tests {
         assert_eq!(s.sends[0].range, 3..6);
         assert_eq!(s.sends[0].after_recv, None);
         assert_eq!(s.sends[1].after_recv, Some(0));
+    }
+
+    #[test]
+    fn rings_in_any_order_are_correct_and_a_host_ordered_ring_crosses_hosts_least() {
+        for host_of in [
+            &[0, 1, 0, 1][..],
+            &[0, 1, 2, 0, 1, 2],
+            &[0, 0, 1],
+            &[1, 0, 1, 0, 0],
+        ] {
+            let order = ring_order(host_of);
+            let n = host_of.len();
+            for count in [0, 1, 5, 64, 1001] {
+                for chunk in [4, 64, 1 << 20] {
+                    simulate(n, count, CollectiveKind::AllReduce, None, |rank| {
+                        ring_all_reduce_over(rank, &order, count, 4, chunk)
+                    });
+                    let blocks = count * n;
+                    simulate(n, blocks, CollectiveKind::ReduceScatter, None, |rank| {
+                        ring_reduce_scatter_over(rank, &order, blocks, 4, chunk)
+                    });
+                    simulate(n, blocks, CollectiveKind::AllGather, None, |rank| {
+                        ring_all_gather_over(rank, &order, blocks, 4, chunk)
+                    });
+                }
+            }
+        }
+        // Interleaved ranks on two hosts: the rank-order ring crosses on every hop, the
+        // host-ordered one twice.
+        let host_of = [0, 1, 0, 1, 0, 1];
+        let crossings = |schedules: Vec<Schedule>| -> usize {
+            schedules
+                .iter()
+                .enumerate()
+                .map(|(r, s)| {
+                    usize::from(
+                        s.sends
+                            .first()
+                            .is_some_and(|x| host_of[x.peer] != host_of[r]),
+                    )
+                })
+                .sum()
+        };
+        let order = ring_order(&host_of);
+        let plain = (0..6)
+            .map(|r| ring_all_reduce(r, 6, 60, 4, 1 << 20))
+            .collect();
+        let ordered = (0..6)
+            .map(|r| ring_all_reduce_over(r, &order, 60, 4, 1 << 20))
+            .collect();
+        assert_eq!((crossings(plain), crossings(ordered)), (6, 2));
+        // Rank-numbered hosts: the same schedule as the plain ring.
+        let contiguous = ring_order(&[0, 0, 1, 1]);
+        for rank in 0..4 {
+            assert_eq!(
+                ring_all_reduce_over(rank, &contiguous, 100, 4, 64),
+                ring_all_reduce(rank, 4, 100, 4, 64)
+            );
+        }
     }
 
     #[test]
