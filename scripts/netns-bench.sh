@@ -18,30 +18,11 @@ command -v ip >/dev/null && command -v tc >/dev/null || { echo "netns-bench: nee
 
 cargo build --release --quiet --bin ringccl-bench
 bench=$PWD/target/release/ringccl-bench
+. scripts/netns-lib.sh
 p=rcbench$$-
-cleanup() { for ns in $(ip netns list | awk '{print $1}' | grep "^$p" || true); do ip netns del "$ns"; done; }
-trap cleanup EXIT
-
-ip netns add ${p}hub
-ip -n ${p}hub link add br0 type bridge
-ip -n ${p}hub link set br0 up
-for r in $(seq 0 $((n - 1))); do
-    ip netns add ${p}$r
-    ip -n ${p}$r link set lo up
-    ip -n ${p}$r link add eth0 type veth peer name h$r netns ${p}hub
-    ip -n ${p}hub link set h$r master br0
-    ip -n ${p}hub link set h$r up
-    ip -n ${p}$r addr add 10.78.0.$((r + 1))/24 dev eth0
-    ip -n ${p}$r link set eth0 up
-    tc -n ${p}$r qdisc add dev eth0 root tbf rate "$rate" burst 512kb latency 100ms
-done
-
-# Link rate in GB/s (decimal, as busbw).
-case $rate in
-*gbit) link=$(awk -v r="${rate%gbit}" 'BEGIN {print r / 8}') ;;
-*mbit) link=$(awk -v r="${rate%mbit}" 'BEGIN {print r / 8000}') ;;
-*) echo "netns-bench: rate must end in gbit or mbit" >&2; exit 2 ;;
-esac
+trap 'netns_cleanup $p' EXIT
+netns_hosts $p 10.78.0 $n "$rate"
+link=$(link_rate "$rate") || exit 2
 
 run() {
     # Each namespace is fresh, so a fixed port inside rank 0's is always free.

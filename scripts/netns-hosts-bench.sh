@@ -25,29 +25,11 @@ done
 
 cargo build --release --quiet --bin ringccl-bench
 bench=$PWD/target/release/ringccl-bench
+. scripts/netns-lib.sh
 p=rchosts$$-
-cleanup() { for ns in $(ip netns list | awk '{print $1}' | grep "^$p" || true); do ip netns del "$ns"; done; }
-trap cleanup EXIT
-
-ip netns add ${p}hub
-ip -n ${p}hub link add br0 type bridge
-ip -n ${p}hub link set br0 up
-for h in $(seq 0 $((hosts - 1))); do
-    ip netns add ${p}$h
-    ip -n ${p}$h link set lo up
-    ip -n ${p}$h link add eth0 type veth peer name h$h netns ${p}hub
-    ip -n ${p}hub link set h$h master br0
-    ip -n ${p}hub link set h$h up
-    ip -n ${p}$h addr add 10.79.0.$((h + 1))/24 dev eth0
-    ip -n ${p}$h link set eth0 up
-    tc -n ${p}$h qdisc add dev eth0 root tbf rate "$rate" burst 512kb latency 100ms
-done
-
-case $rate in
-*gbit) link=$(awk -v r="${rate%gbit}" 'BEGIN {print r / 8}') ;;
-*mbit) link=$(awk -v r="${rate%mbit}" 'BEGIN {print r / 8000}') ;;
-*) echo "netns-hosts-bench: rate must end in gbit or mbit" >&2; exit 2 ;;
-esac
+trap 'netns_cleanup $p' EXIT
+netns_hosts $p 10.79.0 "$hosts" "$rate"
+link=$(link_rate "$rate") || exit 2
 
 # rank R ALGO ARGS...: rank R of ringccl-bench in its host's namespace, under the host's
 # name, with RINGCCL_ALGO=ALGO. Each namespace is fresh, so a fixed port inside host 0's

@@ -12,9 +12,8 @@ use crate::group::{Deadline, Engine, GroupRunner, Request};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, halving_doubling_all_reduce,
     hierarchical_all_reduce, hierarchical_barrier, hierarchical_broadcast, pairwise_all_to_all,
-    recursive_doubling_all_reduce, recv_from, ring_all_gather, ring_all_gather_over,
-    ring_all_reduce, ring_all_reduce_over, ring_order, ring_reduce, ring_reduce_scatter,
-    ring_reduce_scatter_over, segment, send_to, Schedule,
+    recursive_doubling_all_reduce, recv_from, ring_order, ring_over, ring_reduce, segment, send_to,
+    RingCollective, Schedule,
 };
 use crate::schedule_cache::{ScheduleCache, ScheduleKey};
 use crate::timeline::{self, CollectiveTrace, PeerTraffic};
@@ -104,6 +103,21 @@ struct Job<'a> {
     reduce: Option<(DType, ReduceOp)>,
     buf: &'a mut [u8],
     send_from: Option<&'a [u8]>,
+}
+
+/// The ring schedule of `collective` for rank `rank` of `n`: around the hosts when the
+/// group spans them (`hosts`, see [`ring_order`]), else around the ranks in order.
+fn ring_for(
+    collective: RingCollective,
+    hosts: Option<&[usize]>,
+    rank: usize,
+    n: usize,
+    count: usize,
+    elem_size: usize,
+    max_chunk_bytes: usize,
+) -> Schedule {
+    let order: Vec<usize> = hosts.map_or_else(|| (0..n).collect(), ring_order);
+    ring_over(collective, rank, &order, count, elem_size, max_chunk_bytes)
 }
 
 /// Element-aligned scratch copy of `bytes` (kernels need typed alignment).
@@ -265,12 +279,7 @@ impl<T: Transport> Engine for HostEngine<T> {
                             count,
                             elem_size: es,
                         },
-                        || match hosts {
-                            Some(hosts) => {
-                                ring_all_reduce_over(rank, &ring_order(hosts), count, es, chunk)
-                            }
-                            None => ring_all_reduce(rank, n, count, es, chunk),
-                        },
+                        || ring_for(RingCollective::AllReduce, hosts, rank, n, count, es, chunk),
                     ),
                 };
                 let job = Job {
@@ -366,9 +375,8 @@ impl<T: Transport> Engine for HostEngine<T> {
                     elem_size: es,
                 };
                 let hosts = self.transport.hosts();
-                let schedule = self.schedules.get(key, || match hosts {
-                    Some(hosts) => ring_all_gather_over(rank, &ring_order(hosts), count, es, chunk),
-                    None => ring_all_gather(rank, n, count, es, chunk),
+                let schedule = self.schedules.get(key, || {
+                    ring_for(RingCollective::AllGather, hosts, rank, n, count, es, chunk)
                 });
                 let job = plain(Algorithm::Ring, schedule, dtype, output.bytes_mut());
                 self.run(op, job, deadline)
@@ -389,11 +397,16 @@ impl<T: Transport> Engine for HostEngine<T> {
                     elem_size: es,
                 };
                 let hosts = self.transport.hosts();
-                let schedule = self.schedules.get(key, || match hosts {
-                    Some(hosts) => {
-                        ring_reduce_scatter_over(rank, &ring_order(hosts), count, es, chunk)
-                    }
-                    None => ring_reduce_scatter(rank, n, count, es, chunk),
+                let schedule = self.schedules.get(key, || {
+                    ring_for(
+                        RingCollective::ReduceScatter,
+                        hosts,
+                        rank,
+                        n,
+                        count,
+                        es,
+                        chunk,
+                    )
                 });
                 let job = Job {
                     reduce: Some((dtype, reduce)),

@@ -29,8 +29,8 @@ pub use hierarchical::{hierarchical_all_reduce, hierarchical_barrier, hierarchic
 pub use point_to_point::{recv_from, send_to};
 pub use recursive_doubling::recursive_doubling_all_reduce;
 pub use ring::{
-    ring_all_gather, ring_all_gather_over, ring_all_reduce, ring_all_reduce_over, ring_order,
-    ring_reduce, ring_reduce_scatter, ring_reduce_scatter_over,
+    ring_all_gather, ring_all_reduce, ring_order, ring_over, ring_reduce, ring_reduce_scatter,
+    RingCollective,
 };
 
 /// What a rank does with a received range.

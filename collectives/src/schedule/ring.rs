@@ -109,65 +109,6 @@ impl RingOver<'_> {
     }
 }
 
-/// Shape shared by every ring phase of one call over all ranks `0..n`.
-#[derive(Clone, Copy)]
-struct Ring {
-    rank: usize,
-    n: usize,
-    count: usize,
-    elem_size: usize,
-    max_chunk_bytes: usize,
-    /// Rank `r` owns segment `r + shift` after the reduce-scatter.
-    shift: usize,
-}
-
-impl Ring {
-    /// Appends one phase over every rank, the buffer cut into `n` segments.
-    fn push_phase(
-        &self,
-        schedule: &mut Schedule,
-        phase: Phase,
-        prev: Option<Vec<usize>>,
-    ) -> Vec<usize> {
-        let members: Vec<usize> = (0..self.n).collect();
-        let pieces: Vec<Vec<Range<usize>>> = (0..self.n)
-            .map(|v| {
-                chunks(
-                    segment(self.count, self.n, v),
-                    self.elem_size,
-                    self.max_chunk_bytes,
-                )
-                .collect()
-            })
-            .collect();
-        RingOver {
-            members: &members,
-            me: self.rank,
-            pieces: &pieces,
-            shift: self.shift,
-        }
-        .push_phase(schedule, phase, prev)
-    }
-}
-
-fn ring(
-    rank: usize,
-    n: usize,
-    count: usize,
-    elem_size: usize,
-    max_chunk_bytes: usize,
-    shift: usize,
-) -> Ring {
-    Ring {
-        rank,
-        n,
-        count,
-        elem_size,
-        max_chunk_bytes,
-        shift,
-    }
-}
-
 /// Rank `rank`'s schedule for a ring all-reduce of `count` elements of `elem_size` bytes
 /// over `world_size` ranks, with chunks of at most `max_chunk_bytes`.
 pub fn ring_all_reduce(
@@ -177,13 +118,19 @@ pub fn ring_all_reduce(
     elem_size: usize,
     max_chunk_bytes: usize,
 ) -> Schedule {
-    let mut schedule = Schedule::default();
-    if world_size > 1 {
-        let r = ring(rank, world_size, count, elem_size, max_chunk_bytes, 1);
-        let owned = r.push_phase(&mut schedule, Phase::ReduceScatter { last: true }, None);
-        r.push_phase(&mut schedule, Phase::AllGather, Some(owned));
-    }
-    schedule
+    ring_over(
+        RingCollective::AllReduce,
+        rank,
+        &in_rank_order(world_size),
+        count,
+        elem_size,
+        max_chunk_bytes,
+    )
+}
+
+/// The ranks `0..world_size`, the plain ring's order.
+fn in_rank_order(world_size: usize) -> Vec<usize> {
+    (0..world_size).collect()
 }
 
 /// The ring order for ranks on the hosts `host_of` gives (`host_of[r]`: a label, equal
@@ -204,62 +151,68 @@ pub fn ring_order(host_of: &[usize]) -> Vec<usize> {
     order
 }
 
-/// A ring all-reduce around `order` (every rank once, e.g. [`ring_order`]); otherwise
-/// as [`ring_all_reduce`].
-pub fn ring_all_reduce_over(
-    rank: usize,
-    order: &[usize],
-    count: usize,
-    elem_size: usize,
-    max_chunk_bytes: usize,
-) -> Schedule {
-    ordered(rank, order, count, elem_size, max_chunk_bytes, None)
+/// Which schedule [`ring_over`] builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingCollective {
+    /// Reduce-scatter, then all-gather.
+    AllReduce,
+    /// Rank `r` ends owning the reduction of block `r`.
+    ReduceScatter,
+    /// Rank `r` contributes block `r`; every rank ends with all of them.
+    AllGather,
 }
 
-/// A ring reduce-scatter around `order`; rank `r` still ends owning block `r`.
-pub fn ring_reduce_scatter_over(
+/// A ring `collective` around `order` (every rank once, e.g. [`ring_order`]); otherwise
+/// as [`ring_all_reduce`], [`ring_reduce_scatter`] or [`ring_all_gather`], which are this
+/// around the ranks in order.
+///
+/// ```
+/// use ringccl_collectives::schedule::{ring_all_reduce, ring_over, RingCollective};
+/// let all_reduce = RingCollective::AllReduce;
+/// assert_eq!(ring_over(all_reduce, 1, &[0, 1, 2], 10, 4, 64), ring_all_reduce(1, 3, 10, 4, 64));
+/// ```
+pub fn ring_over(
+    collective: RingCollective,
     rank: usize,
     order: &[usize],
     count: usize,
     elem_size: usize,
     max_chunk_bytes: usize,
 ) -> Schedule {
-    let phase = Phase::ReduceScatter { last: true };
-    ordered(rank, order, count, elem_size, max_chunk_bytes, Some(phase))
-}
-
-/// A ring all-gather around `order`; rank `r` still contributes block `r`.
-pub fn ring_all_gather_over(
-    rank: usize,
-    order: &[usize],
-    count: usize,
-    elem_size: usize,
-    max_chunk_bytes: usize,
-) -> Schedule {
-    ordered(
+    let single = match collective {
+        RingCollective::AllReduce => None,
+        RingCollective::ReduceScatter => Some(Phase::ReduceScatter { last: true }),
+        RingCollective::AllGather => Some(Phase::AllGather),
+    };
+    let mut schedule = Schedule::default();
+    push_ordered(
+        &mut schedule,
         rank,
         order,
         count,
         elem_size,
         max_chunk_bytes,
-        Some(Phase::AllGather),
-    )
+        single,
+    );
+    schedule
 }
 
-/// A ring around `order`: both phases (an all-reduce) when `single` is `None`, else that
-/// one phase, with each rank owning its own block.
-fn ordered(
+/// Appends to `schedule` a ring around `order`: both phases (an all-reduce) when
+/// `single` is `None`, else that one phase, with each rank owning its own block. Returns
+/// the receive indices of its last step, chunk by chunk (what completes the block this
+/// rank owns after a reduce-scatter).
+fn push_ordered(
+    schedule: &mut Schedule,
     rank: usize,
     order: &[usize],
     count: usize,
     elem_size: usize,
     max_chunk_bytes: usize,
     single: Option<Phase>,
-) -> Schedule {
+) -> Vec<usize> {
     let n = order.len();
-    let mut schedule = Schedule::default();
     let Some(me) = order.iter().position(|&r| r == rank).filter(|_| n > 1) else {
-        return schedule;
+        return Vec::new();
     };
     // The segment at position v is block `order[v]`: its owner's own block.
     let pieces: Vec<Vec<Range<usize>>> = order
@@ -273,36 +226,12 @@ fn ordered(
         shift,
     };
     match single {
-        Some(phase) => {
-            ring(0).push_phase(&mut schedule, phase, None);
-        }
+        Some(phase) => ring(0).push_phase(schedule, phase, None),
         None => {
-            let owned =
-                ring(1).push_phase(&mut schedule, Phase::ReduceScatter { last: true }, None);
-            ring(1).push_phase(&mut schedule, Phase::AllGather, Some(owned));
+            let owned = ring(1).push_phase(schedule, Phase::ReduceScatter { last: true }, None);
+            ring(1).push_phase(schedule, Phase::AllGather, Some(owned))
         }
     }
-    schedule
-}
-
-/// One ring phase on its own, with rank `r` owning block `r`.
-fn single_phase(
-    rank: usize,
-    world_size: usize,
-    count: usize,
-    elem_size: usize,
-    max_chunk_bytes: usize,
-    phase: Phase,
-) -> Schedule {
-    let mut schedule = Schedule::default();
-    if world_size > 1 {
-        ring(rank, world_size, count, elem_size, max_chunk_bytes, 0).push_phase(
-            &mut schedule,
-            phase,
-            None,
-        );
-    }
-    schedule
 }
 
 /// Ring reduce-scatter over a buffer of `world_size` equal blocks: afterwards rank `r`'s
@@ -315,13 +244,13 @@ pub fn ring_reduce_scatter(
     elem_size: usize,
     max_chunk_bytes: usize,
 ) -> Schedule {
-    single_phase(
+    ring_over(
+        RingCollective::ReduceScatter,
         rank,
-        world_size,
+        &in_rank_order(world_size),
         count,
         elem_size,
         max_chunk_bytes,
-        Phase::ReduceScatter { last: true },
     )
 }
 
@@ -334,13 +263,13 @@ pub fn ring_all_gather(
     elem_size: usize,
     max_chunk_bytes: usize,
 ) -> Schedule {
-    single_phase(
+    ring_over(
+        RingCollective::AllGather,
         rank,
-        world_size,
+        &in_rank_order(world_size),
         count,
         elem_size,
         max_chunk_bytes,
-        Phase::AllGather,
     )
 }
 
@@ -360,8 +289,15 @@ pub fn ring_reduce(
     if n <= 1 {
         return schedule;
     }
-    let r = ring(rank, n, count, elem_size, max_chunk_bytes, 0);
-    let owned = r.push_phase(&mut schedule, Phase::ReduceScatter { last: true }, None);
+    let owned = push_ordered(
+        &mut schedule,
+        rank,
+        &in_rank_order(n),
+        count,
+        elem_size,
+        max_chunk_bytes,
+        Some(Phase::ReduceScatter { last: true }),
+    );
     if rank != root {
         for (j, range) in chunks(segment(count, n, rank), elem_size, max_chunk_bytes).enumerate() {
             schedule.sends.push(SendStep {
@@ -460,14 +396,21 @@ mod tests {
             for count in [0, 1, 5, 64, 1001] {
                 for chunk in [4, 64, 1 << 20] {
                     simulate(n, count, CollectiveKind::AllReduce, None, |rank| {
-                        ring_all_reduce_over(rank, &order, count, 4, chunk)
+                        ring_over(RingCollective::AllReduce, rank, &order, count, 4, chunk)
                     });
                     let blocks = count * n;
                     simulate(n, blocks, CollectiveKind::ReduceScatter, None, |rank| {
-                        ring_reduce_scatter_over(rank, &order, blocks, 4, chunk)
+                        ring_over(
+                            RingCollective::ReduceScatter,
+                            rank,
+                            &order,
+                            blocks,
+                            4,
+                            chunk,
+                        )
                     });
                     simulate(n, blocks, CollectiveKind::AllGather, None, |rank| {
-                        ring_all_gather_over(rank, &order, blocks, 4, chunk)
+                        ring_over(RingCollective::AllGather, rank, &order, blocks, 4, chunk)
                     });
                 }
             }
@@ -493,14 +436,14 @@ mod tests {
             .map(|r| ring_all_reduce(r, 6, 60, 4, 1 << 20))
             .collect();
         let ordered = (0..6)
-            .map(|r| ring_all_reduce_over(r, &order, 60, 4, 1 << 20))
+            .map(|r| ring_over(RingCollective::AllReduce, r, &order, 60, 4, 1 << 20))
             .collect();
         assert_eq!((crossings(plain), crossings(ordered)), (6, 2));
         // Rank-numbered hosts: the same schedule as the plain ring.
         let contiguous = ring_order(&[0, 0, 1, 1]);
         for rank in 0..4 {
             assert_eq!(
-                ring_all_reduce_over(rank, &contiguous, 100, 4, 64),
+                ring_over(RingCollective::AllReduce, rank, &contiguous, 100, 4, 64),
                 ring_all_reduce(rank, 4, 100, 4, 64)
             );
         }

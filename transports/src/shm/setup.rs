@@ -371,6 +371,18 @@ pub(super) struct Group {
 }
 
 impl Group {
+    /// Rank `rank` of `n` in a test's job, its deadline 20 s away.
+    #[cfg(test)]
+    pub(super) fn for_test(rank: usize, n: usize, required: bool) -> Group {
+        Group {
+            rank,
+            n,
+            job: 1,
+            deadline: Instant::now() + std::time::Duration::from_secs(20),
+            required,
+        }
+    }
+
     /// Gives up on shared memory, as every rank does at this same step. Not required:
     /// logs why and keeps TCP (start-up goes on, and `Mesh::finish` keeps the store up
     /// until everyone is done with it). Required: the error, once rank 0 has seen every
@@ -525,13 +537,7 @@ mod tests {
                 .map(|rank| {
                     let mut store = store.clone();
                     s.spawn(move || {
-                        let group = Group {
-                            rank,
-                            n: 3,
-                            job: 1,
-                            deadline: soon(),
-                            required: false,
-                        };
+                        let group = Group::for_test(rank, 3, false);
                         let mut store = WatchedStore::new(&mut store, &all_there, rank, 3, STEP);
                         set_up_as(&mut store, &group, "here", RING).unwrap()
                     })
@@ -548,11 +554,8 @@ mod tests {
         }
         // The same job required to share memory everywhere: an error naming the pair.
         let group = Group {
-            rank: 0,
-            n: 3,
-            job: 1,
             deadline: Instant::now() + Duration::from_millis(500),
-            required: true,
+            ..Group::for_test(0, 3, true)
         };
         let mut alone = store.clone();
         alone.set("ringccl/host/1", b"here").unwrap();

@@ -49,13 +49,7 @@ fn transports(hosts: &[&str]) -> Option<Vec<ShmTransport>> {
             .map(|rank| {
                 let mut store = store.clone();
                 s.spawn(move || {
-                    let group = Group {
-                        rank,
-                        n,
-                        job: 1,
-                        deadline: soon(),
-                        required: false,
-                    };
+                    let group = Group::for_test(rank, n, false);
                     let nobody_gone = |_peer: usize| false;
                     let mut store = WatchedStore::new(&mut store, &nobody_gone, rank, n, "test");
                     set_up_as(&mut store, &group, hosts[rank], RING).unwrap()
