@@ -7,7 +7,8 @@
 # N = all ranks, and is printed as a multiple of the per-host link rate. A flat ring
 # cannot exceed 1.0x here; the hierarchical limit is 2(N-1)/N / (2(M-1)/M) (1.5x at 2x2).
 #
-#   sudo scripts/netns-hosts-bench.sh [rate=1gbit] [reps=3]      (HOSTS=2 RANKS_PER_HOST=2)
+#   sudo scripts/netns-hosts-bench.sh [rate=1gbit] [reps=3]      (HOSTS=2 RANKS_PER_HOST=2,
+#                                                                 or LAYOUT="2 1 1")
 #
 # Needs root, iproute2 and util-linux's unshare. Uses only its own namespaces
 # (rchosts<pid>-*) and addresses (10.79.0.0/24) and removes them on exit.
@@ -17,7 +18,16 @@ rate=${1:-1gbit}
 reps=${2:-3}
 hosts=${HOSTS:-2}
 per_host=${RANKS_PER_HOST:-2}
-n=$((hosts * per_host))
+# LAYOUT="2 1 1": ranks per host, uneven (overrides HOSTS and RANKS_PER_HOST).
+read -r -a layout <<< "${LAYOUT:-$(printf "$per_host %.0s" $(seq 1 "$hosts"))}"
+hosts=${#layout[@]}
+host_of=() local_of=() local_size=()
+for h in "${!layout[@]}"; do
+    for l in $(seq 0 $((layout[h] - 1))); do
+        host_of+=("$h") local_of+=("$l") local_size+=("${layout[h]}")
+    done
+done
+n=${#host_of[@]}
 [ "$(id -u)" = 0 ] || { echo "netns-hosts-bench: needs root" >&2; exit 2; }
 for tool in ip tc unshare; do
     command -v $tool >/dev/null || { echo "netns-hosts-bench: needs $tool" >&2; exit 2; }
@@ -35,10 +45,10 @@ link=$(link_rate "$rate") || exit 2
 # name, with RINGCCL_ALGO=ALGO. Each namespace is fresh, so a fixed port inside host 0's
 # is always free.
 rank() {
-    local r=$1 algo=$2 h=$(($1 / per_host))
+    local r=$1 algo=$2 h=${host_of[$1]}
     shift 2
     ip netns exec ${p}$h unshare --uts sh -c 'hostname "$0" && exec "$@"' "${p}host$h" \
-        env RANK=$r WORLD_SIZE=$n LOCAL_RANK=$((r % per_host)) LOCAL_WORLD_SIZE=$per_host \
+        env RANK=$r WORLD_SIZE=$n LOCAL_RANK=${local_of[r]} LOCAL_WORLD_SIZE=${local_size[r]} \
         MASTER_ADDR=10.79.0.1 MASTER_PORT=29500 RINGCCL_ALGO=$algo "$bench" "$@"
 }
 
@@ -53,7 +63,7 @@ run() {
     wait "${pids[@]}"
 }
 
-echo "# $hosts hosts x $per_host ranks, egress $rate per host (link rate $link GB/s); shm inside a host, tcp across"
+echo "# ranks per host: ${layout[*]}; egress $rate per host (link rate $link GB/s); shm inside a host, tcp across"
 declare -A busbw
 for rep in $(seq 1 "$reps"); do
     for algo in ring hierarchical; do
