@@ -12,7 +12,9 @@
 use std::ops::Range;
 
 use super::power_of_two_core::PowerOfTwoCore;
-use super::{chunks, segment, RecvAction, RecvStep, Schedule, SendStep};
+use super::{
+    chunks, latest_recv_writing, overlap, segment, RecvAction, RecvStep, Schedule, SendStep,
+};
 
 /// Rank `rank`'s schedule for a halving-doubling all-reduce.
 pub fn halving_doubling_all_reduce(
@@ -107,20 +109,12 @@ struct Plan {
     max_chunk_bytes: usize,
 }
 
-fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
-    a.start < b.end && b.start < a.end
-}
-
 impl Plan {
     /// Sends `range` to `peer`; each chunk waits for the latest receive that wrote any of
     /// its elements (receives complete in order, so the earlier ones are done too).
     fn send(&mut self, peer: usize, range: Range<usize>) {
         for piece in chunks(range, self.elem_size, self.max_chunk_bytes) {
-            let after_recv = self
-                .schedule
-                .recvs
-                .iter()
-                .rposition(|r| overlap(&r.range, &piece));
+            let after_recv = latest_recv_writing(&self.schedule.recvs, 0, &piece);
             self.schedule.sends.push(SendStep {
                 peer,
                 range: piece,

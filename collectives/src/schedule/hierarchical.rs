@@ -25,14 +25,13 @@ use super::barrier::dissemination_over;
 use super::broadcast::{chain_over, tree_over};
 use super::ring::{Phase, RingOver};
 use super::{
-    binomial_tree_broadcast, chain_broadcast, chunks, dissemination_barrier, ring_all_reduce,
-    segment, RecvAction, RecvStep, Schedule, SendStep,
+    binomial_tree_broadcast, chain_broadcast, chunks, dissemination_barrier, latest_recv_writing,
+    ring_all_reduce, segment, RecvAction, RecvStep, Schedule, SendStep,
 };
 
-/// For each range of the segment `ring` sends first in `phase`, the latest receive among
-/// `recvs[from..]` that writes any of its elements: the receive the send must wait for
-/// (receives complete in order, so every earlier one is done then). `None` when some
-/// range has no such receive (nothing before it to wait for).
+/// For each range of the segment `ring` sends first in `phase`, the receive among
+/// `recvs[from..]` it must wait for ([`latest_recv_writing`]). `None` when some range has
+/// no such receive (nothing before it to wait for).
 fn waits_for(
     ring: &RingOver<'_>,
     phase: Phase,
@@ -41,11 +40,7 @@ fn waits_for(
 ) -> Option<Vec<usize>> {
     ring.pieces[ring.first_sent(phase)]
         .iter()
-        .map(|range| {
-            (from..recvs.len())
-                .rev()
-                .find(|&i| recvs[i].range.start < range.end && range.start < recvs[i].range.end)
-        })
+        .map(|range| latest_recv_writing(recvs, from, range))
         .collect()
 }
 

@@ -101,6 +101,24 @@ impl Schedule {
     }
 }
 
+/// Whether two element ranges share an element.
+pub(crate) fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+/// The latest of `recvs[from..]` that writes any element of `range`: the receive a send
+/// of `range` must wait for (receives complete in order, so every earlier one is done
+/// then).
+pub(crate) fn latest_recv_writing(
+    recvs: &[RecvStep],
+    from: usize,
+    range: &Range<usize>,
+) -> Option<usize> {
+    let later = recvs.get(from..)?;
+    let at = later.iter().rposition(|r| overlap(&r.range, range))?;
+    Some(from + at)
+}
+
 /// The `index`-th of `parts` nearly equal, contiguous pieces of `0..count`: the first
 /// `count % parts` pieces are one element longer.
 pub fn segment(count: usize, parts: usize, index: usize) -> Range<usize> {

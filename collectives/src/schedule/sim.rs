@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::rc::Rc;
 
-use super::{segment, RecvAction, Schedule};
+use super::{overlap, segment, RecvAction, Schedule};
 use crate::progress::{Destination, Progress};
 use crate::CollectiveKind;
 
@@ -45,10 +45,6 @@ fn leaf(rank: usize, i: usize) -> Val {
 struct Outcome {
     buffers: Vec<Vec<Val>>,
     finished: Vec<bool>,
-}
-
-fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
-    a.start < b.end && b.start < a.end
 }
 
 /// Panics when received data is about to land on elements that the send the executor may
