@@ -44,6 +44,19 @@ fn waits_for(
         .collect()
 }
 
+/// Whether ranks on the hosts `host_of` gives (`host_of[r]`: a label, equal for ranks of
+/// one host) sit on several hosts with several ranks on at least one: where the
+/// hierarchical schedules differ from the flat ones.
+///
+/// ```
+/// use ringccl_collectives::schedule::spans_hosts;
+/// assert!(spans_hosts(&[0, 0, 1]));
+/// assert!(!spans_hosts(&[0, 1, 2]) && !spans_hosts(&[4, 4]));
+/// ```
+pub fn spans_hosts(host_of: &[usize]) -> bool {
+    Topology::spanning(host_of).is_some()
+}
+
 /// Rank `rank`'s part of a hierarchical all-reduce of `count` elements of `elem_size`
 /// bytes, in chunks of at most `max_chunk_bytes`, for ranks on the hosts `host_of` gives
 /// (`host_of[r]`: any label of rank r's host, the same for every rank of it). With one

@@ -77,6 +77,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ringccl_collectives::schedule::spans_hosts;
 use ringccl_collectives::{Closer, Readiness, Transport};
 
 use crate::poll::{ready_now, wait_any, Interest};
@@ -376,18 +377,6 @@ impl Transport for ShmTransport {
             }
         }
     }
-}
-
-/// Whether ranks on the hosts `hosts` gives sit on several hosts, several on at least
-/// one: where the hierarchical all-reduce pays.
-fn spans_hosts(hosts: &[usize]) -> bool {
-    let first = hosts.first();
-    let several_hosts = hosts.iter().any(|h| Some(h) != first);
-    let shared = hosts
-        .iter()
-        .enumerate()
-        .any(|(rank, h)| hosts.get(..rank).is_some_and(|before| before.contains(h)));
-    several_hosts && shared
 }
 
 /// Whether what rank `me` waits for is there: bytes to read from `readable`, room to
