@@ -195,14 +195,14 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         })?;
         hosts.push(identities.iter().position(|i| *i == theirs).unwrap_or(peer));
         // The identity starts with the host name (see `host_identity`).
-        let text = String::from_utf8_lossy(&theirs);
+        let text = String::from_utf8_lossy(&theirs).into_owned();
         host_names.push(text.split('/').next().unwrap_or_default().to_string());
-        identities.push(theirs.clone());
         if theirs == me.as_bytes() {
             local.push(peer);
         } else if elsewhere.is_none() {
-            elsewhere = Some((peer, String::from_utf8_lossy(&theirs).into_owned()));
+            elsewhere = Some((peer, text));
         }
+        identities.push(theirs);
     }
     if let (Some((peer, theirs)), true) = (&elsewhere, group.required) {
         let reason = format!(
@@ -274,20 +274,24 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     // Every local peer has opened this rank's inbox (or given up): close it to everyone
     // else.
     let own = created.map(OwnInbox::into_mapping);
-    // 4. Shared memory with the peers each of the two could map.
-    let maps_me = |index: usize| {
-        theirs
-            .get(index)
-            .and_then(|t| t.as_ref().ok())
-            .is_some_and(|list| {
-                list.split(',')
-                    .any(|p| p.parse::<usize>().ok() == Some(rank))
-            })
+    // 4. Shared memory with the peers each of the two could map. `mapped_by[i]`: the
+    // ranks local rank `local[i]` mapped (none if its list was unreadable).
+    let mapped_by: Vec<Vec<usize>> = theirs
+        .iter()
+        .map(|list| {
+            let list = list.as_deref().unwrap_or("");
+            list.split(',').filter_map(|p| p.parse().ok()).collect()
+        })
+        .collect();
+    let maps = |a: usize, b: usize| {
+        let index = local.iter().position(|&p| p == a);
+        index
+            .and_then(|i| mapped_by.get(i))
+            .is_some_and(|l| l.contains(&b))
     };
     let mut inboxes: Vec<Option<Mapping>> = (0..n).map(|_| None).collect();
     for (peer, mapping) in mapped {
-        let index = local.iter().position(|&p| p == peer).unwrap_or(usize::MAX);
-        if maps_me(index) {
+        if maps(peer, rank) {
             if let Some(slot) = inboxes.get_mut(peer) {
                 *slot = Some(mapping);
             }
@@ -302,10 +306,8 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     if group.required {
         // Every rank must share memory with every other: all decline alike if a pair
         // cannot, the one that failed with its own reason.
-        let missing = local.iter().zip(&theirs).find_map(|(&a, list)| {
-            let list = list.as_deref().unwrap_or("");
-            let has = |b: usize| list.split(',').any(|p| p.parse::<usize>().ok() == Some(b));
-            let b = local.iter().copied().find(|&b| b != a && !has(b))?;
+        let missing = local.iter().find_map(|&a| {
+            let b = local.iter().copied().find(|&b| b != a && !maps(a, b))?;
             Some((a, b))
         });
         if let Some((a, b)) = missing {
