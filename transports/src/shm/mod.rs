@@ -80,7 +80,7 @@ use std::time::{Duration, Instant};
 use ringccl_collectives::schedule::spans_hosts;
 use ringccl_collectives::{Closer, Readiness, Transport};
 
-use crate::poll::{ready_now, wait_any, Interest};
+use crate::poll::{ready_now, wait_any};
 use crate::spin::{host_cores, Spin};
 use crate::TcpTransport;
 pub use ring::DEFAULT_RING_BYTES;
@@ -208,28 +208,23 @@ impl ShmTransport {
         }
     }
 
-    /// Waits for a local peer and a peer on another host at once (`shm` and `tcp`, each
-    /// `(writable, readable)`): spins on both, then sleeps in `poll(2)` on the remote
-    /// peer's connection and the local peer's, over which the local peer sends a byte
-    /// when it sees this rank waiting for it (see `ring.rs`).
+    /// Waits for a local peer and a peer on another host at once: `local` (writable
+    /// and/or readable as `shm` says, each `(writable, readable)`) and `remote` (as `tcp`
+    /// says). Spins on both, then sleeps in `poll(2)` on the remote peer's connection and
+    /// the local peer's, over which the local peer sends a byte when it sees this rank
+    /// waiting for it (see `ring.rs`).
     fn wait_mixed(
         &mut self,
-        shm: (Option<usize>, Option<usize>),
-        tcp: (Option<usize>, Option<usize>),
+        (local, shm): (usize, (Option<usize>, Option<usize>)),
+        (remote, tcp): (usize, (Option<usize>, Option<usize>)),
         deadline: Instant,
     ) -> io::Result<Readiness> {
         let me = self.rank();
-        let local = shm.1.or(shm.0);
-        let mut interests = [Interest {
-            fd: -1,
-            read: false,
-            write: false,
-        }; 2];
-        let remote = tcp.1.or(tcp.0).unwrap_or(me);
-        interests[0] = self
-            .tcp
-            .interest(remote, tcp.1.is_some(), tcp.0.is_some())?;
-        interests[1] = self.tcp.interest(local.unwrap_or(me), true, false)?;
+        let interests = [
+            self.tcp
+                .interest(remote, tcp.1.is_some(), tcp.0.is_some())?,
+            self.tcp.interest(local, true, false)?,
+        ];
         let rings = &self.rings;
         let remote_ready = &interests[..1];
         let looked = self.spin.look(deadline, LOOKS_PER_CLOCK, || {
@@ -238,10 +233,10 @@ impl ShmTransport {
         if looked {
             return Ok(Readiness::Ready);
         }
-        let peer_of_flag = local.map_or(u32::MAX, in_poll_for);
+        let peer_of_flag = in_poll_for(local);
         loop {
             let now = Instant::now();
-            if self.any_gone([tcp.1.or(tcp.0), local], now) {
+            if self.any_gone([Some(remote), Some(local)], now) {
                 return Ok(Readiness::Ready); // the next read or write reports it
             }
             if now >= deadline {
@@ -249,9 +244,7 @@ impl ShmTransport {
             }
             let until = deadline.min(now + LIVENESS_SLICE);
             let rings = &self.rings;
-            if let Some(local) = local {
-                self.tcp.drain_wake_ups(local);
-            }
+            self.tcp.drain_wake_ups(local);
             let found = rings.raise_flag(me, peer_of_flag, || ready(rings, me, shm.0, shm.1));
             let woken = if found {
                 Ok(true)
@@ -259,9 +252,7 @@ impl ShmTransport {
                 wait_any(&interests, until)
             };
             rings.lower_flag(me);
-            if let Some(local) = local {
-                self.tcp.drain_wake_ups(local);
-            }
+            self.tcp.drain_wake_ups(local);
             if woken? && (found || ready(rings, me, shm.0, shm.1) || ready_now(remote_ready)?) {
                 return Ok(Readiness::Ready);
             }
@@ -345,10 +336,12 @@ impl Transport for ShmTransport {
         let remote = |peer: Option<usize>| peer.filter(|&p| !self.rings.has(p));
         let shm = (local(writable), local(readable));
         let tcp = (remote(writable), remote(readable));
-        match (shm, tcp) {
-            (_, (None, None)) => {}
-            ((None, None), _) => return self.tcp.wait(writable, readable, deadline),
-            (shm, tcp) => return self.wait_mixed(shm, tcp, deadline),
+        match (shm.1.or(shm.0), tcp.1.or(tcp.0)) {
+            (_, None) => {}
+            (None, Some(_)) => return self.tcp.wait(writable, readable, deadline),
+            (Some(local), Some(remote)) => {
+                return self.wait_mixed((local, shm), (remote, tcp), deadline)
+            }
         }
         let me = self.rank();
         let rings = &self.rings;
