@@ -6,7 +6,7 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::heavy_lock;
+use common::{heavy_lock, text};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_ringccl-bench");
 const RINGRUN: &str = env!("CARGO_BIN_EXE_ringrun");
@@ -18,10 +18,6 @@ fn bench(args: &[&str], fault: bool) -> Output {
         cmd.env("RINGCCL_BENCH_INJECT_FAULT", "1");
     }
     cmd.output().expect("run ringccl-bench")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// The table's rows: (size, type, redop, #wrong).

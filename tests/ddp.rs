@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use common::{heavy_lock, run_threads, GROUP_TIMEOUT};
+use common::{example, final_params_l2, heavy_lock, run_threads, GROUP_TIMEOUT};
 use ringccl::ddp::{
     Bf16CompressHook, DdpConfig, DdpError, DistributedDataParallel, DistributedSampler,
     Fp16CompressHook, ParamSpec,
@@ -366,16 +365,6 @@ fn buckets_are_rebuilt_once_from_rank_zeros_arrival_order() {
     }
 }
 
-/// The ddp_mlp example, built by `cargo test` next to this test's binary.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
-    dir.join("examples").join(name)
-}
-
 fn final_l2(np: usize, local_batch: usize) -> f64 {
     let out = Command::new(RINGRUN)
         .args(["--nproc-per-node", &np.to_string()])
@@ -390,25 +379,12 @@ fn final_l2(np: usize, local_batch: usize) -> f64 {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let line = stdout
-        .lines()
-        .find_map(|l| l.split("final_params_l2=").nth(1))
-        .unwrap_or_else(|| panic!("no final_params_l2 line: {stdout}"));
-    line.trim().parse().expect("a number")
+    final_params_l2(&stdout).unwrap_or_else(|| panic!("no final_params_l2 figure: {stdout}"))
 }
 
 #[test]
 fn the_mlp_example_gives_the_same_parameters_at_4x16_and_1x64() {
     let _heavy = heavy_lock();
-    if !example("ddp_mlp").exists() {
-        // `cargo test` builds examples; a filtered run (`--test ddp`) may not have.
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--example", "ddp_mlp"])
-            .status()
-            .expect("run cargo build --example ddp_mlp");
-        assert!(status.success(), "building the ddp_mlp example failed");
-    }
     let four = final_l2(4, 16);
     let one = final_l2(1, 64);
     assert!(

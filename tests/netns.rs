@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::matrix::{assert_identical, matrix};
 use common::netns::Lab;
-use common::{child_group, digest, heavy_lock, RESULT_PREFIX};
+use common::{child_group, digest, example, final_params_l2, heavy_lock, text, RESULT_PREFIX};
 use ringccl::core::store::StoreClient;
 use ringccl::ReduceOp;
 
@@ -332,34 +332,6 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
 
 const RINGRUN: &str = env!("CARGO_BIN_EXE_ringrun");
 
-/// The ddp_mlp example, built by `cargo test` next to this test's binary (built here if
-/// a filtered run has not).
-fn ddp_mlp() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir")
-        .join("examples")
-        .join("ddp_mlp");
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let built = std::process::Command::new(cargo)
-            .args(["build", "--example", "ddp_mlp"])
-            .status()
-            .expect("run cargo build --example ddp_mlp");
-        assert!(built.success(), "building the ddp_mlp example failed");
-    }
-    path
-}
-
-fn final_l2(stdout: &str) -> Option<f64> {
-    stdout
-        .lines()
-        .find_map(|l| l.split("final_params_l2=").nth(1))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// `ringrun --nnodes 2` started on each of two hosts (2 ranks each) runs one job: the
 /// ddp_mlp example ends with the parameters of a single-host run of the same global
 /// batch. Then, in a long benchmark, a rank killed on host 1 stops host 0's ranks too,
@@ -376,7 +348,7 @@ fn ringrun_across_two_hosts_runs_one_job_and_a_lost_rank_stops_both() {
         }
     };
     let _heavy = heavy_lock();
-    let example = ddp_mlp();
+    let example = example("ddp_mlp");
     let node = |k: usize, program: &dyn AsRef<std::ffi::OsStr>, args: &[&str]| {
         let mut command = lab.command_on(k, RINGRUN);
         command
@@ -398,14 +370,15 @@ fn ringrun_across_two_hosts_runs_one_job_and_a_lost_rank_stops_both() {
         let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
         assert!(out.status.success(), "node {k}: {stdout}{stderr}");
     }
-    let across = final_l2(&text(&outs[0].stdout)).expect("rank 0 prints final_params_l2");
+    let across = final_params_l2(&text(&outs[0].stdout)).expect("rank 0 prints final_params_l2");
     let single = std::process::Command::new(RINGRUN)
         .args(["--nproc-per-node", "1"])
         .arg(&example)
         .args(["--local-batch", "64", "--steps", "30"])
         .output()
         .expect("run ringrun on one host");
-    let alone = final_l2(&text(&single.stdout)).expect("the single run prints final_params_l2");
+    let alone =
+        final_params_l2(&text(&single.stdout)).expect("the single run prints final_params_l2");
     assert!(
         ((across - alone) / alone).abs() < 1e-6,
         "2 hosts x 2 ranks gave {across}, one rank {alone}"
@@ -474,8 +447,4 @@ fn ringrun_across_two_hosts_runs_one_job_and_a_lost_rank_stops_both() {
         "both stopped after {stopped:?}"
     );
     println!("both hosts stopped {stopped:?} after the kill; host 0 said:\n{host_0}");
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }

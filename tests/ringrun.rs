@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::heavy_lock;
+use common::{heavy_lock, text};
 
 const RINGRUN: &str = env!("CARGO_BIN_EXE_ringrun");
 const LIMIT: Duration = Duration::from_secs(120);
@@ -38,10 +38,6 @@ fn ringrun(args: &[&str]) -> (Output, Duration) {
         }
     };
     (output, started.elapsed())
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[test]

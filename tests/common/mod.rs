@@ -249,6 +249,40 @@ fn after<'a>(text: &'a str, marker: &str) -> Option<&'a str> {
 }
 
 /// FNV-1a over bytes: a digest to compare ranks' results.
+/// A child's output as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The example `name`, built by `cargo test` next to this test's binary (built here if a
+/// filtered run has not).
+pub fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .join("examples")
+        .join(name);
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = Command::new(cargo)
+            .args(["build", "--example", name])
+            .status()
+            .expect("run cargo build --example");
+        assert!(built.success(), "building the {name} example failed");
+    }
+    path
+}
+
+/// The `final_params_l2=` figure the ddp_mlp example prints.
+pub fn final_params_l2(stdout: &str) -> Option<f64> {
+    stdout
+        .lines()
+        .find_map(|l| l.split("final_params_l2=").nth(1))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 pub fn digest(bytes: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for &b in bytes {
