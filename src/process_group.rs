@@ -101,6 +101,17 @@ impl ProcessGroup {
         store: KeptStore,
         recipe: Arc<GlooRecipe>,
     ) -> ProcessGroup {
+        // A process claiming one of the ranks now is refused, and fails alone unless
+        // the group stops too: rank 0, which hosts the store, aborts it, naming both.
+        let backend = Arc::downgrade(&self.backend);
+        store.on_duplicate_rank(move |duplicate| {
+            if let Some(backend) = backend.upgrade() {
+                backend.abort(&format!(
+                    "{duplicate} (the second process started while the group was running; \
+                     stop the stray process before restarting the job)"
+                ));
+            }
+        });
         self.origin = Some(Origin {
             store,
             recipe,

@@ -523,6 +523,69 @@ fn a_rank_started_twice_fails_both_claimants_naming_it() {
     assert!(slowest < SLACK, "{slowest:?}");
 }
 
+/// A process started as rank 1 while the group of ranks 0 and 1 is already running is
+/// refused at once, and rank 0 (whose store refused it) stops the running group, so the
+/// first rank 1 fails too, naming both processes: neither can tell which is the real one.
+#[test]
+fn a_rank_started_again_while_the_group_runs_stops_the_group() {
+    let _guard = heavy_lock();
+    let listener = StoreListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut listener = Some(listener);
+    let (formed_tx, formed_rx) = mpsc::channel();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let mut opts = options(rank, 2, &addr, TIMEOUT);
+            if let Some(listener) = listener.take() {
+                opts = opts.store_listener(listener);
+            }
+            let formed = formed_tx.clone();
+            thread::spawn(move || {
+                let pg = init_process_group("gloo", opts)?;
+                let _ = formed.send(());
+                // Train until something stops the group (at most TIMEOUT).
+                let until = Instant::now() + TIMEOUT;
+                while Instant::now() < until {
+                    let mut x = [1i64];
+                    if let Err(e) = pg.all_reduce(&mut x, ReduceOp::Sum) {
+                        return Ok::<_, Error>((Instant::now(), e.to_string()));
+                    }
+                    assert_eq!(x[0], 2);
+                    thread::sleep(Duration::from_millis(5));
+                }
+                panic!("rank {rank}'s group was never stopped");
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        formed_rx.recv_timeout(TIMEOUT).unwrap();
+    }
+    let started = Instant::now();
+    let err = init_process_group("gloo", options(1, 2, &addr, TIMEOUT))
+        .expect_err("a second rank 1 must be refused");
+    let refused = started.elapsed();
+    eprintln!("the second rank 1 after {refused:?}: {err}");
+    assert!(
+        matches!(err, Error::DuplicateRank { rank: 1, .. }),
+        "{err:?}"
+    );
+    assert!(refused < SLACK, "{refused:?}");
+    for (rank, handle) in ranks.into_iter().enumerate() {
+        let (at, text) = handle.join().unwrap().unwrap();
+        let took = at.saturating_duration_since(started);
+        eprintln!("running rank {rank} stopped after {took:?}: {text}");
+        assert!(
+            text.contains("rank 1 was started twice (by "),
+            "rank {rank}: {text}"
+        );
+        assert!(
+            text.contains("while the group was running"),
+            "rank {rank}: {text}"
+        );
+        assert!(took < SLACK, "rank {rank}: {took:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Restarts.
 

@@ -13,8 +13,11 @@ pub(crate) const JOB_KEY: &str = "ringccl/job";
 
 /// Who claimed `rank` (`host:pid`).
 pub(crate) fn rank_key(rank: usize) -> String {
-    format!("ringccl/rank/{rank}")
+    format!("{RANK_KEY_PREFIX}{rank}")
 }
+
+/// What every [`rank_key`] starts with.
+pub(crate) const RANK_KEY_PREFIX: &str = "ringccl/rank/";
 
 /// Where `rank`'s data listener is (`ip:port`).
 pub(crate) fn addr_key(rank: usize) -> String {

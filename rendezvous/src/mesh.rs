@@ -19,7 +19,7 @@ use crate::auth::{authenticate, AuthToken, Role};
 use crate::deadline_io::{deadline_after, read_exact_by, read_some_by, write_all_by};
 use crate::fd_limit;
 use crate::hello::{Channel, PeerHello, PEER_HELLO_LEN};
-use crate::job::{addr_key, rank_key, this_process, JobRecord, JOB_KEY};
+use crate::job::{addr_key, rank_key, this_process, JobRecord, JOB_KEY, RANK_KEY_PREFIX};
 use crate::peer_acceptor::PeerAcceptor;
 use crate::store::{resolve, StoreClient, StoreListener, StoreServer};
 
@@ -186,6 +186,59 @@ pub struct KeptStore {
 }
 
 impl KeptStore {
+    /// On rank 0, which hosts the store: from now on, calls `notify` with the
+    /// [`SetupError::DuplicateRank`] of any process that claims one of this group's ranks
+    /// (after start-up, that claim is refused, and the claimant fails alone unless the
+    /// running group is stopped too). Returns whether the store is hosted here, and so
+    /// watched; on other ranks it does nothing.
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// use std::thread;
+    /// use std::time::{Duration, Instant};
+    /// use ringccl_rendezvous::{connect_mesh, MeshConfig, SetupError, StoreListener};
+    ///
+    /// let listener = StoreListener::bind("127.0.0.1:0")?;
+    /// let master = listener.local_addr()?.to_string();
+    /// let timeout = Duration::from_secs(10);
+    /// let deadline = Instant::now() + timeout;
+    /// let rank1 = MeshConfig::new(1, 2, &master, timeout);
+    /// let rank1 = thread::spawn(move || connect_mesh(rank1)?.finish(deadline));
+    /// let mut config = MeshConfig::new(0, 2, &master, timeout);
+    /// config.store_listener = Some(listener);
+    /// let (_, store) = connect_mesh(config)?.finish(deadline)?;
+    /// let _rank1 = rank1.join().unwrap()?;
+    /// let (tx, rx) = mpsc::channel();
+    /// assert!(store.on_duplicate_rank(move |e| { let _ = tx.send(e); }));
+    /// // A second process started as rank 1 is refused, and rank 0 hears of it.
+    /// let err = connect_mesh(MeshConfig::new(1, 2, &master, timeout)).unwrap_err();
+    /// assert!(matches!(err, SetupError::DuplicateRank { rank: 1, .. }));
+    /// let told = rx.recv_timeout(timeout)?;
+    /// assert!(matches!(told, SetupError::DuplicateRank { rank: 1, .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_duplicate_rank(&self, notify: impl Fn(SetupError) + Send + Sync + 'static) -> bool {
+        let Some(server) = &self._server else {
+            return false;
+        };
+        server.on_refused_claim(RANK_KEY_PREFIX, move |claim| {
+            // Only this layer writes these keys, always as `<prefix><rank>`.
+            let rank = claim
+                .key
+                .strip_prefix(RANK_KEY_PREFIX)
+                .map(str::parse::<usize>);
+            let Some(Ok(rank)) = rank else {
+                return;
+            };
+            notify(SetupError::DuplicateRank {
+                rank,
+                first: claim.holder,
+                second: claim.claimant,
+            });
+        });
+        true
+    }
+
     /// Connects rank `config.rank` of a new group of `config.world_size` ranks, formed
     /// from ranks of this one, through this same store: every key the new group writes
     /// lives under `namespace`, which every member must pass alike and no other group may

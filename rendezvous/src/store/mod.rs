@@ -8,4 +8,4 @@ mod server;
 
 pub use client::StoreClient;
 pub use listener::{resolve, StoreListener};
-pub use server::StoreServer;
+pub use server::{RefusedClaim, StoreServer};

@@ -58,6 +58,25 @@ struct Shared {
     unaware: AtomicUsize,
     /// Why the store ran out of descriptors, once it has.
     exhausted: Mutex<Option<String>>,
+    /// Who is told of claims refused under a prefix (see [`StoreServer::on_refused_claim`]).
+    claim_watch: Mutex<Option<ClaimWatch>>,
+}
+
+/// A set-if-absent refused because its key was already set: a second process claiming
+/// what a first one holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedClaim {
+    /// The key claimed twice.
+    pub key: String,
+    /// The value the first claimant stored.
+    pub holder: String,
+    /// The value the refused claimant offered.
+    pub claimant: String,
+}
+
+struct ClaimWatch {
+    prefix: Vec<u8>,
+    notify: Box<dyn Fn(RefusedClaim) + Send + Sync>,
 }
 
 #[derive(Default)]
@@ -136,6 +155,7 @@ impl StoreServer {
             introduced: AtomicUsize::new(0),
             unaware: AtomicUsize::new(0),
             exhausted: Mutex::new(None),
+            claim_watch: Mutex::new(None),
         });
         let thread_shared = Arc::clone(&shared);
         let accept_thread = thread::Builder::new()
@@ -147,6 +167,38 @@ impl StoreServer {
             shared,
             accept_thread: Some(accept_thread),
         })
+    }
+
+    /// From now on, calls `notify` (on the connection's thread) whenever a set-if-absent
+    /// of a key starting with `prefix` is refused because the key is already set.
+    /// Replaces any earlier watch. Rank 0 uses it to stop a running group when a second
+    /// process claims one of its ranks after start-up.
+    ///
+    /// ```
+    /// # use std::sync::mpsc;
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{store::{StoreClient, StoreServer}, StoreListener};
+    /// let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+    /// let (tx, rx) = mpsc::channel();
+    /// server.on_refused_claim("seat/", move |claim| {
+    ///     let _ = tx.send(claim);
+    /// });
+    /// let mut client = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+    /// assert!(client.set_if_absent("seat/1", b"first")?.is_none());
+    /// assert!(client.set_if_absent("seat/1", b"second")?.is_some());
+    /// let claim = rx.recv_timeout(Duration::from_secs(5))?;
+    /// assert_eq!((claim.holder.as_str(), claim.claimant.as_str()), ("first", "second"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_refused_claim(
+        &self,
+        prefix: &str,
+        notify: impl Fn(RefusedClaim) + Send + Sync + 'static,
+    ) {
+        *locked(&self.shared.claim_watch) = Some(ClaimWatch {
+            prefix: prefix.as_bytes().to_vec(),
+            notify: Box::new(notify),
+        });
     }
 
     /// The address the store listens on.
@@ -461,12 +513,38 @@ fn serve(stream: &TcpStream, admission: Admission, shared: &Shared) -> Result<()
         let mut value = vec![0u8; request.value_len];
         read_exact_by(stream, &mut value, deadline)?;
         let op = request.op;
+        // Kept only for a watched claim, which is rare: most requests copy nothing.
+        let watched =
+            (op == Op::SetIfAbsent && watches(shared, &key)).then(|| (key.clone(), value.clone()));
         let (status, body) = apply(shared, op, key, value);
+        if let (Status::Exists, Some((key, claimant))) = (status, watched) {
+            tell_refused_claim(shared, &key, &body, &claimant);
+        }
         let response = encode_response(status, &body);
         write_all_by(stream, &response, Instant::now() + CLIENT_STALL_LIMIT)?;
         if status == Status::Aborted || op == Op::Abort {
             introduced.told();
         }
+    }
+}
+
+/// Whether a refused claim of `key` is to be told.
+fn watches(shared: &Shared, key: &[u8]) -> bool {
+    locked(&shared.claim_watch)
+        .as_ref()
+        .is_some_and(|watch| key.starts_with(&watch.prefix))
+}
+
+fn tell_refused_claim(shared: &Shared, key: &[u8], holder: &[u8], claimant: &[u8]) {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let claim = RefusedClaim {
+        key: text(key),
+        holder: text(holder),
+        claimant: text(claimant),
+    };
+    warn!(key = %claim.key, holder = %claim.holder, claimant = %claim.claimant, "a claim in the store was refused: the key is held");
+    if let Some(watch) = locked(&shared.claim_watch).as_ref() {
+        (watch.notify)(claim);
     }
 }
 
