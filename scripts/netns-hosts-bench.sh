@@ -8,7 +8,9 @@
 # cannot exceed 1.0x here; the hierarchical limit is 2(N-1)/N / (2(M-1)/M) (1.5x at 2x2).
 #
 #   sudo scripts/netns-hosts-bench.sh [rate=1gbit] [reps=3]      (HOSTS=2 RANKS_PER_HOST=2,
-#                                                                 or LAYOUT="2 1 1")
+#                                                                 or LAYOUT="2 1 1";
+#                                                                 TRANSPORT=tcp: TCP inside a
+#                                                                 host too)
 #
 # Needs root, iproute2 and util-linux's unshare. Uses only its own namespaces
 # (rchosts<pid>-*) and addresses (10.79.0.0/24) and removes them on exit.
@@ -18,6 +20,7 @@ rate=${1:-1gbit}
 reps=${2:-3}
 hosts=${HOSTS:-2}
 per_host=${RANKS_PER_HOST:-2}
+transport=${TRANSPORT:-auto}
 # LAYOUT="2 1 1": ranks per host, uneven (overrides HOSTS and RANKS_PER_HOST).
 read -r -a layout <<< "${LAYOUT:-$(printf "$per_host %.0s" $(seq 1 "$hosts"))}"
 hosts=${#layout[@]}
@@ -49,7 +52,8 @@ rank() {
     shift 2
     ip netns exec ${p}$h unshare --uts sh -c 'hostname "$0" && exec "$@"' "${p}host$h" \
         env RANK=$r WORLD_SIZE=$n LOCAL_RANK=${local_of[r]} LOCAL_WORLD_SIZE=${local_size[r]} \
-        MASTER_ADDR=10.79.0.1 MASTER_PORT=29500 RINGCCL_ALGO=$algo "$bench" "$@"
+        MASTER_ADDR=10.79.0.1 MASTER_PORT=29500 RINGCCL_ALGO=$algo \
+        RINGCCL_TRANSPORT=$transport "$bench" "$@"
 }
 
 # run ALGO ARGS...: every rank; prints rank 0's output.
@@ -63,7 +67,7 @@ run() {
     wait "${pids[@]}"
 }
 
-echo "# ranks per host: ${layout[*]}; egress $rate per host (link rate $link GB/s); shm inside a host, tcp across"
+echo "# ranks per host: ${layout[*]}; egress $rate per host (link rate $link GB/s); transport $transport (auto: shm inside a host, tcp across)"
 declare -A busbw
 for rep in $(seq 1 "$reps"); do
     for algo in ring hierarchical; do

@@ -12,7 +12,9 @@ use ringccl_collectives::{
     Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, Transport,
 };
 use ringccl_rendezvous::{connect_mesh, Mesh, MeshConfig, SetupError};
-use ringccl_transports::{shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES};
+use ringccl_transports::{
+    discover_hosts, shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES,
+};
 
 use crate::options::{InitOptions, TransportKind};
 use crate::{Error, ProcessGroup};
@@ -140,8 +142,17 @@ pub(crate) fn gloo_over_mesh(
     group: &str,
 ) -> Result<ProcessGroup, Error> {
     let (rank, world_size, job) = (mesh.rank(), mesh.world_size(), mesh.job_id());
+    // Where every rank runs: from shared-memory set-up, or asked for on its own when
+    // TCP is forced, so that a group spanning hosts still gets the hierarchical
+    // collectives and waits count only the ranks on this machine.
+    let mut host_map = None;
     let rings = match recipe.kind {
-        TransportKind::Tcp => None,
+        TransportKind::Tcp => {
+            let (store, connections) = mesh.store_and_connections();
+            let map = discover_hosts(store, &*connections.data, rank, world_size, deadline)?;
+            host_map = Some(map);
+            None
+        }
         required => {
             // Watching the data connections: a peer that dies in set-up is named at once.
             let (store, connections) = mesh.store_and_connections();
@@ -189,6 +200,10 @@ pub(crate) fn gloo_over_mesh(
             let peers = (0..world_size)
                 .map(|peer| if peer == rank { "self" } else { "tcp" })
                 .collect();
+            let tcp = match &host_map {
+                Some(map) => tcp.with_hosts(map),
+                None => tcp,
+            };
             let mut backend = host_backend(tcp.with_spin(recipe.spin), config, trace("tcp"));
             backend.configure_flight(recipe.flight(group, "tcp"));
             (with_control_link(backend, control, dead_peer)?, peers)

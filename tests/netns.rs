@@ -15,6 +15,7 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -274,18 +275,36 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
         assert!(a.iter().all(|&v| v == ranks_sum) && b.iter().all(|&v| v == n as i32));
         let bytes: Vec<u8> = summed.iter().flat_map(|v| v.to_le_bytes()).collect();
         println!("{RESULT_PREFIX}async and bucketed {:016x}", digest(&bytes));
+        // Which all-reduce algorithms ran, as the flight recorder saw them.
+        let mut algorithms: Vec<String> = pg
+            .flight_recorder()
+            .map(|f| f.snapshot("test").entries)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.kind == "all_reduce")
+            .filter_map(|e| e.algorithm)
+            .collect();
+        algorithms.sort();
+        algorithms.dedup();
+        println!(
+            "{RESULT_PREFIX}all-reduce algorithms {}",
+            algorithms.join(",")
+        );
         return;
     }
     // The automatic choice (the hierarchical all-reduce above 8 KiB where hosts hold
     // several ranks), the hierarchical one forced at every size, and ranks interleaved
     // across hosts with the flat ring forced (it goes host by host).
-    for (host_of, algo) in [
-        (&[0, 0, 1, 1][..], "auto"),
-        (&[0, 1], "auto"),
-        (&[0, 0, 1, 2], "auto"),
-        (&[0, 0, 1, 1], "hierarchical"),
-        (&[0, 0, 1, 2], "hierarchical"),
-        (&[0, 1, 0, 1], "ring"),
+    // With TCP forced, the ranks still learn where they run, and the hierarchical
+    // all-reduce runs over TCP alone.
+    for (host_of, transport, algo) in [
+        (&[0, 0, 1, 1][..], "auto", "auto"),
+        (&[0, 1], "auto", "auto"),
+        (&[0, 0, 1, 2], "auto", "auto"),
+        (&[0, 0, 1, 1], "auto", "hierarchical"),
+        (&[0, 0, 1, 2], "auto", "hierarchical"),
+        (&[0, 1, 0, 1], "auto", "ring"),
+        (&[0, 0, 1, 1], "tcp", "auto"),
     ] {
         let lab = match Lab::with_placement(host_of) {
             Ok(lab) => lab,
@@ -299,7 +318,7 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
         let results = lab
             .spawn(
                 NAME,
-                &[("RINGCCL_TRANSPORT", "auto"), ("RINGCCL_ALGO", algo)],
+                &[("RINGCCL_TRANSPORT", transport), ("RINGCCL_ALGO", algo)],
             )
             .finish(Duration::from_secs(600));
         let mut cases = Vec::new();
@@ -310,7 +329,7 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
                 .enumerate()
                 .map(|(peer, &host)| match peer {
                     p if p == rank => "self",
-                    _ if host == host_of[rank] => "shm",
+                    _ if host == host_of[rank] && transport == "auto" => "shm",
                     _ => "tcp",
                 })
                 .collect();
@@ -322,8 +341,16 @@ fn ranks_share_memory_within_a_host_and_use_tcp_across_hosts() {
             cases.push(lines[1..].to_vec());
         }
         assert_identical(&cases);
+        let ran = cases[0].last().cloned().unwrap_or_default();
+        let shared_host = host_of.len() > host_of.iter().collect::<HashSet<_>>().len();
+        let hierarchical = shared_host && algo != "ring";
+        assert_eq!(
+            ran.contains("hierarchical"),
+            hierarchical,
+            "hosts {host_of:?}, {transport}, {algo}: {ran}"
+        );
         println!(
-            "hosts of ranks {host_of:?}, {algo}: {} cases bit-identical on every rank in {:?}",
+            "hosts of ranks {host_of:?}, {transport}, {algo} ({ran}): {} cases bit-identical on every rank in {:?}",
             cases[0].len(),
             started.elapsed()
         );

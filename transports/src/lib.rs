@@ -10,6 +10,8 @@
 //! - [`TcpTransport`]: one non-blocking connection per peer.
 //! - [`ShmTransport`]: futex-signalled rings under `/dev/shm` ([`shm::set_up`] builds
 //!   them collectively), with the TCP connections kept as a liveness channel.
+//! - [`discover_hosts`]: where every rank runs ([`HostMap`]), for shared-memory set-up
+//!   and for the topology-aware collectives over TCP.
 //! - [`poll`]: sleeping until a socket is ready.
 //! - `spin.rs`: the spin window both transports share (`RINGCCL_SPIN_US`): spin
 //!   between looks while every rank has a core, yield the core when they outnumber it.
@@ -22,6 +24,7 @@
 #![deny(unsafe_code)]
 
 mod control_link;
+mod host_map;
 pub mod liveness;
 mod peer_watch;
 pub mod poll;
@@ -31,6 +34,7 @@ mod spin;
 mod tcp;
 
 pub use control_link::ControlLink;
+pub use host_map::{discover_hosts, HostMap};
 pub use peer_watch::{PeerGone, PeerWatch, WatchedStore};
 pub use setup_store::SetupStore;
 pub use shm::{ShmTransport, DEFAULT_RING_BYTES};

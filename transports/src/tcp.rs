@@ -7,12 +7,14 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ringccl_collectives::schedule::spans_hosts;
 use ringccl_collectives::{Closer, Readiness, Transport};
 use socket2::Socket;
 
 use crate::liveness::connection_lost;
 use crate::poll::{ready_now, wait_any, Interest};
 use crate::spin::{host_cores, Spin, DEFAULT_SPIN};
+use crate::HostMap;
 
 /// While spinning, the clock is read once per this many looks at the sockets.
 const LOOKS_PER_CLOCK: u32 = 8;
@@ -29,6 +31,10 @@ pub struct TcpTransport {
     /// How long `wait` polls the sockets without sleeping before it sleeps in `poll(2)`
     /// (zero: it sleeps at once).
     spin: Spin,
+    /// Where every rank runs, once known ([`TcpTransport::with_hosts`]).
+    map: Option<HostMap>,
+    /// Every rank's host, when the group spans hosts with several ranks on one.
+    hosts: Option<Vec<usize>>,
 }
 
 impl TcpTransport {
@@ -61,7 +67,41 @@ impl TcpTransport {
             peers,
             addresses,
             spin: Spin::new(DEFAULT_SPIN, world_size, host_cores()),
+            map: None,
+            hosts: None,
         })
+    }
+
+    /// Tells the transport where every rank runs ([`discover_hosts`](crate::discover_hosts)):
+    /// a group spanning hosts then gets the topology-aware collectives over TCP too
+    /// ([`Transport::hosts`]), messages name a lost peer's host, and a wait yields its
+    /// core only when the ranks on this machine outnumber its cores.
+    ///
+    /// ```no_run
+    /// # fn f(t: ringccl_transports::TcpTransport, map: ringccl_transports::HostMap) {
+    /// let t = t.with_hosts(&map);
+    /// assert!(t.ranks_on_this_machine() <= map.hosts.len());
+    /// # }
+    /// ```
+    pub fn with_hosts(mut self, map: &HostMap) -> TcpTransport {
+        self.hosts = spans_hosts(&map.hosts).then(|| map.hosts.clone());
+        self.map = Some(map.clone());
+        self.spin = Spin::new(self.spin.window, self.ranks_on_this_machine(), host_cores());
+        self
+    }
+
+    /// How many of the group's ranks run on this machine (all of them, until
+    /// [`TcpTransport::with_hosts`] says otherwise).
+    ///
+    /// ```no_run
+    /// # fn f(t: ringccl_transports::TcpTransport) {
+    /// assert!(t.ranks_on_this_machine() >= 1);
+    /// # }
+    /// ```
+    pub fn ranks_on_this_machine(&self) -> usize {
+        self.map
+            .as_ref()
+            .map_or(self.world_size, |map| map.ranks_on_machine_of(self.rank))
     }
 
     /// Sets how long a wait busy-polls its sockets (a `poll(2)` with no timeout, over
@@ -78,7 +118,7 @@ impl TcpTransport {
     /// # }
     /// ```
     pub fn with_spin(mut self, window: Duration) -> TcpTransport {
-        self.spin = Spin::new(window, self.world_size, host_cores());
+        self.spin = Spin::new(window, self.ranks_on_this_machine(), host_cores());
         self
     }
 
@@ -192,7 +232,20 @@ impl Transport for TcpTransport {
     }
 
     fn peer_host(&self, peer: usize) -> Option<String> {
-        self.addresses.get(peer)?.map(|ip| ip.to_string())
+        let address = self
+            .addresses
+            .get(peer)
+            .copied()
+            .flatten()
+            .map(|ip| ip.to_string());
+        match &self.map {
+            Some(map) => map.describe(peer, address),
+            None => address,
+        }
+    }
+
+    fn hosts(&self) -> Option<&[usize]> {
+        self.hosts.as_deref()
     }
 
     fn failed_peers(&mut self) -> Vec<usize> {

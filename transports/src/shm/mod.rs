@@ -77,7 +77,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::schedule::spans_hosts;
 use ringccl_collectives::{Closer, Readiness, Transport};
 
 use crate::poll::{ready_now, wait_any};
@@ -103,10 +102,6 @@ pub struct ShmTransport {
     tcp: TcpTransport,
     rings: Rings,
     gone: Vec<bool>,
-    /// Every rank's host, when the group spans hosts with several ranks on one.
-    hosts: Option<Vec<usize>>,
-    /// Every rank's host name, for messages.
-    host_names: Vec<String>,
     /// How long `wait` spins before it sleeps (zero: it sleeps at once).
     spin: Spin,
     /// When `wait` last looked at the peers' liveness.
@@ -119,13 +114,13 @@ impl ShmTransport {
     /// [`ShmTransport::with_spin`]).
     pub fn new(rings: SharedRings, tcp: TcpTransport) -> ShmTransport {
         let n = tcp.world_size();
+        let SharedRings { rings, map } = rings;
+        let tcp = tcp.with_hosts(&map);
         ShmTransport {
+            spin: Spin::new(DEFAULT_SPIN, tcp.ranks_on_this_machine(), host_cores()),
             tcp,
-            rings: rings.rings,
-            hosts: spans_hosts(&rings.hosts).then_some(rings.hosts),
-            host_names: rings.host_names,
+            rings,
             gone: vec![false; n],
-            spin: Spin::new(DEFAULT_SPIN, n, host_cores()),
             last_look: Instant::now(),
         }
     }
@@ -142,8 +137,8 @@ impl ShmTransport {
     /// # }
     /// ```
     pub fn with_spin(mut self, window: Duration) -> ShmTransport {
-        self.spin = Spin::new(window, self.tcp.world_size(), host_cores());
         self.tcp = self.tcp.with_spin(window);
+        self.spin = Spin::new(window, self.tcp.ranks_on_this_machine(), host_cores());
         self
     }
 
@@ -314,16 +309,11 @@ impl Transport for ShmTransport {
     }
 
     fn hosts(&self) -> Option<&[usize]> {
-        self.hosts.as_deref()
+        self.tcp.hosts()
     }
 
     fn peer_host(&self, peer: usize) -> Option<String> {
-        let name = self.host_names.get(peer).filter(|n| !n.is_empty());
-        match (name, self.tcp.peer_host(peer)) {
-            (Some(name), Some(address)) => Some(format!("host {name} ({address})")),
-            (Some(name), None) => Some(format!("host {name}")),
-            (None, address) => address,
-        }
+        self.tcp.peer_host(peer)
     }
 
     fn wait(

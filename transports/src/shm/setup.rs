@@ -12,25 +12,12 @@ use tracing::{info, warn};
 use super::inbox::{open_peer, OwnInbox, Ticket};
 use super::mapping::Mapping;
 use super::ring::{inbox_len, Rings};
+use crate::host_map::{exchange, host_identity};
+use crate::HostMap;
 use crate::{PeerWatch, SetupStore, WatchedStore};
 
 /// The step [`PeerGone`](crate::PeerGone) errors name.
 const STEP: &str = "shared-memory set-up";
-
-/// This machine's identity, as far as sharing memory goes: ranks with equal identities
-/// share memory. The PID namespace is part of it, because peers open each other's
-/// inboxes through `/proc/<pid>/fd`.
-fn host_identity() -> String {
-    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
-    let pid_namespace = std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    format!(
-        "{}/{}/{pid_namespace}",
-        read("/proc/sys/kernel/hostname").trim(),
-        read("/proc/sys/kernel/random/boot_id").trim()
-    )
-}
 
 /// Shared memory was required (`RINGCCL_TRANSPORT=shm`) but cannot be set up.
 #[derive(Debug, thiserror::Error)]
@@ -46,21 +33,13 @@ pub struct ShmUnavailable {
 /// needs besides the liveness connections.
 pub struct SharedRings {
     pub(super) rings: Rings,
-    /// Every rank's host, as a label (the lowest rank with the same host identity).
-    pub(super) hosts: Vec<usize>,
-    /// Every rank's host name, as it reported it.
-    pub(super) host_names: Vec<String>,
+    /// Where every rank runs.
+    pub(super) map: HostMap,
 }
 
 impl SharedRings {
-    /// No memory shared with any of the `n` ranks, which run on `hosts` (named
-    /// `host_names`).
-    fn without_rings(
-        n: usize,
-        ring_bytes: usize,
-        hosts: Vec<usize>,
-        host_names: Vec<String>,
-    ) -> SharedRings {
+    /// No memory shared with any of the `n` ranks, which run where `map` says.
+    fn without_rings(n: usize, ring_bytes: usize, map: HostMap) -> SharedRings {
         SharedRings {
             rings: Rings {
                 ring_bytes,
@@ -68,8 +47,7 @@ impl SharedRings {
                 slots: vec![None; n],
                 tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
             },
-            hosts,
-            host_names,
+            map,
         }
     }
 
@@ -90,7 +68,7 @@ impl std::fmt::Debug for SharedRings {
         f.debug_struct("SharedRings")
             .field("ranks", &self.rings.inboxes.len())
             .field("ring_bytes", &self.rings.ring_bytes)
-            .field("hosts", &self.hosts)
+            .field("hosts", &self.map.hosts)
             .finish()
     }
 }
@@ -183,27 +161,9 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
 ) -> Result<Option<SharedRings>, S::Error> {
     let (rank, n, deadline) = (group.rank, group.n, group.deadline);
     // 1. Which ranks share this host: those that report this rank's identity.
-    store.set(&format!("ringccl/host/{rank}"), me.as_bytes())?;
-    let mut local = Vec::new();
-    let mut elsewhere = None;
-    let mut identities: Vec<Vec<u8>> = Vec::with_capacity(n);
-    let mut hosts = Vec::with_capacity(n);
-    let mut host_names = Vec::with_capacity(n);
-    for peer in 0..n {
-        let theirs = store.wait_for(peer, &format!("ringccl/host/{peer}"), deadline, &|| {
-            format!("rank {peer} to report its host")
-        })?;
-        hosts.push(identities.iter().position(|i| *i == theirs).unwrap_or(peer));
-        // The identity starts with the host name (see `host_identity`).
-        let text = String::from_utf8_lossy(&theirs).into_owned();
-        host_names.push(text.split('/').next().unwrap_or_default().to_string());
-        if theirs == me.as_bytes() {
-            local.push(peer);
-        } else if elsewhere.is_none() {
-            elsewhere = Some((peer, text));
-        }
-        identities.push(theirs);
-    }
+    let map = exchange(store, rank, n, me, deadline)?;
+    let local = map.ranks_with(rank);
+    let elsewhere = map.first_elsewhere(rank);
     if let (Some((peer, theirs)), true) = (&elsewhere, group.required) {
         let reason = format!(
             "it needs every rank on one host (and in one PID namespace), but rank {peer} \
@@ -213,9 +173,7 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     }
     if local.len() < 2 {
         info!(rank, "no other rank on this host: TCP to every peer");
-        return Ok(Some(SharedRings::without_rings(
-            n, ring_bytes, hosts, host_names,
-        )));
+        return Ok(Some(SharedRings::without_rings(n, ring_bytes, map)));
     }
     // 2. Create this rank's inbox, with a ring for every local rank, reserving its
     // space; publish where the local peers find it.
@@ -338,9 +296,7 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         }
     }
     let (Ok(own), true) = (own, inboxes.iter().any(Option::is_some)) else {
-        return Ok(Some(SharedRings::without_rings(
-            n, ring_bytes, hosts, host_names,
-        )));
+        return Ok(Some(SharedRings::without_rings(n, ring_bytes, map)));
     };
     if let Some(slot) = inboxes.get_mut(rank) {
         *slot = Some(own);
@@ -358,8 +314,7 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
             slots,
             tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
         },
-        hosts,
-        host_names,
+        map,
     }))
 }
 
