@@ -64,6 +64,22 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
 /// TCP, as `opts` and the collective start-up decide.
 fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     opts.validate()?;
+    let recipe = GlooRecipe {
+        config: host_config(&opts)?,
+        kind: opts.resolved_transport()?,
+        mesh: opts.mesh_settings(None),
+        trace: crate::trace::open_trace(&opts)?,
+        flight_dir: opts.resolved_flight_dir()?,
+        flight_entries: opts.resolved_flight_entries()?,
+        spin: opts.resolved_spin()?,
+    };
+    let deadline = Deadline::after(opts.timeout).at();
+    let mesh = connect_mesh(opts.mesh_config())?;
+    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", MAIN_GROUP)
+}
+
+/// The host engine's settings from `opts`.
+pub(crate) fn host_config(opts: &InitOptions) -> Result<HostConfig, Error> {
     let mut config = HostConfig {
         timeout: opts.timeout,
         all_reduce_algo: opts.resolved_all_reduce_algo()?,
@@ -78,18 +94,7 @@ fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     if let Some(bytes) = opts.mid_all_reduce_max_bytes {
         config.mid_all_reduce_max_bytes = bytes;
     }
-    let recipe = GlooRecipe {
-        config,
-        kind: opts.resolved_transport()?,
-        mesh: opts.mesh_settings(None),
-        trace: crate::trace::open_trace(&opts)?,
-        flight_dir: opts.resolved_flight_dir()?,
-        flight_entries: opts.resolved_flight_entries()?,
-        spin: opts.resolved_spin()?,
-    };
-    let deadline = Deadline::after(opts.timeout).at();
-    let mesh = connect_mesh(opts.mesh_config())?;
-    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", MAIN_GROUP)
+    Ok(config)
 }
 
 /// What a `"gloo"` group was made with, kept so that the groups formed from it
@@ -240,7 +245,7 @@ fn local_address(data: &[Option<TcpStream>]) -> String {
 }
 
 /// The `"gloo"` backend over `transport`, its calls traced on `trace` if given.
-fn host_backend<T: Transport>(
+pub(crate) fn host_backend<T: Transport>(
     transport: T,
     config: HostConfig,
     trace: Option<CollectiveTrace>,

@@ -26,6 +26,10 @@
 //!   NCCL directly through the `*_device` methods, which also work under `"gloo"`
 //!   (staged through host memory). Without CUDA, init returns an error saying what is
 //!   missing.
+//!
+//! Ranks of one group can also live in one process, one per thread:
+//! [`local_groups`] connects them in memory, with no rendezvous and no sockets, and the
+//! same guarantees (deadlines, aborts, mismatch detection, bit-identical results).
 
 #![deny(unsafe_code)]
 
@@ -37,6 +41,7 @@ mod device;
 mod error;
 mod fusion;
 mod init;
+mod local_groups;
 pub mod logging;
 mod options;
 mod process_group;
@@ -48,6 +53,7 @@ mod worker;
 
 pub use error::{Error, Result};
 pub use init::{init_process_group, BACKENDS};
+pub use local_groups::{local_groups, local_groups_with};
 pub use options::{InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT};
 pub use process_group::ProcessGroup;
 /// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the

@@ -4,10 +4,11 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use crate::transport::{Readiness, Transport};
+use crate::transport::{Closer, Readiness, Transport};
 
 /// Shape of the pipes of a [`MemoryTransport`] mesh.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +110,56 @@ struct Mesh {
     pipes: Vec<Mutex<Pipe>>,
     /// One per rank: rung whenever something that rank may wait for changes.
     doorbells: Vec<Doorbell>,
+    /// One per rank: its endpoint was closed ([`Transport::closer`], or dropped).
+    closed: Vec<AtomicBool>,
+}
+
+impl Mesh {
+    /// Closes rank `rank`'s endpoint: its pipes end for its peers, and its own calls
+    /// (one waiting now included) fail from now on.
+    fn close(&self, rank: usize) {
+        if let Some(flag) = self.closed.get(rank) {
+            flag.store(true, Ordering::Release);
+        }
+        let n = self.world_size;
+        for peer in (0..n).filter(|&p| p != rank) {
+            if let Some(pipe) = self.pipes.get(rank * n + peer) {
+                pipe.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .writer_gone = true;
+            }
+            if let Some(pipe) = self.pipes.get(peer * n + rank) {
+                let mut pipe = pipe.lock().unwrap_or_else(PoisonError::into_inner);
+                pipe.reader_gone = true;
+                // Nobody will read these bytes: free them now.
+                pipe.bytes = VecDeque::new();
+            }
+            if let Some(bell) = self.doorbells.get(peer) {
+                bell.ring();
+            }
+        }
+        if let Some(bell) = self.doorbells.get(rank) {
+            bell.ring();
+        }
+    }
+
+    fn is_closed(&self, rank: usize) -> bool {
+        self.closed
+            .get(rank)
+            .is_some_and(|flag| flag.load(Ordering::Acquire))
+    }
+}
+
+/// Closes one endpoint from any thread (see [`Transport::closer`]).
+struct MemoryCloser {
+    rank: usize,
+    mesh: Arc<Mesh>,
+}
+
+impl Closer for MemoryCloser {
+    fn close(&self) {
+        self.mesh.close(self.rank);
+    }
 }
 
 #[derive(Default)]
@@ -156,6 +207,7 @@ impl MemoryTransport {
                 .map(|_| Mutex::default())
                 .collect(),
             doorbells: (0..world_size).map(|_| Doorbell::default()).collect(),
+            closed: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
         });
         (0..world_size)
             .map(|rank| MemoryTransport {
@@ -188,6 +240,20 @@ impl MemoryTransport {
             .ok_or_else(|| io::Error::other("memory transport: pipe index out of range"))
     }
 
+    /// Fails once this endpoint was closed.
+    fn open(&self) -> io::Result<()> {
+        if self.mesh.is_closed(self.rank) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                format!(
+                    "rank {}'s connections were closed (the group was aborted)",
+                    self.rank
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn lock(pipe: &Mutex<Pipe>) -> io::Result<MutexGuard<'_, Pipe>> {
         pipe.lock().map_err(poisoned)
     }
@@ -201,6 +267,9 @@ impl MemoryTransport {
     /// Whether a `write_some` to `writable` or a `read_some` from `readable` would do
     /// something other than block.
     fn ready(&self, writable: Option<usize>, readable: Option<usize>) -> io::Result<bool> {
+        if self.mesh.is_closed(self.rank) {
+            return Ok(true);
+        }
         if let Some(peer) = writable {
             let pipe = Self::lock(self.pipe(self.rank, peer)?)?;
             if pipe.reader_gone || pipe.bytes.len() < self.mesh.config.capacity {
@@ -227,6 +296,7 @@ impl Transport for MemoryTransport {
     }
 
     fn write_some(&mut self, peer: usize, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        self.open()?;
         let mut pipe = Self::lock(self.pipe(self.rank, peer)?)?;
         if pipe.reader_gone {
             return Err(io::Error::new(
@@ -259,6 +329,7 @@ impl Transport for MemoryTransport {
     }
 
     fn read_some(&mut self, peer: usize, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+        self.open()?;
         let mut pipe = Self::lock(self.pipe(peer, self.rank)?)?;
         if pipe.bytes.is_empty() {
             return if pipe.writer_gone {
@@ -321,6 +392,13 @@ impl Transport for MemoryTransport {
         }
     }
 
+    fn closer(&self) -> Option<Arc<dyn Closer>> {
+        Some(Arc::new(MemoryCloser {
+            rank: self.rank,
+            mesh: Arc::clone(&self.mesh),
+        }))
+    }
+
     fn failed_peers(&mut self) -> Vec<usize> {
         (0..self.mesh.world_size)
             .filter(|&peer| peer != self.rank)
@@ -337,20 +415,7 @@ impl Transport for MemoryTransport {
 
 impl Drop for MemoryTransport {
     fn drop(&mut self) {
-        for peer in (0..self.mesh.world_size).filter(|&p| p != self.rank) {
-            if let Ok(pipe) = self.pipe(self.rank, peer) {
-                pipe.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .writer_gone = true;
-            }
-            if let Ok(pipe) = self.pipe(peer, self.rank) {
-                let mut pipe = pipe.lock().unwrap_or_else(PoisonError::into_inner);
-                pipe.reader_gone = true;
-                // Nobody will read these bytes: free them now.
-                pipe.bytes = VecDeque::new();
-            }
-            self.ring(peer);
-        }
+        self.mesh.close(self.rank);
     }
 }
 

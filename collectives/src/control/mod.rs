@@ -16,17 +16,21 @@
 //! - [`sentinel`]: the protocol, as a pure state machine that takes `now` and messages and
 //!   says what to send and what it concluded; the I/O driver lives with the transports
 //!   (`ringccl_transports::ControlLink`), and tests drive the machine in memory;
+//! - `memory_link.rs`: [`MemoryControlLink`], the I/O driver for ranks that share one
+//!   process (`ringccl::local_groups`), over channels;
 //! - [`group_control`]: the state the runner, the executor and the control thread share:
 //!   the abort record, and how to close the data connections and wake their waiters.
 
 pub mod activity;
 pub mod deadlock;
 pub mod group_control;
+mod memory_link;
 pub mod message;
 pub mod sentinel;
 
 pub use activity::{Activity, PairCounts, Snapshot};
 pub use deadlock::CallDesc;
 pub use group_control::{AbortRecord, GroupControl};
+pub use memory_link::MemoryControlLink;
 pub use message::{ControlMessage, MAX_CONTROL_BODY};
 pub use sentinel::{Sentinel, Verdict, ASK_AFTER, ASK_EVERY, FOLLOW_UP, RETRY_EVERY, TICK};

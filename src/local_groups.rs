@@ -1,0 +1,120 @@
+//! Groups whose ranks live in one process, one per thread: no rendezvous, no sockets,
+//! no `/dev/shm` files. The ranks are connected in memory, each with its own control
+//! thread, so they keep every guarantee of a group of processes: deadlines, abort of
+//! the whole group, mismatch detection, bit-identical results.
+
+use ringccl_collectives::control::{GroupControl, MemoryControlLink};
+use ringccl_collectives::flight::{FlightConfig, MAIN_GROUP};
+use ringccl_collectives::{MemoryConfig, MemoryTransport};
+use ringccl_rendezvous::SetupError;
+
+use crate::init::{host_backend, host_config};
+use crate::{Error, InitOptions, ProcessGroup, BACKENDS};
+
+/// What [`ProcessGroup::peer_transport`] says of a rank of the same local group.
+const LOCAL: &str = "memory";
+
+/// `n` ranks of one group, living in this process: give each to its own thread. Every
+/// rank has the whole [`ProcessGroup`] API, with the default settings (see
+/// [`local_groups_with`] for others).
+///
+/// Under `"gloo"` the ranks are connected in memory. `"nccl"` is not available here
+/// yet (it would be one communicator per local GPU, created together).
+///
+/// ```
+/// use std::thread;
+/// use ringccl::ReduceOp;
+///
+/// let ranks = ringccl::local_groups("gloo", 3)?;
+/// let sums: Vec<f32> = thread::scope(|s| {
+///     let handles: Vec<_> = ranks
+///         .iter()
+///         .map(|pg| {
+///             s.spawn(move || {
+///                 let mut x = [pg.rank() as f32 + 1.0];
+///                 pg.all_reduce(&mut x, ReduceOp::Sum).map(|()| x[0])
+///             })
+///         })
+///         .collect();
+///     handles.into_iter().map(|h| h.join().unwrap()).collect::<Result<_, _>>()
+/// })?;
+/// assert_eq!(sums, vec![6.0; 3]);
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn local_groups(backend: &str, n: usize) -> Result<Vec<ProcessGroup>, Error> {
+    local_groups_with(backend, n, InitOptions::new(0, n.max(1), "127.0.0.1:0"))
+}
+
+/// [`local_groups`] with the settings of `opts` that apply to ranks in one process: the
+/// deadline, the algorithms and chunk size, the flight recorder. Its rank, world size
+/// and addresses are ignored.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let opts = ringccl::InitOptions::new(0, 2, "127.0.0.1:0").timeout(Duration::from_secs(5));
+/// let ranks = ringccl::local_groups_with("gloo", 2, opts)?;
+/// assert_eq!(ranks[1].peer_transport(0), "memory");
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+pub fn local_groups_with(
+    backend: &str,
+    n: usize,
+    opts: InitOptions,
+) -> Result<Vec<ProcessGroup>, Error> {
+    if n == 0 {
+        return Err(Error::InvalidArgument(
+            "local_groups needs at least one rank (n = 0)".into(),
+        ));
+    }
+    match backend.trim().to_ascii_lowercase().as_str() {
+        "gloo" => local_gloo(n, &opts),
+        "nccl" => Err(Error::BackendUnavailable {
+            backend: "nccl",
+            reason: "ranks in one process are not supported under nccl yet; use \"gloo\", \
+                     or one process per GPU with init_process_group"
+                .into(),
+        }),
+        _ => Err(Error::UnknownBackend {
+            name: backend.to_string(),
+            valid: BACKENDS,
+        }),
+    }
+}
+
+fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> {
+    let config = host_config(opts)?;
+    let flight = FlightConfig {
+        entries: opts.resolved_flight_entries()?,
+        dir: opts.resolved_flight_dir()?,
+        group: MAIN_GROUP.into(),
+        transport: LOCAL,
+    };
+    let mut backends = Vec::with_capacity(n);
+    for transport in MemoryTransport::mesh(n, MemoryConfig::default()) {
+        let mut backend = host_backend(transport, config.clone(), None);
+        backend.configure_flight(flight.clone());
+        backends.push(backend);
+    }
+    let controls: Vec<std::sync::Arc<GroupControl>> = backends
+        .iter()
+        .map(|b| std::sync::Arc::clone(b.control()))
+        .collect();
+    let links = MemoryControlLink::mesh(&controls).map_err(|source| SetupError::Io {
+        rank: 0,
+        context: "starting the local ranks' control threads".into(),
+        source,
+    })?;
+    Ok(backends
+        .into_iter()
+        .zip(links)
+        .enumerate()
+        .map(|(rank, (mut backend, link))| {
+            backend.keep_control_link(Box::new(link));
+            let peers = (0..n)
+                .map(|peer| if peer == rank { "self" } else { LOCAL })
+                .collect();
+            ProcessGroup::from_backend(Box::new(backend)).reaching_peers_by(peers)
+        })
+        .collect())
+}
