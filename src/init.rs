@@ -151,28 +151,26 @@ pub(crate) fn gloo_over_mesh(
     // TCP is forced, so that a group spanning hosts still gets the hierarchical
     // collectives and waits count only the ranks on this machine.
     let mut host_map = None;
-    let rings = match recipe.kind {
-        TransportKind::Tcp => {
-            let (store, connections) = mesh.store_and_connections();
-            let map = discover_hosts(store, &*connections.data, rank, world_size, deadline)?;
-            host_map = Some(map);
-            None
-        }
-        required => {
-            // Watching the data connections: a peer that dies in set-up is named at once.
-            let (store, connections) = mesh.store_and_connections();
-            shm::set_up(
-                store,
-                &*connections.data,
-                rank,
-                world_size,
-                job,
-                DEFAULT_RING_BYTES,
-                deadline,
-                required == TransportKind::SharedMemory,
-            )?
-        }
+    let (store, connections) = mesh.store_and_connections();
+    let set_up = match recipe.kind {
+        TransportKind::Tcp => discover_hosts(store, &*connections.data, rank, world_size, deadline)
+            .map(|map| {
+                host_map = Some(map);
+                None
+            }),
+        // Watching the data connections: a peer that dies in set-up is named at once.
+        required => shm::set_up(
+            store,
+            &*connections.data,
+            rank,
+            world_size,
+            job,
+            DEFAULT_RING_BYTES,
+            deadline,
+            required == TransportKind::SharedMemory,
+        ),
     };
+    let rings = set_up.map_err(|e| mesh.give_up(e))?;
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
     let address = local_address(&connections.data);

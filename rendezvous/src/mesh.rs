@@ -92,6 +92,19 @@ impl Mesh {
         (&mut self.store, &self.connections)
     }
 
+    /// What a start-up step after the connections (shared-memory set-up, finding the
+    /// hosts) that failed with `error` reports: the reason published in the store when
+    /// start-up was abandoned meanwhile (a peer that gave up closes its connections right
+    /// after saying why, so the closed connection is usually seen first). On rank 0, which
+    /// hosts the store, it then keeps the store up until every rank has heard why.
+    pub fn give_up(&mut self, error: SetupError) -> SetupError {
+        let error = abandoned_instead(&mut self.store, error);
+        if let Some(server) = &self._server {
+            linger_until_heard(server, &error);
+        }
+        error
+    }
+
     /// Ends start-up on every rank: ranks above 0 tell rank 0 they are done with the
     /// store (one byte on their connection), and rank 0 returns only once all have, so
     /// the store it hosts outlives every start-up reader. Returns the connections, still
