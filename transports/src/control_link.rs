@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::control::{ControlMessage, GroupControl, Sentinel, Verdict, TICK};
+use ringccl_collectives::control::{ControlMessage, GroupControl, SentinelDriver};
 use socket2::Socket;
 use tracing::{debug, warn};
 
@@ -87,11 +87,10 @@ impl ControlLink {
         control.attach_link(Arc::new(move || waker.wake()));
         let driver = Driver {
             rank,
-            control,
             shared: Arc::clone(&shared),
             woken,
             peers,
-            sentinel: Sentinel::new(rank, world_size),
+            sentinel: SentinelDriver::new(rank, world_size, control),
         };
         let thread = thread::Builder::new()
             .name(format!("ringccl-control-{rank}"))
@@ -133,40 +132,24 @@ struct Peer {
 
 struct Driver {
     rank: usize,
-    control: Arc<GroupControl>,
     shared: Arc<Shared>,
     woken: UnixStream,
     peers: Vec<Option<Peer>>,
-    sentinel: Sentinel,
+    sentinel: SentinelDriver,
 }
 
 impl Driver {
     fn run(mut self) {
-        let mut next_tick = Instant::now() + TICK;
         let mut announced_at: Option<Instant> = None;
         loop {
             let now = Instant::now();
-            if !self.sentinel.is_aborted() {
-                if let Some(record) = self.control.aborted() {
-                    self.sentinel.abort(record.origin, record.reason);
-                }
-            }
-            if self.shared.stop.load(Ordering::Acquire) {
-                self.sentinel.leave();
-                self.send_pending();
+            let stopping = self.shared.stop.load(Ordering::Acquire);
+            self.sentinel.turn(now, stopping);
+            self.send_pending();
+            if stopping {
                 self.flush_for(LEAVE_LIMIT);
                 return;
             }
-            for op in self.control.take_fingerprints() {
-                self.sentinel.fingerprint(op);
-            }
-            if now >= next_tick {
-                let mine = self.control.activity().snapshot();
-                self.sentinel.handle_timeout(now, &mine);
-                next_tick = now + TICK;
-            }
-            self.conclude();
-            self.send_pending();
             if self.sentinel.is_aborted() {
                 let since = *announced_at.get_or_insert(now);
                 let flushed = self
@@ -182,27 +165,9 @@ impl Driver {
             let until = if announced_at.is_some() {
                 now + Duration::from_millis(5)
             } else {
-                next_tick
+                self.sentinel.next_tick()
             };
             self.wait_and_read(until);
-        }
-    }
-
-    /// Acts on what the sentinel concluded.
-    fn conclude(&mut self) {
-        while let Some(verdict) = self.sentinel.poll_verdict() {
-            match verdict {
-                Verdict::Broken(error) => {
-                    let reason = error.to_string();
-                    if self.control.abort(self.rank, reason.clone(), Some(error)) {
-                        self.sentinel.abort(self.rank, reason);
-                    }
-                }
-                Verdict::Aborted { origin, reason } => {
-                    self.control.abort(origin, reason, None);
-                }
-                Verdict::Fingerprint { from, op } => self.control.record_fingerprint(from, op),
-            }
         }
     }
 
@@ -254,7 +219,7 @@ impl Driver {
     /// The group is aborted and the peers told: close the data connections (waking the
     /// op in progress, and telling peers that missed the notice) and this thread's own.
     fn close_everything(&mut self) {
-        self.control.close_connections();
+        self.sentinel.control().close_connections();
         for peer in self.peers.iter_mut().flatten() {
             // Buffered notices still leave before the end of the stream.
             let _ = peer.socket.shutdown(Shutdown::Write);
@@ -326,8 +291,7 @@ impl Driver {
             match ControlMessage::decode(&peer.inbox) {
                 Ok(Some((message, used))) => {
                     peer.inbox.drain(..used);
-                    let mine = self.control.activity().snapshot_for(from);
-                    self.sentinel.handle_message(now, from, message, &mine);
+                    self.sentinel.handle_message(now, from, message);
                 }
                 Ok(None) => return,
                 Err(e) => {

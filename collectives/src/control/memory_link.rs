@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use tracing::warn;
 
-use super::{ControlMessage, GroupControl, Sentinel, Verdict, TICK};
+use super::{ControlMessage, GroupControl, SentinelDriver};
 
 /// What reaches a rank's control thread.
 enum Event {
@@ -65,11 +65,10 @@ impl MemoryControlLink {
             }));
             let driver = Driver {
                 rank,
-                control: Arc::clone(control),
                 stop: Arc::clone(&stop),
                 inbox,
                 peers: senders.clone(),
-                sentinel: Sentinel::new(rank, n),
+                sentinel: SentinelDriver::new(rank, n, Arc::clone(control)),
             };
             let thread = thread::Builder::new()
                 .name(format!("ringccl-control-{rank}"))
@@ -107,47 +106,29 @@ impl fmt::Debug for MemoryControlLink {
 
 struct Driver {
     rank: usize,
-    control: Arc<GroupControl>,
     stop: Arc<AtomicBool>,
     inbox: Receiver<Event>,
     peers: Vec<Sender<Event>>,
-    sentinel: Sentinel,
+    sentinel: SentinelDriver,
 }
 
 impl Driver {
     fn run(mut self) {
-        let mut next_tick = Instant::now() + TICK;
         loop {
             let now = Instant::now();
-            if !self.sentinel.is_aborted() {
-                if let Some(record) = self.control.aborted() {
-                    self.sentinel.abort(record.origin, record.reason);
-                }
-            }
-            if self.stop.load(Ordering::Acquire) {
-                self.sentinel.leave();
-                self.send_pending();
+            let stopping = self.stop.load(Ordering::Acquire);
+            self.sentinel.turn(now, stopping);
+            self.send_pending();
+            if stopping {
                 return;
             }
-            for op in self.control.take_fingerprints() {
-                self.sentinel.fingerprint(op);
-            }
-            if now >= next_tick {
-                let mine = self.control.activity().snapshot();
-                self.sentinel.handle_timeout(now, &mine);
-                next_tick = now + TICK;
-            }
-            self.conclude();
-            self.send_pending();
             if self.sentinel.is_aborted() {
                 // Channels deliver at once: the notices are already with the peers.
-                self.control.close_connections();
+                self.sentinel.control().close_connections();
                 return;
             }
-            match self
-                .inbox
-                .recv_timeout(next_tick.saturating_duration_since(now))
-            {
+            let wait = self.sentinel.next_tick().saturating_duration_since(now);
+            match self.inbox.recv_timeout(wait) {
                 Ok(event) => {
                     self.handle(event);
                     while let Ok(event) = self.inbox.try_recv() {
@@ -163,27 +144,7 @@ impl Driver {
 
     fn handle(&mut self, event: Event) {
         if let Event::Message { from, message } = event {
-            let mine = self.control.activity().snapshot_for(from);
-            self.sentinel
-                .handle_message(Instant::now(), from, message, &mine);
-        }
-    }
-
-    /// Acts on what the sentinel concluded.
-    fn conclude(&mut self) {
-        while let Some(verdict) = self.sentinel.poll_verdict() {
-            match verdict {
-                Verdict::Broken(error) => {
-                    let reason = error.to_string();
-                    if self.control.abort(self.rank, reason.clone(), Some(error)) {
-                        self.sentinel.abort(self.rank, reason);
-                    }
-                }
-                Verdict::Aborted { origin, reason } => {
-                    self.control.abort(origin, reason, None);
-                }
-                Verdict::Fingerprint { from, op } => self.control.record_fingerprint(from, op),
-            }
+            self.sentinel.handle_message(Instant::now(), from, message);
         }
     }
 

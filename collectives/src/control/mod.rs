@@ -16,6 +16,8 @@
 //! - [`sentinel`]: the protocol, as a pure state machine that takes `now` and messages and
 //!   says what to send and what it concluded; the I/O driver lives with the transports
 //!   (`ringccl_transports::ControlLink`), and tests drive the machine in memory;
+//! - `sentinel_driver.rs`: [`SentinelDriver`], the sentinel bound to this rank's control
+//!   state, which both I/O drivers run around their reads and writes;
 //! - `memory_link.rs`: [`MemoryControlLink`], the I/O driver for ranks that share one
 //!   process (`ringccl::local_groups`), over channels;
 //! - [`group_control`]: the state the runner, the executor and the control thread share:
@@ -27,6 +29,7 @@ pub mod group_control;
 mod memory_link;
 pub mod message;
 pub mod sentinel;
+mod sentinel_driver;
 
 pub use activity::{Activity, PairCounts, Snapshot};
 pub use deadlock::CallDesc;
@@ -34,3 +37,4 @@ pub use group_control::{AbortRecord, GroupControl};
 pub use memory_link::MemoryControlLink;
 pub use message::{ControlMessage, MAX_CONTROL_BODY};
 pub use sentinel::{Sentinel, Verdict, ASK_AFTER, ASK_EVERY, FOLLOW_UP, RETRY_EVERY, TICK};
+pub use sentinel_driver::SentinelDriver;
