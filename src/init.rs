@@ -17,6 +17,7 @@ use ringccl_transports::{
 };
 
 use crate::options::{InitOptions, TransportKind};
+use crate::process_group::same_for_every_peer;
 use crate::{Error, ProcessGroup};
 
 /// The backend names [`init_process_group`] accepts (case-insensitive).
@@ -150,14 +151,10 @@ pub(crate) fn gloo_over_mesh(
     // Where every rank runs: from shared-memory set-up, or asked for on its own when
     // TCP is forced, so that a group spanning hosts still gets the hierarchical
     // collectives and waits count only the ranks on this machine.
-    let mut host_map = None;
     let (store, connections) = mesh.store_and_connections();
     let set_up = match recipe.kind {
         TransportKind::Tcp => discover_hosts(store, &*connections.data, rank, world_size, deadline)
-            .map(|map| {
-                host_map = Some(map);
-                None
-            }),
+            .map(|map| (None, Some(map))),
         // Watching the data connections: a peer that dies in set-up is named at once.
         required => shm::set_up(
             store,
@@ -168,9 +165,10 @@ pub(crate) fn gloo_over_mesh(
             DEFAULT_RING_BYTES,
             deadline,
             required == TransportKind::SharedMemory,
-        ),
+        )
+        .map(|rings| (rings, None)),
     };
-    let rings = set_up.map_err(|e| mesh.give_up(e))?;
+    let (rings, host_map) = set_up.map_err(|e| mesh.give_up(e))?;
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline)?;
     let address = local_address(&connections.data);
@@ -200,9 +198,7 @@ pub(crate) fn gloo_over_mesh(
             (with_control_link(backend, control, dead_peer)?, peers)
         }
         None => {
-            let peers = (0..world_size)
-                .map(|peer| if peer == rank { "self" } else { "tcp" })
-                .collect();
+            let peers = same_for_every_peer(rank, world_size, "tcp");
             let tcp = match &host_map {
                 Some(map) => tcp.with_hosts(map),
                 None => tcp,

@@ -9,6 +9,7 @@ use ringccl_collectives::{MemoryConfig, MemoryTransport};
 use ringccl_rendezvous::SetupError;
 
 use crate::init::{host_backend, host_config};
+use crate::process_group::same_for_every_peer;
 use crate::{Error, InitOptions, ProcessGroup, BACKENDS};
 
 /// What [`ProcessGroup::peer_transport`] says of a rank of the same local group.
@@ -111,10 +112,8 @@ fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
         .enumerate()
         .map(|(rank, (mut backend, link))| {
             backend.keep_control_link(Box::new(link));
-            let peers = (0..n)
-                .map(|peer| if peer == rank { "self" } else { LOCAL })
-                .collect();
-            ProcessGroup::from_backend(Box::new(backend)).reaching_peers_by(peers)
+            ProcessGroup::from_backend(Box::new(backend))
+                .reaching_peers_by(same_for_every_peer(rank, n, LOCAL))
         })
         .collect())
 }

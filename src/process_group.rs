@@ -82,7 +82,8 @@ impl ProcessGroup {
         }
     }
 
-    /// Records how this rank reaches each rank (`"self"`, `"shm"`, `"tcp"`), by rank.
+    /// Records how this rank reaches each rank (`"self"`, `"shm"`, `"tcp"`, `"memory"`),
+    /// by rank.
     pub(crate) fn reaching_peers_by(mut self, transports: Vec<&'static str>) -> ProcessGroup {
         self.peer_transports = transports;
         self
@@ -138,7 +139,8 @@ impl ProcessGroup {
     /// How this rank reaches rank `peer`: under `"gloo"`, `"self"` for this rank,
     /// `"shm"` for a rank it shares memory with (same host, set up and probed at
     /// start-up), `"tcp"` for the others (another host, or a pair whose shared memory
-    /// could not be set up; the start-up log says why). Under `"nccl"`, `"nccl"`; for a
+    /// could not be set up; the start-up log says why), and `"memory"` for a rank of the
+    /// same [`local_groups`](crate::local_groups). Under `"nccl"`, `"nccl"`; for a
     /// group over a backend of the caller's own, `"custom"`. `"none"` for a rank outside
     /// the group.
     ///
@@ -337,6 +339,18 @@ impl fmt::Debug for ProcessGroup {
             .field("backend", &self.backend)
             .finish_non_exhaustive()
     }
+}
+
+/// How rank `rank` of `world_size` reaches each rank when it reaches every peer the same
+/// way, `kind` (see [`ProcessGroup::peer_transport`]).
+pub(crate) fn same_for_every_peer(
+    rank: usize,
+    world_size: usize,
+    kind: &'static str,
+) -> Vec<&'static str> {
+    (0..world_size)
+        .map(|peer| if peer == rank { "self" } else { kind })
+        .collect()
 }
 
 #[cfg(test)]

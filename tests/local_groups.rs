@@ -13,6 +13,12 @@ use common::heavy_lock;
 use common::matrix::{assert_identical, matrix};
 use ringccl::{local_groups, local_groups_with, Error, InitOptions, ProcessGroup, ReduceOp};
 
+/// `n` local ranks whose calls have a minute: only detection and aborts end them early.
+fn patient_ranks(n: usize) -> Vec<ProcessGroup> {
+    let opts = InitOptions::new(0, n, "127.0.0.1:0").timeout(Duration::from_secs(60));
+    local_groups_with("gloo", n, opts).expect("local groups")
+}
+
 /// Runs `body` on every rank, each on its own thread; returns what each returned.
 fn on_every_rank<R: Send>(
     ranks: &[ProcessGroup],
@@ -56,8 +62,7 @@ fn local_ranks_run_the_whole_matrix_exact_and_bit_identical() {
 #[test]
 fn a_mismatch_between_local_ranks_is_named_within_about_a_second() {
     let _guard = heavy_lock();
-    let opts = InitOptions::new(0, 3, "127.0.0.1:0").timeout(Duration::from_secs(60));
-    let ranks = local_groups_with("gloo", 3, opts).unwrap();
+    let ranks = patient_ranks(3);
     let started = Instant::now();
     let outcomes = on_every_rank(&ranks, |pg| {
         let mut buf = vec![1.0f32; 1024];
@@ -87,8 +92,7 @@ fn a_mismatch_between_local_ranks_is_named_within_about_a_second() {
 #[test]
 fn a_local_rank_that_gives_up_stops_the_others() {
     let _guard = heavy_lock();
-    let opts = InitOptions::new(0, 3, "127.0.0.1:0").timeout(Duration::from_secs(60));
-    let ranks = local_groups_with("gloo", 3, opts).unwrap();
+    let ranks = patient_ranks(3);
     let started = Instant::now();
     let outcomes = on_every_rank(&ranks, |pg| match pg.rank() {
         0 => {
@@ -114,8 +118,7 @@ fn a_local_rank_that_gives_up_stops_the_others() {
 #[test]
 fn a_local_rank_that_leaves_is_named_by_the_others() {
     let _guard = heavy_lock();
-    let opts = InitOptions::new(0, 2, "127.0.0.1:0").timeout(Duration::from_secs(60));
-    let mut ranks = local_groups_with("gloo", 2, opts).unwrap();
+    let mut ranks = patient_ranks(2);
     let gone = ranks.pop().expect("rank 1");
     let started = Instant::now();
     let waiter = thread::spawn(move || {
