@@ -323,7 +323,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         ddp.finish()?;
         for (i, p) in model.params_mut().into_iter().enumerate() {
-            for (p, g) in p.iter_mut().zip(ddp.grad(i)) {
+            for (p, g) in p.iter_mut().zip(ddp.grad(i)?) {
                 *p -= args.lr * g;
             }
         }

@@ -68,7 +68,7 @@ impl ProcessGroup {
     /// The CUDA device this rank's NCCL communicator runs on (`None` under other
     /// backends). Device buffers handed to the `*_device` methods must live there.
     pub fn cuda_device(&self) -> Option<usize> {
-        self.nccl.as_ref().map(|nccl| nccl.device())
+        self.shared().nccl.as_ref().map(|nccl| nccl.device())
     }
 
     /// Like [`ProcessGroup::all_reduce`], on a buffer in GPU memory. Under `"nccl"` the
@@ -94,7 +94,7 @@ impl ProcessGroup {
         buf: &mut CudaSlice<T>,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        match &self.nccl {
+        match &self.shared().nccl {
             Some(nccl) => self.in_order("all_reduce", |_, d| nccl.all_reduce_device(buf, op, d)),
             None => {
                 validate_reduce(T::DTYPE, op)?;
@@ -112,7 +112,7 @@ impl ProcessGroup {
         buf: &mut CudaSlice<T>,
         root: usize,
     ) -> Result<(), Error> {
-        match &self.nccl {
+        match &self.shared().nccl {
             Some(nccl) => self.in_order("broadcast", |_, d| nccl.broadcast_device(buf, root, d)),
             None => through_host(self.rank(), "broadcast", buf, self.rank() != root, |host| {
                 self.broadcast(host, root)
@@ -127,7 +127,7 @@ impl ProcessGroup {
         op: ReduceOp,
         root: usize,
     ) -> Result<(), Error> {
-        match &self.nccl {
+        match &self.shared().nccl {
             Some(nccl) => self.in_order("reduce", |_, d| nccl.reduce_device(buf, op, root, d)),
             None => through_host(self.rank(), "reduce", buf, self.rank() == root, |host| {
                 self.reduce(host, op, root)
@@ -141,7 +141,7 @@ impl ProcessGroup {
         input: &CudaSlice<T>,
         output: &mut CudaSlice<T>,
     ) -> Result<(), Error> {
-        match &self.nccl {
+        match &self.shared().nccl {
             Some(nccl) => self.in_order("all_gather", |_, d| {
                 nccl.all_gather_device(input, output, d)
             }),
@@ -162,7 +162,7 @@ impl ProcessGroup {
         output: &mut CudaSlice<T>,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        match &self.nccl {
+        match &self.shared().nccl {
             Some(nccl) => self.in_order("reduce_scatter", |_, d| {
                 nccl.reduce_scatter_device(input, output, op, d)
             }),
@@ -188,7 +188,7 @@ impl ProcessGroup {
     ) -> Result<Work<CudaSlice<T>>, Error> {
         validate_reduce(T::DTYPE, op)?;
         let rank = self.rank();
-        match &self.nccl {
+        match &self.shared().nccl {
             Some(nccl) => {
                 let nccl = nccl.clone();
                 self.queue("all_reduce", move |_, d| {

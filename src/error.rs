@@ -144,6 +144,12 @@ ringccl_rendezvous::setup_error_variants! {
             /// The library's error code and message, and what to do about it.
             reason: String,
         },
+
+        /// The DDP layer refused a call (a parameter mismatch, a gradient marked twice,
+        /// a step not finished, ...). Its communication failures come out as the
+        /// variants above instead.
+        #[error(transparent)]
+        Ddp(Box<ringccl_ddp::DdpError>),
     }
 }
 
@@ -306,3 +312,25 @@ impl From<ringccl_nccl::DeviceError> for Error {
 
 /// ringccl's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A trainer's one error type: a DDP error converts into [`Error`] with `?`, its
+/// communication failures as the runtime's own variants.
+impl From<ringccl_ddp::DdpError> for Error {
+    fn from(e: ringccl_ddp::DdpError) -> Error {
+        match e {
+            ringccl_ddp::DdpError::Comm(runtime) => Error::from(runtime),
+            other => Error::Ddp(Box::new(other)),
+        }
+    }
+}
+
+/// And back: a group call inside a closure that returns `DdpError` (DDP's backward
+/// callbacks) converts with `?`; [`Error::from`] recovers the original.
+impl From<Error> for ringccl_ddp::DdpError {
+    fn from(e: Error) -> ringccl_ddp::DdpError {
+        match e {
+            Error::Ddp(ddp) => *ddp,
+            other => ringccl_ddp::DdpError::Comm(RuntimeError::from(other)),
+        }
+    }
+}

@@ -66,7 +66,7 @@ impl ProcessGroup {
         validate_reduce(T::DTYPE, op)?;
         let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
         let plan = plan_fusion(&lens, T::DTYPE.size(), bucket_bytes);
-        let mut spare: Vec<Vec<T>> = self.fusion_buffers.take();
+        let mut spare: Vec<Vec<T>> = self.shared().fusion_buffers.take();
         if plan.len() == 1 {
             // One bucket: nothing to pipeline, so skip the hand-off to the worker.
             let mut fused = spare.pop().unwrap_or_default();
@@ -74,7 +74,7 @@ impl ProcessGroup {
             self.all_reduce(&mut fused, op)?;
             unpack(&plan[0], &fused, tensors);
             spare.push(fused);
-            self.fusion_buffers.put(spare);
+            self.shared().fusion_buffers.put(spare);
             return Ok(());
         }
         let mut in_flight = VecDeque::<(usize, Work<Vec<T>>)>::new();
@@ -114,7 +114,7 @@ impl ProcessGroup {
                 first_error.get_or_insert(e);
             }
         }
-        self.fusion_buffers.put(spare);
+        self.shared().fusion_buffers.put(spare);
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),

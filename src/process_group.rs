@@ -35,7 +35,25 @@ use crate::Error;
 /// [`Error::ConcurrentUse`] and aborts the group: the other ranks could have paired the
 /// two threads' calls the other way round. Give each thread its own group instead:
 /// [`ProcessGroup::new_group`] and [`ProcessGroup::split`] form them from this one.
+///
+/// Cloning is cheap (a reference count) and gives another handle on the same group —
+/// same rank, same issue order — so a trainer can keep one next to the objects that use
+/// it, such as a `DistributedDataParallel`. The group ends when the last handle is dropped.
+///
+/// ```
+/// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+/// let handle = pg.clone();
+/// handle.barrier()?;
+/// assert_eq!(handle.rank(), pg.rank());
+/// # Ok::<(), ringccl::Error>(())
+/// ```
+#[derive(Clone)]
 pub struct ProcessGroup {
+    shared: Arc<Shared>,
+}
+
+/// What every handle on one group shares.
+pub(crate) struct Shared {
     backend: Arc<dyn Backend>,
     /// The same backend as `backend` when it is NCCL, for the device-buffer methods.
     #[cfg(feature = "nccl")]
@@ -63,13 +81,11 @@ impl ProcessGroup {
     /// A group over NCCL, whose device-buffer methods go straight to it.
     #[cfg(feature = "nccl")]
     pub(crate) fn from_nccl(nccl: Arc<ringccl_nccl::NcclBackend>) -> ProcessGroup {
-        let mut group = ProcessGroup::around(nccl.group());
-        group.nccl = Some(nccl);
-        group
+        ProcessGroup::around(nccl.group()).configure("nccl", |shared| shared.nccl = Some(nccl))
     }
 
     fn around(backend: Arc<dyn Backend>) -> ProcessGroup {
-        ProcessGroup {
+        let shared = Shared {
             sequencer: Arc::new(Sequencer::new(backend.rank(), backend.flight_recorder())),
             backend,
             #[cfg(feature = "nccl")]
@@ -79,32 +95,48 @@ impl ProcessGroup {
             origin: None,
             trace: None,
             peer_transports: Vec::new(),
+        };
+        ProcessGroup {
+            shared: Arc::new(shared),
         }
+    }
+
+    /// What every handle on this group shares.
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// Sets up a group that has just been made, before any other handle on it exists.
+    fn configure(mut self, setting: &str, set: impl FnOnce(&mut Shared)) -> ProcessGroup {
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => set(shared),
+            None => tracing::error!(
+                setting,
+                "internal: a process group was configured after being shared; setting ignored"
+            ),
+        }
+        self
     }
 
     /// Records how this rank reaches each rank (`"self"`, `"shm"`, `"tcp"`, `"memory"`),
     /// by rank.
-    pub(crate) fn reaching_peers_by(mut self, transports: Vec<&'static str>) -> ProcessGroup {
-        self.peer_transports = transports;
-        self
+    pub(crate) fn reaching_peers_by(self, transports: Vec<&'static str>) -> ProcessGroup {
+        self.configure("peer transports", |shared| {
+            shared.peer_transports = transports
+        })
     }
 
     /// Keeps this rank's trace file open for the life of the group.
-    pub(crate) fn holding_trace(mut self, trace: Option<TraceHold>) -> ProcessGroup {
-        self.trace = trace;
-        self
+    pub(crate) fn holding_trace(self, trace: Option<TraceHold>) -> ProcessGroup {
+        self.configure("trace", |shared| shared.trace = trace)
     }
 
     /// Keeps the rendezvous store alive as long as the group, with the recipe the group
     /// was made with, for the groups formed from it.
-    pub(crate) fn keeping_store(
-        mut self,
-        store: KeptStore,
-        recipe: Arc<GlooRecipe>,
-    ) -> ProcessGroup {
+    pub(crate) fn keeping_store(self, store: KeptStore, recipe: Arc<GlooRecipe>) -> ProcessGroup {
         // A process claiming one of the ranks now is refused, and fails alone unless
         // the group stops too: rank 0, which hosts the store, aborts it, naming both.
-        let backend = Arc::downgrade(&self.backend);
+        let backend = Arc::downgrade(&self.shared.backend);
         store.on_duplicate_rank(move |duplicate| {
             if let Some(backend) = backend.upgrade() {
                 backend.abort(&format!(
@@ -113,27 +145,27 @@ impl ProcessGroup {
                 ));
             }
         });
-        self.origin = Some(Origin {
+        let origin = Origin {
             store,
             recipe,
             formed: AtomicU64::new(0),
-        });
-        self
+        };
+        self.configure("store", |shared| shared.origin = Some(origin))
     }
 
     /// This process's rank.
     pub fn rank(&self) -> usize {
-        self.backend.rank()
+        self.shared.backend.rank()
     }
 
     /// Number of ranks in the group.
     pub fn world_size(&self) -> usize {
-        self.backend.world_size()
+        self.shared.backend.world_size()
     }
 
     /// The backend's name (`"gloo"` or `"nccl"`).
     pub fn backend(&self) -> &str {
-        self.backend.name()
+        self.shared.backend.name()
     }
 
     /// How this rank reaches rank `peer`: under `"gloo"`, `"self"` for this rank,
@@ -156,13 +188,13 @@ impl ProcessGroup {
         if peer >= self.world_size() {
             return "none";
         }
-        if let Some(&transport) = self.peer_transports.get(peer) {
+        if let Some(&transport) = self.shared.peer_transports.get(peer) {
             return transport;
         }
         if peer == self.rank() {
             return "self";
         }
-        match self.backend.name() {
+        match self.shared.backend.name() {
             "nccl" => "nccl",
             "gloo" => "tcp",
             _ => "custom",
@@ -182,13 +214,13 @@ impl ProcessGroup {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn flight_recorder(&self) -> Option<Arc<ringccl_collectives::flight::FlightRecorder>> {
-        self.backend.flight_recorder()
+        self.shared.backend.flight_recorder()
     }
 
     /// The type-erased backend underneath. Calls made on it directly bypass the group's
     /// issue order; prefer the methods of `ProcessGroup`.
     pub fn as_backend(&self) -> &dyn Backend {
-        &*self.backend
+        &*self.shared.backend
     }
 
     /// Runs `op` (named `name` in messages) on the calling thread once every earlier
@@ -201,7 +233,7 @@ impl ProcessGroup {
     where
         Error: From<E>,
     {
-        self.in_order_within(name, self.backend.timeout(), op)
+        self.in_order_within(name, self.shared.backend.timeout(), op)
     }
 
     /// [`ProcessGroup::in_order`] with a deadline `timeout` from now. The deadline covers
@@ -218,10 +250,11 @@ impl ProcessGroup {
     {
         let deadline = Deadline::after(timeout);
         let turn = self
+            .shared
             .sequencer
             .issue_and_wait(name, deadline)
-            .map_err(|refusal| settle(&*self.backend, refusal))?;
-        let result = op(&*self.backend, deadline);
+            .map_err(|refusal| settle(&*self.shared.backend, refusal))?;
+        let result = op(&*self.shared.backend, deadline);
         let aborted_meanwhile = turn.finish();
         let value = result?;
         aborted_meanwhile?;
@@ -240,16 +273,16 @@ impl ProcessGroup {
         Error: From<E>,
     {
         let rank = self.rank();
-        let deadline = Deadline::after(self.backend.timeout());
-        let mut slot = self.worker.lock().map_err(|_| Error::GroupBroken {
+        let deadline = Deadline::after(self.shared.backend.timeout());
+        let mut slot = self.shared.worker.lock().map_err(|_| Error::GroupBroken {
             rank,
             cause: "a thread panicked while queueing an operation".into(),
         })?;
         let worker = match &mut *slot {
             Some(worker) => worker,
             empty => empty.insert(Worker::start(
-                Arc::clone(&self.backend),
-                Arc::clone(&self.sequencer),
+                Arc::clone(&self.shared.backend),
+                Arc::clone(&self.shared.sequencer),
             )?),
         };
         let (done, result) = crossbeam_channel::bounded(1);
@@ -275,6 +308,7 @@ impl ProcessGroup {
             let _ = done.send(result);
         });
         let submitted = self
+            .shared
             .sequencer
             .issue(name, deadline, |ticket| {
                 worker
@@ -285,9 +319,9 @@ impl ProcessGroup {
                     })
                     .map(|()| ticket)
             })
-            .map_err(|refusal| settle(&*self.backend, refusal))?;
+            .map_err(|refusal| settle(&*self.shared.backend, refusal))?;
         let ticket = submitted.map_err(|job| {
-            self.sequencer.skip(job.ticket);
+            self.shared.sequencer.skip(job.ticket);
             Error::GroupBroken {
                 rank,
                 cause: "the group's background worker has stopped".into(),
@@ -299,8 +333,8 @@ impl ProcessGroup {
             Queued {
                 ticket,
                 deadline,
-                sequencer: Arc::clone(&self.sequencer),
-                backend: Arc::clone(&self.backend),
+                sequencer: Arc::clone(&self.shared.sequencer),
+                backend: Arc::clone(&self.shared.backend),
             },
         ))
     }
@@ -319,13 +353,13 @@ pub(crate) fn settle(backend: &dyn Backend, refusal: Refusal) -> Error {
 /// Dropping a group with operations still pending (queued `*_async` calls whose `Work`
 /// was dropped, or a call still running) aborts it: those operations would otherwise run
 /// on, unobserved, while the peers wait for this rank; instead every peer is told at once.
-impl Drop for ProcessGroup {
+impl Drop for Shared {
     fn drop(&mut self) {
         let pending = self.sequencer.pending();
         if !pending.is_empty() {
             self.backend.abort(&format!(
                 "rank {} dropped its ProcessGroup with {} operation(s) still pending ({})",
-                self.rank(),
+                self.backend.rank(),
                 pending.len(),
                 pending.join(", ")
             ));
@@ -336,7 +370,7 @@ impl Drop for ProcessGroup {
 impl fmt::Debug for ProcessGroup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ProcessGroup")
-            .field("backend", &self.backend)
+            .field("backend", &self.shared.backend)
             .finish_non_exhaustive()
     }
 }

@@ -182,18 +182,21 @@ impl ProcessGroup {
     /// What this group was made with, which forming a group needs; an error saying why
     /// not for groups that have none.
     fn origin(&self) -> Result<&Origin, Error> {
-        self.origin.as_ref().ok_or_else(|| match self.backend() {
-            "nccl" => Error::BackendUnavailable {
-                backend: "nccl",
-                reason: "new_group and split are not available under nccl yet; form the \
+        self.shared()
+            .origin
+            .as_ref()
+            .ok_or_else(|| match self.backend() {
+                "nccl" => Error::BackendUnavailable {
+                    backend: "nccl",
+                    reason: "new_group and split are not available under nccl yet; form the \
                          groups with separate init_process_group calls"
-                    .into(),
-            },
-            other => Error::InvalidArgument(format!(
-                "this {other:?} group was not started by init_process_group, so it has no \
+                        .into(),
+                },
+                other => Error::InvalidArgument(format!(
+                    "this {other:?} group was not started by init_process_group, so it has no \
                  rendezvous store to form groups through"
-            )),
-        })
+                )),
+            })
     }
 
     /// The collective part of forming groups: every rank's request, checked to be the

@@ -73,7 +73,7 @@ impl ProcessGroup {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn trace_file(&self) -> Option<&Arc<TraceFile>> {
-        self.trace.as_ref().map(|hold| hold.file())
+        self.shared().trace.as_ref().map(|hold| hold.file())
     }
 
     /// A span called `name` on row `row` of this rank's timeline, from now until the

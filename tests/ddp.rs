@@ -76,10 +76,10 @@ fn train(pg: &ProcessGroup, local: usize, steps: usize, config: DdpConfig) -> Ve
         ddp.mark_grad_ready(1, &[db]).unwrap();
         ddp.mark_grad_ready(0, &dw).unwrap();
         ddp.finish().unwrap();
-        for (p, g) in w.iter_mut().zip(ddp.grad(0)) {
+        for (p, g) in w.iter_mut().zip(ddp.grad(0).unwrap()) {
             *p -= 0.05 * g;
         }
-        b[0] -= 0.05 * ddp.grad(1)[0];
+        b[0] -= 0.05 * ddp.grad(1).unwrap()[0];
     }
     w.push(b[0]);
     w
@@ -153,8 +153,8 @@ fn tiny_buckets_and_bucket_views_give_the_same_result() {
         ddp.grad_view_mut(0).unwrap().copy_from_slice(&dw);
         ddp.mark_grad_ready_in_view(0).unwrap();
         ddp.finish().unwrap();
-        let mut out = ddp.grad(0).to_vec();
-        out.push(ddp.grad(1)[0]);
+        let mut out = ddp.grad(0).unwrap().to_vec();
+        out.push(ddp.grad(1).unwrap()[0]);
         out
     });
     let all: Vec<usize> = (0..24).collect();
@@ -190,7 +190,7 @@ fn no_sync_accumulates_k_micro_steps_into_one_step() {
                 ddp.finish().unwrap();
             }
         }
-        ddp.grad(0).to_vec()
+        ddp.grad(0).unwrap().to_vec()
     });
     // Expected: the sum over micro-steps of the rank-averaged gradients.
     let w = vec![0.2f32; DIM];
@@ -237,7 +237,7 @@ fn unused_parameters_are_an_error_or_zero_with_find_unused() {
             ddp.mark_grad_ready(1, &[4.0, 8.0]).unwrap();
         }
         ddp.finish().unwrap();
-        (ddp.grad(0).to_vec(), ddp.grad(1).to_vec())
+        (ddp.grad(0).unwrap().to_vec(), ddp.grad(1).unwrap().to_vec())
     });
     for (used, unused) in &grads {
         assert_eq!(used, &vec![1.5f32; 4]);
@@ -313,7 +313,7 @@ fn compression_hooks_stay_close_to_the_exact_average() {
             ddp.mark_grad_ready(1, &[0.1]).unwrap();
             ddp.mark_grad_ready(0, &g).unwrap();
             ddp.finish().unwrap();
-            ddp.grad(0).to_vec()
+            ddp.grad(0).unwrap().to_vec()
         });
         let want: Vec<f32> = (0..DIM).map(|j| (j as f32 + 1.0) / 3.0 + 0.5).collect();
         let tol = if hook == "fp16" { 2e-3 } else { 1e-2 };
@@ -349,7 +349,7 @@ fn buckets_are_rebuilt_once_from_rank_zeros_arrival_order() {
         }
         ddp.finish().unwrap();
         let after = ddp.bucket_layout();
-        let kept = ddp.grad(4).to_vec();
+        let kept = ddp.grad(4).unwrap().to_vec();
         // A second step keeps the layout.
         for &i in &order {
             ddp.mark_grad_ready(i, &[1.0; 100]).unwrap();

@@ -122,3 +122,45 @@ pub trait Communicator: Send + Sync {
         self.all_reduce_sum_async(buf)
     }
 }
+
+/// What DDP can keep its own handle on the group from: `&C` for a communicator that is
+/// cheap to clone (`&ringccl::ProcessGroup`), or an `Arc` of one.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use ringccl_collectives::{Error, BufferMut};
+/// # use ringccl_ddp::*;
+/// # #[derive(Clone)]
+/// # struct Solo;
+/// # impl Communicator for Solo {
+/// #     fn rank(&self) -> usize { 0 }
+/// #     fn world_size(&self) -> usize { 1 }
+/// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+/// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+/// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+/// # }
+/// let shared: Arc<dyn Communicator> = (&Solo).to_communicator();
+/// assert_eq!(Arc::clone(&shared).to_communicator().world_size(), 1);
+/// ```
+pub trait ToCommunicator {
+    /// The shared handle.
+    fn to_communicator(self) -> Arc<dyn Communicator>;
+}
+
+impl<C: Communicator + Clone + 'static> ToCommunicator for &C {
+    fn to_communicator(self) -> Arc<dyn Communicator> {
+        Arc::new(self.clone())
+    }
+}
+
+impl<C: Communicator + 'static> ToCommunicator for Arc<C> {
+    fn to_communicator(self) -> Arc<dyn Communicator> {
+        self
+    }
+}
+
+impl ToCommunicator for Arc<dyn Communicator> {
+    fn to_communicator(self) -> Arc<dyn Communicator> {
+        self
+    }
+}

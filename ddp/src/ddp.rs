@@ -2,12 +2,13 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use ringccl_collectives::timeline::{SpanGuard, Timeline};
 use ringccl_collectives::{BufferMut, Error};
 
 use crate::bucket_comm::BucketComm;
-use crate::communicator::{BucketLabel, Communicator, Pending};
+use crate::communicator::{BucketLabel, Communicator, Pending, ToCommunicator};
 use crate::config::{DdpConfig, ParamSpec};
 use crate::element::GradElement;
 use crate::hooks::{AllReduceHook, CommHook};
@@ -30,6 +31,7 @@ use crate::DdpError;
 /// ```
 /// # use ringccl_collectives::{DType, Error, BufferMut};
 /// # use ringccl_ddp::*;
+/// # #[derive(Clone)]
 /// # struct Solo;
 /// # impl Communicator for Solo {
 /// #     fn rank(&self) -> usize { 0 }
@@ -39,20 +41,20 @@ use crate::DdpError;
 /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
 /// # }
 /// # let pg = Solo; // in a real program: ringccl::init_process_group(...)?
-/// let params = [
-///     ParamSpec::new("fc.weight", 6, DType::F32),
-///     ParamSpec::new("fc.bias", 2, DType::F32),
-/// ];
-/// let mut ddp = DistributedDataParallel::<f32>::new(&pg, &params, DdpConfig::default())?;
+/// let params = [("fc.weight", 6), ("fc.bias", 2)];
+/// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, params, DdpConfig::default())?;
 /// // ... forward, then backward produces the bias gradient first:
 /// ddp.mark_grad_ready(1, &[0.5, -0.5])?;
 /// ddp.mark_grad_ready(0, &[1.0; 6])?;
 /// ddp.finish()?;
-/// assert_eq!(ddp.grad(1), &[0.5, -0.5]); // averaged over the (one) rank
+/// assert_eq!(ddp.grad(1)?, &[0.5, -0.5]); // averaged over the (one) rank
 /// # Ok::<(), DdpError>(())
 /// ```
-pub struct DistributedDataParallel<'c, T: GradElement> {
-    comm: &'c dyn Communicator,
+///
+/// It holds its own handle on the group (a clone of the `ProcessGroup`), so it can live
+/// in the same struct as the group and the model.
+pub struct DistributedDataParallel<T: GradElement> {
+    comm: Arc<dyn Communicator>,
     params: Vec<ParamSpec>,
     config: DdpConfig,
     hook: Box<dyn CommHook<T>>,
@@ -66,6 +68,12 @@ pub struct DistributedDataParallel<'c, T: GradElement> {
     has_data: Vec<bool>,
     next_launch: usize,
     no_sync: bool,
+    /// The current pass's first gradient was marked with synchronisation off: the pass
+    /// can be closed without `finish` (see `close_unsynced_pass`).
+    pass_unsynced: bool,
+    /// The last pass was closed without `finish`; a `finish` on the empty pass that
+    /// follows is accepted as that pass's (late) end.
+    closed_without_finish: bool,
     step: u64,
     /// Order of the first step's gradients, for the one-time rebuild.
     arrival: Vec<usize>,
@@ -87,14 +95,18 @@ struct Bucket<T> {
     in_flight: Option<Pending<Vec<T>>>,
 }
 
-impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
+impl<T: GradElement> DistributedDataParallel<T> {
     /// Registers `params` (in model order) and checks, collectively, that every rank
     /// registered the same ones; a difference is an error naming the first one.
+    ///
+    /// `comm` is usually `&pg` for a `ringccl::ProcessGroup`, which DDP clones (a cheap
+    /// handle on the same group); an `Arc` of a communicator works too.
     pub fn new(
-        comm: &'c dyn Communicator,
+        comm: impl ToCommunicator,
         params: &[ParamSpec],
         config: DdpConfig,
     ) -> Result<Self, DdpError> {
+        let comm = comm.to_communicator();
         if let Some((i, p)) = params.iter().enumerate().find(|(_, p)| p.dtype != T::DTYPE) {
             return Err(DdpError::InvalidArgument(format!(
                 "parameter #{i} {:?} is {} but this DistributedDataParallel averages {} \
@@ -104,10 +116,9 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
                 T::DTYPE
             )));
         }
-        check_same_params(comm, params)?;
+        check_same_params(&*comm, params)?;
         let order: Vec<usize> = (0..params.len()).rev().collect();
         let mut ddp = DistributedDataParallel {
-            comm,
             params: params.to_vec(),
             config,
             hook: Box::new(AllReduceHook),
@@ -118,14 +129,54 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
             has_data: vec![false; params.len()],
             next_launch: 0,
             no_sync: false,
+            pass_unsynced: false,
+            closed_without_finish: false,
             step: 0,
             arrival: Vec::with_capacity(params.len()),
             rebuilt: false,
             broken: None,
             trainer: comm.trace_file().map(|file| file.row("trainer")),
+            comm,
         };
         ddp.layout(&order, None);
         Ok(ddp)
+    }
+
+    /// [`new`](Self::new) with the parameters given as `(name, number of elements)`:
+    /// their element type is `T`'s.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// # let pg = Solo;
+    /// let names: Vec<String> = (0..3).map(|l| format!("layer{l}.weight")).collect();
+    /// let ddp = DistributedDataParallel::<f64>::with_params(
+    ///     &pg,
+    ///     names.iter().map(|name| (name.as_str(), 16)),
+    ///     DdpConfig::default(),
+    /// )?;
+    /// assert_eq!(ddp.params()[2].dtype, DType::F64);
+    /// # Ok::<(), DdpError>(())
+    /// ```
+    pub fn with_params<N: Into<String>>(
+        comm: impl ToCommunicator,
+        params: impl IntoIterator<Item = (N, usize)>,
+        config: DdpConfig,
+    ) -> Result<Self, DdpError> {
+        let specs: Vec<ParamSpec> = params
+            .into_iter()
+            .map(|(name, numel)| ParamSpec::new(name, numel, T::DTYPE))
+            .collect();
+        DistributedDataParallel::new(comm, &specs, config)
     }
 
     /// Replaces the communication hook (default [`AllReduceHook`]). Every rank must use
@@ -198,6 +249,7 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
     /// ```
     /// # use ringccl_collectives::{DType, Error, BufferMut};
     /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
     /// # struct Solo;
     /// # impl Communicator for Solo {
     /// #     fn rank(&self) -> usize { 0 }
@@ -226,6 +278,7 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
     /// ```
     /// # use ringccl_collectives::{DType, Error, BufferMut};
     /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
     /// # struct Solo;
     /// # impl Communicator for Solo {
     /// #     fn rank(&self) -> usize { 0 }
@@ -249,18 +302,83 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
     }
 
     /// Turns synchronisation off (`true`) or back on: while off, gradients accumulate in
-    /// the buckets (summed over the steps) and `finish` communicates nothing; the first
-    /// synchronised step after that all-reduces the accumulated sum. See
+    /// the buckets (summed over the passes) and nothing is communicated; the first
+    /// synchronised pass after that all-reduces the accumulated sum. See
     /// [`no_sync`](Self::no_sync) for the scoped form.
+    ///
+    /// As in torch, a pass without synchronisation needs no `finish`: marking a gradient
+    /// again starts the next pass, and turning synchronisation back on closes the pass.
+    /// (Calling `finish` anyway is harmless.)
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// # let pg = Solo;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1)], DdpConfig::default())?;
+    /// ddp.set_no_sync(true);
+    /// ddp.mark_grad_ready(0, &[1.0])?; // micro-batch 1
+    /// ddp.mark_grad_ready(0, &[2.0])?; // micro-batch 2: a new pass, accumulated
+    /// ddp.set_no_sync(false);
+    /// ddp.mark_grad_ready(0, &[3.0])?; // the synchronised pass
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.grad(0)?, &[6.0]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn set_no_sync(&mut self, off: bool) {
         self.no_sync = off;
+        if !off {
+            self.close_unsynced_pass();
+        }
     }
 
     /// Gradient accumulation, torch's `with ddp.no_sync():`: synchronisation is off until
-    /// the returned guard is dropped.
-    pub fn no_sync(&mut self) -> NoSync<'_, 'c, T> {
+    /// the returned guard is dropped, which also closes the pass (no `finish` needed).
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// # let pg = Solo;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1)], DdpConfig::default())?;
+    /// ddp.no_sync().mark_grad_ready(0, &[1.0])?; // accumulated, not communicated
+    /// ddp.mark_grad_ready(0, &[2.0])?; // synchronised
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.grad(0)?, &[3.0]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
+    pub fn no_sync(&mut self) -> NoSync<'_, T> {
         self.no_sync = true;
         NoSync { ddp: self }
+    }
+
+    /// Closes a pass that began with synchronisation off, if one is open and nothing of
+    /// it is in flight: its gradients stay accumulated, nothing is communicated.
+    fn close_unsynced_pass(&mut self) -> bool {
+        let idle = self.buckets.iter().all(|b| b.in_flight.is_none());
+        if !(self.pass_unsynced && self.marked > 0 && idle) {
+            return false;
+        }
+        self.reset_pass();
+        self.step += 1;
+        self.closed_without_finish = true;
+        true
     }
 
     fn check_usable(&self) -> Result<(), DdpError> {
@@ -270,7 +388,9 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
         }
     }
 
-    fn check_index(&self, index: usize, len: Option<usize>) -> Result<(), DdpError> {
+    /// Checks a gradient about to be marked; a gradient marked again after a pass without
+    /// synchronisation closes that pass first.
+    fn check_index(&mut self, index: usize, len: Option<usize>) -> Result<(), DdpError> {
         let Some(spec) = self.params.get(index) else {
             return Err(DdpError::InvalidArgument(format!(
                 "parameter index {index} is out of range ({} parameters registered)",
@@ -284,8 +404,11 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
                 spec.name, spec.numel
             )));
         }
+        if self.ready[index] && self.pass_unsynced && self.close_unsynced_pass() {
+            return Ok(());
+        }
         if self.ready[index] {
-            let name = spec.name.clone();
+            let name = self.params[index].name.clone();
             let rank = self.comm.rank();
             return Err(if self.marked == self.params.len() {
                 DdpError::StepNotFinished {
@@ -373,6 +496,10 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
     }
 
     fn mark(&mut self, index: usize) -> Result<(), DdpError> {
+        if self.marked == 0 {
+            self.pass_unsynced = self.no_sync;
+            self.closed_without_finish = false;
+        }
         self.ready[index] = true;
         self.has_data[index] = true;
         self.marked += 1;
@@ -401,7 +528,7 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
                 data.iter_mut().for_each(|x| *x = x.div_count(n));
             }
             let comm = BucketComm {
-                comm: self.comm,
+                comm: &*self.comm,
                 label: BucketLabel {
                     bucket: self.next_launch,
                     step: self.step,
@@ -421,6 +548,10 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
     /// closes the step (nothing is communicated; gradients keep accumulating).
     pub fn finish(&mut self) -> Result<(), DdpError> {
         self.check_usable()?;
+        if self.marked == 0 && std::mem::take(&mut self.closed_without_finish) {
+            // The pass was already closed when synchronisation came back on.
+            return Ok(());
+        }
         let _waiting = self.trainer_span("ddp finish");
         let missing: Vec<usize> = (0..self.params.len()).filter(|&i| !self.ready[i]).collect();
         if !missing.is_empty() && !self.no_sync {
@@ -497,6 +628,7 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
     fn reset_pass(&mut self) {
         self.ready.fill(false);
         self.marked = 0;
+        self.pass_unsynced = false;
         self.next_launch = 0;
         for bucket in &mut self.buckets {
             bucket.waiting_for = bucket.params.len();
@@ -547,22 +679,60 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
     }
 
     /// The averaged gradient of parameter `index` after [`finish`](Self::finish) (a view
-    /// into its bucket; no copy). Empty for an out-of-range index.
-    pub fn grad(&self, index: usize) -> &[T] {
+    /// into its bucket; no copy).
+    ///
+    /// An index out of range is an [`InvalidArgument`](DdpError::InvalidArgument) error,
+    /// and so is asking while the gradient's bucket is still being all-reduced (between
+    /// its launch and `finish`): never an empty slice that a zipped update would silently
+    /// skip.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// # let pg = Solo;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 2)], DdpConfig::default())?;
+    /// ddp.mark_grad_ready(0, &[1.0, 2.0])?;
+    /// ddp.finish()?;
+    /// let mut w = [0.5f32, 0.5];
+    /// for (w, g) in w.iter_mut().zip(ddp.grad(0)?) {
+    ///     *w -= 0.1 * g;
+    /// }
+    /// assert!(ddp.grad(1).is_err()); // only one parameter
+    /// # Ok::<(), DdpError>(())
+    /// ```
+    pub fn grad(&self, index: usize) -> Result<&[T], DdpError> {
         let Some(spec) = self.params.get(index) else {
-            return &[];
+            return Err(DdpError::InvalidArgument(format!(
+                "rank {}: grad({index}): there is no parameter #{index} ({} parameters registered)",
+                self.comm.rank(),
+                self.params.len()
+            )));
         };
         let (b, at) = self.slots[index];
         match &self.buckets[b].data {
-            Some(data) => &data[at..at + spec.numel],
-            None => &[],
+            Some(data) => Ok(&data[at..at + spec.numel]),
+            None => Err(DdpError::InvalidArgument(format!(
+                "rank {}: grad({index}): the gradient of parameter #{index} {:?} is still being \
+                 all-reduced; call finish() first",
+                self.comm.rank(),
+                spec.name
+            ))),
         }
     }
 
-    /// Copies every averaged gradient out, in parameter order.
-    pub fn grads(&self) -> Vec<Vec<T>> {
+    /// Copies every averaged gradient out, in parameter order (errors as [`grad`](Self::grad)).
+    pub fn grads(&self) -> Result<Vec<Vec<T>>, DdpError> {
         (0..self.params.len())
-            .map(|i| self.grad(i).to_vec())
+            .map(|i| self.grad(i).map(<[T]>::to_vec))
             .collect()
     }
 
@@ -623,7 +793,7 @@ impl<'c, T: GradElement> DistributedDataParallel<'c, T> {
     }
 }
 
-impl<T: GradElement> fmt::Debug for DistributedDataParallel<'_, T> {
+impl<T: GradElement> fmt::Debug for DistributedDataParallel<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DistributedDataParallel")
             .field("params", &self.params.len())
@@ -637,26 +807,26 @@ impl<T: GradElement> fmt::Debug for DistributedDataParallel<'_, T> {
 /// Synchronisation is off while this lives (see
 /// [`DistributedDataParallel::no_sync`]); it derefs to the DDP.
 #[derive(Debug)]
-pub struct NoSync<'d, 'c, T: GradElement> {
-    ddp: &'d mut DistributedDataParallel<'c, T>,
+pub struct NoSync<'d, T: GradElement> {
+    ddp: &'d mut DistributedDataParallel<T>,
 }
 
-impl<'c, T: GradElement> Deref for NoSync<'_, 'c, T> {
-    type Target = DistributedDataParallel<'c, T>;
+impl<T: GradElement> Deref for NoSync<'_, T> {
+    type Target = DistributedDataParallel<T>;
     fn deref(&self) -> &Self::Target {
         self.ddp
     }
 }
 
-impl<T: GradElement> DerefMut for NoSync<'_, '_, T> {
+impl<T: GradElement> DerefMut for NoSync<'_, T> {
     fn deref_mut(&mut self) -> &mut Self::Target {
         self.ddp
     }
 }
 
-impl<T: GradElement> Drop for NoSync<'_, '_, T> {
+impl<T: GradElement> Drop for NoSync<'_, T> {
     fn drop(&mut self) {
-        self.ddp.no_sync = false;
+        self.ddp.set_no_sync(false);
     }
 }
 

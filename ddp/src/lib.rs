@@ -7,7 +7,8 @@
 //!
 //! - [`DistributedDataParallel`]: the reducer (buckets, ordered async all-reduce,
 //!   `no_sync` accumulation, unused parameters, one-time bucket rebuild, comm hooks).
-//! - [`DistributedSampler`]: each rank's share of a dataset, torch's semantics.
+//! - [`DistributedSampler`]: each rank's share of a dataset, torch's semantics, and
+//!   [`Batches`] of it that know their epoch and step and resume mid-epoch.
 //! - [`plan_buckets`]: the pure bucket planner.
 //!
 //! Use it through `ringccl::ddp`, which implements [`Communicator`] for
@@ -15,6 +16,7 @@
 
 #![deny(unsafe_code)]
 
+mod batches;
 mod bucket_comm;
 mod communicator;
 mod config;
@@ -25,7 +27,8 @@ mod hooks;
 mod plan;
 mod sampler;
 
-pub use communicator::{BucketLabel, Communicator, GradBuf, Pending, Ready, Wait};
+pub use batches::{Batch, BatchPosition, Batches};
+pub use communicator::{BucketLabel, Communicator, GradBuf, Pending, Ready, ToCommunicator, Wait};
 pub use config::{DdpConfig, ParamSpec};
 pub use ddp::{DistributedDataParallel, NoSync};
 pub use element::GradElement;

@@ -215,7 +215,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
         // SGD with the averaged gradients.
         for (index, (_, var)) in model.params.iter().enumerate() {
-            let grad = Tensor::from_slice(ddp.grad(index), var.shape(), &dev)?;
+            let grad = Tensor::from_slice(ddp.grad(index)?, var.shape(), &dev)?;
             var.set(&var.as_tensor().sub(&grad.affine(args.lr, 0.0)?)?)?;
         }
 
