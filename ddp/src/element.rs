@@ -17,6 +17,8 @@ mod sealed {
 pub trait GradElement: Element + Default + PartialEq + sealed::Sealed {
     /// `self / n`, rounded once in this type.
     fn div_count(self, n: usize) -> Self;
+    /// `self * n`, rounded once in this type.
+    fn mul_count(self, n: usize) -> Self;
     /// `self + other`.
     fn add(self, other: Self) -> Self;
     /// Widens to `f32` (for the compression hooks).
@@ -34,6 +36,9 @@ macro_rules! native_float {
         impl GradElement for $ty {
             fn div_count(self, n: usize) -> Self {
                 self / n as $ty
+            }
+            fn mul_count(self, n: usize) -> Self {
+                self * n as $ty
             }
             fn add(self, other: Self) -> Self {
                 self + other
@@ -62,6 +67,9 @@ macro_rules! half_float {
         impl GradElement for $ty {
             fn div_count(self, n: usize) -> Self {
                 <$ty>::from_f32(self.to_f32() / n as f32)
+            }
+            fn mul_count(self, n: usize) -> Self {
+                <$ty>::from_f32(self.to_f32() * n as f32)
             }
             fn add(self, other: Self) -> Self {
                 <$ty>::from_f32(self.to_f32() + other.to_f32())

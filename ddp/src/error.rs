@@ -57,6 +57,19 @@ pub enum DdpError {
         step: u64,
     },
 
+    /// A DataParallel replica failed: its pass panicked, or left a gradient unset.
+    #[error("DataParallel replica {replica}: {reason}")]
+    Replica {
+        /// The replica (0 is the master).
+        replica: usize,
+        /// What happened.
+        reason: String,
+    },
+
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+
     /// A call's arguments do not match the registered parameters.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -7,8 +7,11 @@
 //!
 //! - [`DistributedDataParallel`]: the reducer (buckets, ordered async all-reduce,
 //!   `no_sync` accumulation, unused parameters, one-time bucket rebuild, comm hooks).
+//! - [`DataParallel`]: PyTorch's single-process `DataParallel` (one thread per replica,
+//!   gradients reduced to the master), to compare with DDP over threads or processes.
 //! - [`DistributedSampler`]: each rank's share of a dataset, torch's semantics, and
 //!   [`Batches`] of it that know their epoch and step and resume mid-epoch.
+//! - [`Checkpoint`]: training snapshots written atomically, for restarts that resume.
 //! - [`plan_buckets`]: the pure bucket planner.
 //!
 //! Use it through `ringccl::ddp`, which implements [`Communicator`] for
@@ -18,8 +21,10 @@
 
 mod batches;
 mod bucket_comm;
+mod checkpoint;
 mod communicator;
 mod config;
+mod data_parallel;
 mod ddp;
 mod element;
 mod error;
@@ -28,8 +33,10 @@ mod plan;
 mod sampler;
 
 pub use batches::{Batch, BatchPosition, Batches};
+pub use checkpoint::Checkpoint;
 pub use communicator::{BucketLabel, Communicator, GradBuf, Pending, Ready, ToCommunicator, Wait};
 pub use config::{DdpConfig, ParamSpec};
+pub use data_parallel::{DataParallel, DpTimings, Grads, Replica};
 pub use ddp::{DistributedDataParallel, NoSync};
 pub use element::GradElement;
 pub use error::DdpError;
