@@ -268,7 +268,7 @@ fn snapshots(dir: &Path) -> Vec<(u64, PathBuf)> {
             Some((step, entry.path()))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|(step, _)| std::cmp::Reverse(*step));
     found
 }
 

@@ -239,7 +239,7 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
                     });
                 handles.push(spawned);
             }
-            let mine = run_pass(pass, master, &shards[0], 0, &mut master_grads[0]);
+            let mine = run_pass(pass, master, shards[0], 0, &mut master_grads[0]);
             let mut outcomes = vec![(mine, Duration::ZERO)];
             for (i, handle) in handles.into_iter().enumerate() {
                 let replica = i + 1;
