@@ -1,41 +1,67 @@
-//! Data-parallel training of a small MLP with hand-written forward and backward passes.
+//! Data-parallel training of a small MLP with hand-written forward and backward passes,
+//! three ways: DDP over processes (under `ringrun`), DDP over threads of one process
+//! (`--replicas R`, over `ringccl::local_groups`), and DataParallel (`--mode dp`).
 //!
 //! ```sh
 //! cargo build --release --examples --bins
 //! target/release/ringrun --nproc-per-node 4 target/release/examples/ddp_mlp --local-batch 16 --steps 50
 //! target/release/ringrun --nproc-per-node 1 target/release/examples/ddp_mlp --local-batch 64 --steps 50
+//! target/release/examples/ddp_mlp --mode ddp --replicas 4 --local-batch 16 --steps 50
+//! target/release/examples/ddp_mlp --mode dp --replicas 4 --local-batch 16 --steps 50
 //! ```
 //!
-//! Both print the same `final_params_l2=` (up to float rounding): 4 ranks × 16 samples
-//! average to the same gradient as 1 rank × 64 samples, because the sampler gives the 4
-//! ranks together exactly the 64 samples the single rank sees, and DDP averages.
+//! All four print the same `final_params_l2=` (within float rounding, 1e-6 relative): 4
+//! replicas × 16 samples average to the same gradient as 1 × 64, because the sampler
+//! gives the 4 together exactly the 64 samples the single rank sees, and both DDP and
+//! DataParallel average. `final_params_fnv=` hashes the parameters' bits, for checks
+//! that must be bit for bit (a resumed run against an uninterrupted one).
 //!
 //! Rank 0 prints the loss (over the global batch). `--overlap off` marks every gradient
 //! only after the whole backward pass (no overlap), for comparison; `--hook fp16|bf16`
 //! compresses the gradients on the wire. With `--hidden 2048 --layers 6 --input 1024` the
-//! model has about 25M parameters; the `step_time_ms` line then measures the overlap.
+//! model has about 25M parameters; the `step_time_ms` line then measures the overlap, and
+//! `peak_rss_mb` the memory (summed over the processes under ringrun).
+//!
+//! `--checkpoint DIR --checkpoint-every K` snapshots the parameters, the momentum, the
+//! step and the sampler position every K steps (rank 0 writes, atomically), and resumes
+//! from the newest snapshot on start: under `ringrun --max-restarts 3`, a killed rank
+//! costs the steps since the last snapshot, and the final parameters are bit for bit
+//! those of an uninterrupted run.
 //!
 //! `ringrun --trace DIR ...` writes the timeline of every rank and merges it into
 //! `DIR/trace.json` (Perfetto, chrome://tracing; `scripts/trace-to-png.py` draws it):
 //! forward and backward on each rank's `trainer` row, the buckets on its `ddp` row.
 
+use std::error::Error as StdError;
+use std::path::PathBuf;
+use std::thread;
 use std::time::Instant;
 
 use clap::Parser;
 use ringccl::ddp::{
-    Bf16CompressHook, DdpConfig, DistributedDataParallel, DistributedSampler, Fp16CompressHook,
-    ParamSpec,
+    BatchPosition, Bf16CompressHook, Checkpoint, DataParallel, DdpConfig, DdpError,
+    DistributedDataParallel, DistributedSampler, Fp16CompressHook, Replica,
 };
-use ringccl::{init_process_group, DType, InitOptions, ReduceOp};
+use ringccl::{init_process_group, local_groups, InitOptions, ProcessGroup, ReduceOp};
 
-#[derive(Parser, Debug)]
+type Failure = Box<dyn StdError + Send + Sync>;
+
+#[derive(Parser, Debug, Clone)]
 struct Args {
-    /// Samples per rank per step.
+    /// dp: DataParallel in this process; ddp: DistributedDataParallel.
+    #[arg(long, default_value = "ddp")]
+    mode: String,
+    /// Replicas in this process, without a launcher: DataParallel's replicas (default
+    /// 1), or DDP ranks on threads over ringccl::local_groups. Without it, --mode ddp
+    /// joins the group that ringrun (or the RANK/WORLD_SIZE/MASTER_* variables) describes.
+    #[arg(long)]
+    replicas: Option<usize>,
+    /// Samples per replica per step.
     #[arg(long, default_value_t = 16)]
     local_batch: usize,
     /// Optimiser steps.
     #[arg(long, default_value_t = 50)]
-    steps: usize,
+    steps: u64,
     /// Seed for the data, the initial parameters and the sampler.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -54,9 +80,12 @@ struct Args {
     /// Learning rate.
     #[arg(long, default_value_t = 0.05)]
     lr: f32,
+    /// SGD momentum (0: plain SGD).
+    #[arg(long, default_value_t = 0.0)]
+    momentum: f32,
     /// Print the loss every this many steps.
     #[arg(long, default_value_t = 10)]
-    print_every: usize,
+    print_every: u64,
     /// on: mark each gradient as backward produces it; off: all after backward.
     #[arg(long, default_value = "on")]
     overlap: String,
@@ -69,6 +98,12 @@ struct Args {
     /// Backend: gloo or nccl.
     #[arg(long, default_value = "gloo")]
     backend: String,
+    /// Snapshot directory: resume from its newest snapshot, and write new ones.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Steps between snapshots.
+    #[arg(long, default_value_t = 10)]
+    checkpoint_every: u64,
 }
 
 /// Deterministic pseudo-random numbers in [-1, 1).
@@ -83,6 +118,7 @@ fn uniform(seed: u64, i: u64) -> f32 {
 }
 
 /// One dense layer: `out = act(W x + b)`, W stored row-major as [out][in].
+#[derive(Clone)]
 struct Layer {
     w: Vec<f32>,
     b: Vec<f32>,
@@ -110,6 +146,7 @@ fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+#[derive(Clone)]
 struct Mlp {
     layers: Vec<Layer>,
 }
@@ -138,30 +175,14 @@ impl Mlp {
         Mlp { layers }
     }
 
-    fn specs(&self) -> Vec<ParamSpec> {
-        let mut specs = Vec::new();
+    /// `(name, number of elements)` of every parameter, in parameter order.
+    fn shapes(&self) -> Vec<(String, usize)> {
+        let mut shapes = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
-            specs.push(ParamSpec::new(
-                format!("layer{l}.weight"),
-                layer.w.len(),
-                DType::F32,
-            ));
-            specs.push(ParamSpec::new(
-                format!("layer{l}.bias"),
-                layer.b.len(),
-                DType::F32,
-            ));
+            shapes.push((format!("layer{l}.weight"), layer.w.len()));
+            shapes.push((format!("layer{l}.bias"), layer.b.len()));
         }
-        specs
-    }
-
-    fn params_mut(&mut self) -> Vec<&mut [f32]> {
-        let mut out: Vec<&mut [f32]> = Vec::new();
-        for layer in &mut self.layers {
-            out.push(&mut layer.w);
-            out.push(&mut layer.b);
-        }
-        out
+        shapes
     }
 
     /// The forward pass over a batch: the activations of every layer (`[0]` = inputs).
@@ -197,8 +218,8 @@ impl Mlp {
         &self,
         acts: &[Vec<Vec<f32>>],
         y: &[f32],
-        mut ready: impl FnMut(usize, &[f32]) -> Result<(), ringccl::ddp::DdpError>,
-    ) -> Result<f32, ringccl::ddp::DdpError> {
+        mut ready: impl FnMut(usize, &[f32]) -> Result<(), DdpError>,
+    ) -> Result<f32, DdpError> {
         let batch = y.len();
         let last = self.layers.len() - 1;
         let mut loss = 0.0f32;
@@ -254,60 +275,236 @@ fn target(x: &[f32]) -> f32 {
         .sum()
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
-    let opts = InitOptions::from_env()?;
-    let pg = init_process_group(&args.backend, opts)?;
-    let (rank, n) = (pg.rank(), pg.world_size());
+impl Replica<f32> for Mlp {
+    fn params(&self) -> Vec<&[f32]> {
+        self.layers
+            .iter()
+            .flat_map(|l| [l.w.as_slice(), l.b.as_slice()])
+            .collect()
+    }
 
-    let data: Vec<Vec<f32>> = (0..args.dataset)
-        .map(|i| {
-            (0..args.input)
-                .map(|j| uniform(args.seed ^ 0xDA7A, (i * args.input + j) as u64))
-                .collect()
+    fn params_mut(&mut self) -> Vec<&mut [f32]> {
+        let mut out: Vec<&mut [f32]> = Vec::new();
+        for layer in &mut self.layers {
+            out.push(&mut layer.w);
+            out.push(&mut layer.b);
+        }
+        out
+    }
+}
+
+/// The dataset: inputs and labels, the same in every replica.
+struct Data {
+    x: Vec<Vec<f32>>,
+    y: Vec<f32>,
+}
+
+impl Data {
+    fn new(args: &Args) -> Data {
+        let x: Vec<Vec<f32>> = (0..args.dataset)
+            .map(|i| {
+                (0..args.input)
+                    .map(|j| uniform(args.seed ^ 0xDA7A, (i * args.input + j) as u64))
+                    .collect()
+            })
+            .collect();
+        let y = x.iter().map(|x| target(x)).collect();
+        Data { x, y }
+    }
+
+    fn batch(&self, indices: &[usize]) -> (Vec<Vec<f32>>, Vec<f32>) {
+        (
+            indices.iter().map(|&i| self.x[i].clone()).collect(),
+            indices.iter().map(|&i| self.y[i]).collect(),
+        )
+    }
+}
+
+/// Everything a snapshot holds: the model, the momentum, the steps taken and the next
+/// batch's position.
+struct State {
+    model: Mlp,
+    velocity: Vec<Vec<f32>>,
+    step: u64,
+    position: BatchPosition,
+}
+
+impl State {
+    fn new(args: &Args) -> State {
+        let model = Mlp::new(args);
+        let velocity = model.params().iter().map(|p| vec![0.0; p.len()]).collect();
+        State {
+            model,
+            velocity,
+            step: 0,
+            position: BatchPosition::default(),
+        }
+    }
+
+    /// SGD with momentum: `v = momentum v + g; p -= lr v` (plain `p -= lr g` at 0).
+    fn sgd<'g>(
+        model: &mut Mlp,
+        velocity: &mut [Vec<f32>],
+        args: &Args,
+        grad: &dyn Fn(usize) -> Result<&'g [f32], DdpError>,
+    ) -> Result<(), DdpError> {
+        for (i, (p, v)) in model.params_mut().into_iter().zip(velocity).enumerate() {
+            let g = grad(i)?;
+            if args.momentum == 0.0 {
+                p.iter_mut().zip(g).for_each(|(p, g)| *p -= args.lr * g);
+            } else {
+                for ((p, v), g) in p.iter_mut().zip(v.iter_mut()).zip(g) {
+                    *v = args.momentum * *v + g;
+                    *p -= args.lr * *v;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn save(&self, dir: &std::path::Path) -> Result<(), DdpError> {
+        let mut snapshot = Checkpoint::new(self.step, self.position);
+        for ((name, _), (p, v)) in self
+            .model
+            .shapes()
+            .into_iter()
+            .zip(self.model.params().into_iter().zip(&self.velocity))
+        {
+            snapshot.put(&name, p);
+            snapshot.put(&format!("momentum.{name}"), v);
+        }
+        snapshot.save(dir, 2)?;
+        Ok(())
+    }
+
+    fn restore(&mut self, snapshot: &Checkpoint) -> Result<(), DdpError> {
+        let shapes = self.model.shapes();
+        for (((name, numel), p), v) in shapes
+            .iter()
+            .zip(self.model.params_mut())
+            .zip(&mut self.velocity)
+        {
+            let (saved, momentum) = (
+                snapshot.get::<f32>(name)?,
+                snapshot.get::<f32>(&format!("momentum.{name}"))?,
+            );
+            if saved.len() != *numel || momentum.len() != *numel {
+                return Err(DdpError::Checkpoint(format!("{name}: the snapshot's shape differs from the model's; was it written with other --hidden/--layers/--input?")));
+            }
+            p.copy_from_slice(&saved);
+            v.copy_from_slice(&momentum);
+        }
+        self.step = snapshot.step();
+        self.position = snapshot.position();
+        Ok(())
+    }
+}
+
+/// What a run reports at the end (rank 0's view).
+struct Summary {
+    step_times: Vec<f64>,
+    l2: f64,
+    fnv: u64,
+}
+
+impl Summary {
+    fn of(model: &Mlp, step_times: Vec<f64>) -> Summary {
+        let params = model.params();
+        let values = params.iter().flat_map(|p| p.iter());
+        let l2 = values
+            .clone()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum::<f64>()
+            .sqrt();
+        let fnv = values.fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+            v.to_bits().to_le_bytes().iter().fold(h, |h, &b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+            })
+        });
+        Summary {
+            step_times,
+            l2,
+            fnv,
+        }
+    }
+
+    /// The median step time after the first step (which rebuilds DDP's buckets).
+    fn median_step(&self) -> f64 {
+        let mut times = self.step_times.get(1..).unwrap_or_default().to_vec();
+        times.sort_by(f64::total_cmp);
+        times.get(times.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+/// This process's peak resident memory in MiB (VmHWM), 0 where /proc has none.
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         })
-        .collect();
-    let labels: Vec<f32> = data.iter().map(|x| target(x)).collect();
+        .map_or(0.0, |kb| kb / 1024.0)
+}
 
-    let mut model = Mlp::new(&args);
+fn print_loss(args: &Args, step: u64, loss: f32) {
+    if step % args.print_every == 0 || step + 1 == args.steps {
+        println!("step {step:4} loss {loss:.6}");
+    }
+}
+
+fn print_summary(args: &Args, summary: &Summary, replicas: usize, how: &str, rss_mb: f64) {
+    println!(
+        "step_time_ms={:.3} (median over steps 2..{}, slowest replica; {replicas} replicas, {how}, overlap {}, hook {})",
+        summary.median_step() * 1e3,
+        args.steps,
+        args.overlap,
+        args.hook
+    );
+    println!("peak_rss_mb={rss_mb:.1} ({how})");
+    println!("final_params_l2={:.6e}", summary.l2);
+    println!("final_params_fnv={:016x}", summary.fnv);
+}
+
+/// DDP on one rank of `pg`; rank 0 reports. `in_process`: the ranks are threads of this
+/// process (so the memory is this process's, not a sum).
+fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Failure> {
+    let (rank, n) = (pg.rank(), pg.world_size());
+    let data = Data::new(args);
+    let mut state = State::new(args);
     let config =
         DdpConfig::default().bucket_cap_bytes((args.bucket_cap_mb * (1 << 20) as f64) as usize);
-    let mut ddp = DistributedDataParallel::<f32>::new(&pg, &model.specs(), config)?;
+    let mut ddp = DistributedDataParallel::<f32>::with_params(pg, state.model.shapes(), config)?;
     match args.hook.as_str() {
         "allreduce" => {}
         "fp16" => ddp.register_comm_hook(Fp16CompressHook),
         "bf16" => ddp.register_comm_hook(Bf16CompressHook),
         other => return Err(format!("unknown --hook {other}").into()),
     }
-    ddp.broadcast_parameters(&mut model.params_mut())?;
-
-    let mut sampler = DistributedSampler::new(args.dataset, n, rank)?.seed(args.seed);
-    let per_epoch = sampler.num_samples() / args.local_batch;
-    if per_epoch == 0 {
-        return Err("the dataset is too small for this batch size".into());
+    resume(args, pg, &mut state)?;
+    ddp.broadcast_parameters(&mut state.model.params_mut())?;
+    for v in &mut state.velocity {
+        pg.broadcast(v, 0)?;
     }
-    let mut epoch_indices = Vec::new();
-    let mut step_times = Vec::new();
-    for step in 0..args.steps {
-        let (epoch, within) = (step / per_epoch, step % per_epoch);
-        if within == 0 {
-            sampler.set_epoch(epoch as u64);
-            epoch_indices = sampler.indices();
-        }
-        let batch = &epoch_indices[within * args.local_batch..(within + 1) * args.local_batch];
-        let x: Vec<Vec<f32>> = batch.iter().map(|&i| data[i].clone()).collect();
-        let y: Vec<f32> = batch.iter().map(|&i| labels[i]).collect();
 
+    let sampler = DistributedSampler::new(args.dataset, n, rank)?.seed(args.seed);
+    let mut batches = sampler.batches_from(args.local_batch, state.position)?;
+    let mut step_times = Vec::new();
+    while state.step < args.steps {
+        let batch = batches.next().ok_or("the sampler ran out of batches")?;
+        let (x, y) = data.batch(&batch.indices);
         let started = Instant::now();
         // Under RINGCCL_TRACE (ringrun --trace), the trainer row of the timeline shows
         // forward and backward, and the ddp row the buckets' all-reduces overlapping them.
         let forward = ddp.trainer_span("forward");
-        let acts = model.forward(&x);
+        let acts = state.model.forward(&x);
         drop(forward);
         let backward = ddp.backward_span();
         let loss = if args.overlap == "off" {
             let mut grads: Vec<(usize, Vec<f32>)> = Vec::new();
-            let loss = model.backward(&acts, &y, |i, g| {
+            let loss = state.model.backward(&acts, &y, |i, g| {
                 grads.push((i, g.to_vec()));
                 Ok(())
             })?;
@@ -317,47 +514,187 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             loss
         } else {
-            let loss = model.backward(&acts, &y, |i, g| ddp.mark_grad_ready(i, g))?;
+            let loss = state
+                .model
+                .backward(&acts, &y, |i, g| ddp.mark_grad_ready(i, g))?;
             drop(backward);
             loss
         };
         ddp.finish()?;
-        for (i, p) in model.params_mut().into_iter().enumerate() {
-            for (p, g) in p.iter_mut().zip(ddp.grad(i)?) {
-                *p -= args.lr * g;
-            }
-        }
+        State::sgd(&mut state.model, &mut state.velocity, args, &|i| {
+            ddp.grad(i)
+        })?;
         step_times.push(started.elapsed().as_secs_f64());
 
         let mut global = [loss / n as f32];
         pg.all_reduce(&mut global, ReduceOp::Sum)?;
-        if rank == 0 && (step % args.print_every == 0 || step + 1 == args.steps) {
-            println!("step {step:4} loss {:.6}", global[0]);
+        if rank == 0 {
+            print_loss(args, state.step, global[0]);
         }
+        state.step += 1;
+        state.position = batches.position();
+        snapshot(args, &state, rank)?;
     }
-    let l2: f64 = model
-        .params_mut()
-        .iter()
-        .flat_map(|p| p.iter())
-        .map(|&v| f64::from(v) * f64::from(v))
-        .sum::<f64>()
-        .sqrt();
-    // The slowest rank's median step time (after the first step, which rebuilds buckets).
-    let mut times = step_times.split_off(1.min(step_times.len()));
-    times.sort_by(f64::total_cmp);
-    let mut median = [times.get(times.len() / 2).copied().unwrap_or(0.0)];
+    let summary = Summary::of(&state.model, step_times);
+    let mut median = [summary.median_step()];
     pg.all_reduce(&mut median, ReduceOp::Max)?;
+    let mut rss = [peak_rss_mb()];
+    if !in_process {
+        pg.all_reduce(&mut rss, ReduceOp::Sum)?;
+    }
     if rank == 0 {
-        println!(
-            "step_time_ms={:.3} (median over steps 2..{}, slowest rank; {} ranks, overlap {}, hook {})",
-            median[0] * 1e3,
-            args.steps,
-            n,
-            args.overlap,
-            args.hook
-        );
-        println!("final_params_l2={l2:.8e}");
+        let how = if in_process {
+            "DDP over threads"
+        } else {
+            "DDP over processes, RSS summed"
+        };
+        let slowest = Summary {
+            step_times: vec![0.0, median[0]],
+            ..summary
+        };
+        print_summary(args, &slowest, n, how, rss[0]);
     }
     pg.barrier()?;
     Ok(())
+}
+
+/// Rank 0 reads the newest snapshot, if any, and every rank takes its step and position;
+/// the parameters and momentum follow in the broadcasts after.
+fn resume(args: &Args, pg: &ProcessGroup, state: &mut State) -> Result<(), Failure> {
+    let Some(dir) = &args.checkpoint else {
+        return Ok(());
+    };
+    let mut header = [0i64; 3];
+    if pg.rank() == 0 {
+        if let Some(snapshot) = Checkpoint::load_latest(dir)? {
+            state.restore(&snapshot)?;
+            println!(
+                "resumed from the snapshot of step {} in {}",
+                state.step,
+                dir.display()
+            );
+        }
+        let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        header = [state.step, state.position.epoch, state.position.step].map(signed);
+    }
+    pg.broadcast(&mut header, 0)?;
+    let [step, epoch, within] = header.map(|v| u64::try_from(v).unwrap_or(0));
+    state.step = step;
+    state.position = BatchPosition {
+        epoch,
+        step: within,
+    };
+    Ok(())
+}
+
+/// Every `--checkpoint-every` steps, rank 0 writes a snapshot.
+fn snapshot(args: &Args, state: &State, rank: usize) -> Result<(), Failure> {
+    match &args.checkpoint {
+        Some(dir) if rank == 0 && state.step % args.checkpoint_every.max(1) == 0 => {
+            Ok(state.save(dir)?)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// DataParallel: `replicas` threads of this process, one global batch of
+/// `replicas × local_batch` split between them each step.
+fn train_dp(args: &Args, replicas: usize) -> Result<(), Failure> {
+    let data = Data::new(args);
+    let mut state = State::new(args);
+    if let Some(dir) = &args.checkpoint {
+        if let Some(snapshot) = Checkpoint::load_latest(dir)? {
+            state.restore(&snapshot)?;
+            println!(
+                "resumed from the snapshot of step {} in {}",
+                state.step,
+                dir.display()
+            );
+        }
+    }
+    let sampler = DistributedSampler::new(args.dataset, 1, 0)?.seed(args.seed);
+    let mut batches = sampler.batches_from(replicas * args.local_batch, state.position)?;
+    let State {
+        model,
+        mut velocity,
+        mut step,
+        ..
+    } = state;
+    let mut dp = DataParallel::new(model, replicas)?;
+    let mut step_times = Vec::new();
+    let mut phases = Vec::new();
+    while step < args.steps {
+        let batch = batches.next().ok_or("the sampler ran out of batches")?;
+        let started = Instant::now();
+        let losses = dp.step(&batch.indices, |model, shard, grads| {
+            let (x, y) = data.batch(shard);
+            let acts = model.forward(&x);
+            model.backward(&acts, &y, |i, g| grads.set(i, g))
+        })?;
+        dp.update(|master, grads| State::sgd(master, &mut velocity, args, &|i| Ok(&grads[i])))?;
+        step_times.push(started.elapsed().as_secs_f64());
+        phases.push(dp.timings());
+        print_loss(args, step, losses.iter().sum::<f32>() / losses.len() as f32);
+        step += 1;
+        if let Some(dir) = &args.checkpoint {
+            if step % args.checkpoint_every.max(1) == 0 {
+                let state = State {
+                    model: dp.master().clone(),
+                    velocity: velocity.clone(),
+                    step,
+                    position: batches.position(),
+                };
+                state.save(dir)?;
+            }
+        }
+    }
+    let summary = Summary::of(dp.master(), step_times);
+    let median = |f: fn(&ringccl::ddp::DpTimings) -> f64| {
+        let mut v: Vec<f64> = phases.iter().skip(1).map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0) * 1e3
+    };
+    println!(
+        "dp_phases_ms replicate={:.3} compute={:.3} reduce={:.3} (medians)",
+        median(|t| t.replicate.as_secs_f64()),
+        median(|t| t.compute.as_secs_f64()),
+        median(|t| t.reduce.as_secs_f64())
+    );
+    print_summary(args, &summary, replicas, "DataParallel", peak_rss_mb());
+    Ok(())
+}
+
+/// DDP with `replicas` ranks on threads of this process, over `local_groups`.
+fn train_ddp_threads(args: &Args, replicas: usize) -> Result<(), Failure> {
+    let groups = local_groups(&args.backend, replicas)?;
+    let outcomes: Vec<Result<(), String>> = thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .map(|pg| scope.spawn(move || train_ddp(args, &pg, true).map_err(|e| e.to_string())))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
+            })
+            .collect()
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        outcome.map_err(|e| format!("rank {rank}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), Failure> {
+    let args = Args::parse();
+    match (args.mode.as_str(), args.replicas) {
+        ("dp", replicas) => train_dp(&args, replicas.unwrap_or(1)),
+        ("ddp", Some(replicas)) => train_ddp_threads(&args, replicas),
+        ("ddp", None) => {
+            let pg = init_process_group(&args.backend, InitOptions::from_env()?)?;
+            train_ddp(&args, &pg, false)
+        }
+        (other, _) => Err(format!("unknown --mode {other}: dp or ddp").into()),
+    }
 }
