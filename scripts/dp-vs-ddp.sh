@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# DataParallel vs DDP over threads vs DDP over processes, at 1, 2 and 4 replicas, with
+# the same trainer (examples/ddp_mlp.rs) and the same local batch per replica: the
+# median step time and the peak resident memory (summed over the processes under
+# ringrun). Prints a markdown table.
+#
+#   scripts/dp-vs-ddp.sh [steps] [extra ddp_mlp arguments...]
+#
+# The default model: 256 inputs, 4 hidden layers of 512 (about 0.9M parameters).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-30}
+shift || true
+model=(--input 256 --hidden 512 --layers 4 --local-batch 16 --steps "$steps" --print-every 1000 "$@")
+cargo build --release -q --example ddp_mlp --bin ringrun
+mlp=target/release/examples/ddp_mlp
+ringrun=target/release/ringrun
+
+field() { grep -o "$1=[^ ]*" | head -n 1 | cut -d= -f2; }
+
+echo "| replicas | set-up | step time (ms) | peak RSS (MiB) | final_params_l2 |"
+echo "|---|---|---|---|---|"
+for r in 1 2 4; do
+  for setup in dp threads processes; do
+    case $setup in
+      dp) out=$("$mlp" --mode dp --replicas "$r" "${model[@]}" 2>&1) ;;
+      threads) out=$("$mlp" --mode ddp --replicas "$r" "${model[@]}" 2>&1) ;;
+      processes) out=$("$ringrun" --nproc-per-node "$r" "$mlp" "${model[@]}" 2>&1) ;;
+    esac
+    echo "| $r | $setup | $(field step_time_ms <<<"$out") | $(field peak_rss_mb <<<"$out") | $(field final_params_l2 <<<"$out") |"
+    if [ "$setup" = dp ]; then
+      grep -o "dp_phases_ms.*" <<<"$out" | sed "s/^/  dp $r replicas: /" >&2 || true
+    fi
+  done
+done
