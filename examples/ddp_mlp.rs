@@ -362,18 +362,47 @@ impl State {
         Ok(())
     }
 
-    fn save(&self, dir: &std::path::Path) -> Result<(), DdpError> {
-        let mut snapshot = Checkpoint::new(self.step, self.position);
-        for ((name, _), (p, v)) in self
-            .model
+    /// Rank 0's snapshot every `--checkpoint-every` steps, after `step` steps with the
+    /// next batch at `position` (a no-op without `--checkpoint`).
+    fn snapshot(
+        args: &Args,
+        model: &Mlp,
+        velocity: &[Vec<f32>],
+        step: u64,
+        position: BatchPosition,
+    ) -> Result<(), DdpError> {
+        let Some(dir) = &args.checkpoint else {
+            return Ok(());
+        };
+        if step % args.checkpoint_every.max(1) != 0 {
+            return Ok(());
+        }
+        let mut snapshot = Checkpoint::new(step, position);
+        for ((name, _), (p, v)) in model
             .shapes()
             .into_iter()
-            .zip(self.model.params().into_iter().zip(&self.velocity))
+            .zip(model.params().into_iter().zip(velocity))
         {
             snapshot.put(&name, p);
             snapshot.put(&format!("momentum.{name}"), v);
         }
         snapshot.save(dir, 2)?;
+        Ok(())
+    }
+
+    /// Restores the newest snapshot in `--checkpoint`'s directory, if there is one.
+    fn resume_from_disk(&mut self, args: &Args) -> Result<(), DdpError> {
+        let Some(dir) = &args.checkpoint else {
+            return Ok(());
+        };
+        if let Some(snapshot) = Checkpoint::load_latest(dir)? {
+            self.restore(&snapshot)?;
+            println!(
+                "resumed from the snapshot of step {} in {}",
+                self.step,
+                dir.display()
+            );
+        }
         Ok(())
     }
 
@@ -400,15 +429,14 @@ impl State {
     }
 }
 
-/// What a run reports at the end (rank 0's view).
+/// The final parameters' figures.
 struct Summary {
-    step_times: Vec<f64>,
     l2: f64,
     fnv: u64,
 }
 
 impl Summary {
-    fn of(model: &Mlp, step_times: Vec<f64>) -> Summary {
+    fn of(model: &Mlp) -> Summary {
         let params = model.params();
         let values = params.iter().flat_map(|p| p.iter());
         let l2 = values
@@ -421,19 +449,15 @@ impl Summary {
                 (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
             })
         });
-        Summary {
-            step_times,
-            l2,
-            fnv,
-        }
+        Summary { l2, fnv }
     }
+}
 
-    /// The median step time after the first step (which rebuilds DDP's buckets).
-    fn median_step(&self) -> f64 {
-        let mut times = self.step_times.get(1..).unwrap_or_default().to_vec();
-        times.sort_by(f64::total_cmp);
-        times.get(times.len() / 2).copied().unwrap_or(0.0)
-    }
+/// The median of `times` after the first (which rebuilds DDP's buckets).
+fn median_after_first(times: impl Iterator<Item = f64>) -> f64 {
+    let mut times: Vec<f64> = times.skip(1).collect();
+    times.sort_by(f64::total_cmp);
+    times.get(times.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// This process's peak resident memory in MiB (VmHWM), 0 where /proc has none.
@@ -455,10 +479,19 @@ fn print_loss(args: &Args, step: u64, loss: f32) {
     }
 }
 
-fn print_summary(args: &Args, summary: &Summary, replicas: usize, how: &str, rss_mb: f64) {
+/// Rank 0's last lines; `step_time` is the slowest replica's median, in seconds.
+fn print_summary(
+    args: &Args,
+    model: &Mlp,
+    step_time: f64,
+    replicas: usize,
+    how: &str,
+    rss_mb: f64,
+) {
+    let summary = Summary::of(model);
     println!(
         "step_time_ms={:.3} (median over steps 2..{}, slowest replica; {replicas} replicas, {how}, overlap {}, hook {})",
-        summary.median_step() * 1e3,
+        step_time * 1e3,
         args.steps,
         args.overlap,
         args.hook
@@ -533,10 +566,17 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
         }
         state.step += 1;
         state.position = batches.position();
-        snapshot(args, &state, rank)?;
+        if rank == 0 {
+            State::snapshot(
+                args,
+                &state.model,
+                &state.velocity,
+                state.step,
+                state.position,
+            )?;
+        }
     }
-    let summary = Summary::of(&state.model, step_times);
-    let mut median = [summary.median_step()];
+    let mut median = [median_after_first(step_times.into_iter())];
     pg.all_reduce(&mut median, ReduceOp::Max)?;
     let mut rss = [peak_rss_mb()];
     if !in_process {
@@ -548,11 +588,7 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
         } else {
             "DDP over processes, RSS summed"
         };
-        let slowest = Summary {
-            step_times: vec![0.0, median[0]],
-            ..summary
-        };
-        print_summary(args, &slowest, n, how, rss[0]);
+        print_summary(args, &state.model, median[0], n, how, rss[0]);
     }
     pg.barrier()?;
     Ok(())
@@ -561,19 +597,12 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
 /// Rank 0 reads the newest snapshot, if any, and every rank takes its step and position;
 /// the parameters and momentum follow in the broadcasts after.
 fn resume(args: &Args, pg: &ProcessGroup, state: &mut State) -> Result<(), Failure> {
-    let Some(dir) = &args.checkpoint else {
+    if args.checkpoint.is_none() {
         return Ok(());
-    };
+    }
     let mut header = [0i64; 3];
     if pg.rank() == 0 {
-        if let Some(snapshot) = Checkpoint::load_latest(dir)? {
-            state.restore(&snapshot)?;
-            println!(
-                "resumed from the snapshot of step {} in {}",
-                state.step,
-                dir.display()
-            );
-        }
+        state.resume_from_disk(args)?;
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         header = [state.step, state.position.epoch, state.position.step].map(signed);
     }
@@ -587,31 +616,12 @@ fn resume(args: &Args, pg: &ProcessGroup, state: &mut State) -> Result<(), Failu
     Ok(())
 }
 
-/// Every `--checkpoint-every` steps, rank 0 writes a snapshot.
-fn snapshot(args: &Args, state: &State, rank: usize) -> Result<(), Failure> {
-    match &args.checkpoint {
-        Some(dir) if rank == 0 && state.step % args.checkpoint_every.max(1) == 0 => {
-            Ok(state.save(dir)?)
-        }
-        _ => Ok(()),
-    }
-}
-
 /// DataParallel: `replicas` threads of this process, one global batch of
 /// `replicas × local_batch` split between them each step.
 fn train_dp(args: &Args, replicas: usize) -> Result<(), Failure> {
     let data = Data::new(args);
     let mut state = State::new(args);
-    if let Some(dir) = &args.checkpoint {
-        if let Some(snapshot) = Checkpoint::load_latest(dir)? {
-            state.restore(&snapshot)?;
-            println!(
-                "resumed from the snapshot of step {} in {}",
-                state.step,
-                dir.display()
-            );
-        }
-    }
+    state.resume_from_disk(args)?;
     let sampler = DistributedSampler::new(args.dataset, 1, 0)?.seed(args.seed);
     let mut batches = sampler.batches_from(replicas * args.local_batch, state.position)?;
     let State {
@@ -636,31 +646,25 @@ fn train_dp(args: &Args, replicas: usize) -> Result<(), Failure> {
         phases.push(dp.timings());
         print_loss(args, step, losses.iter().sum::<f32>() / losses.len() as f32);
         step += 1;
-        if let Some(dir) = &args.checkpoint {
-            if step % args.checkpoint_every.max(1) == 0 {
-                let state = State {
-                    model: dp.master().clone(),
-                    velocity: velocity.clone(),
-                    step,
-                    position: batches.position(),
-                };
-                state.save(dir)?;
-            }
-        }
+        State::snapshot(args, dp.master(), &velocity, step, batches.position())?;
     }
-    let summary = Summary::of(dp.master(), step_times);
-    let median = |f: fn(&ringccl::ddp::DpTimings) -> f64| {
-        let mut v: Vec<f64> = phases.iter().skip(1).map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0) * 1e3
-    };
+    let median =
+        |f: fn(&ringccl::ddp::DpTimings) -> f64| median_after_first(phases.iter().map(f)) * 1e3;
     println!(
         "dp_phases_ms replicate={:.3} compute={:.3} reduce={:.3} (medians)",
         median(|t| t.replicate.as_secs_f64()),
         median(|t| t.compute.as_secs_f64()),
         median(|t| t.reduce.as_secs_f64())
     );
-    print_summary(args, &summary, replicas, "DataParallel", peak_rss_mb());
+    let step_time = median_after_first(step_times.into_iter());
+    print_summary(
+        args,
+        dp.master(),
+        step_time,
+        replicas,
+        "DataParallel",
+        peak_rss_mb(),
+    );
     Ok(())
 }
 

@@ -404,7 +404,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
                 spec.name, spec.numel
             )));
         }
-        if self.ready[index] && self.pass_unsynced && self.close_unsynced_pass() {
+        if self.ready[index] && self.close_unsynced_pass() {
             return Ok(());
         }
         if self.ready[index] {
