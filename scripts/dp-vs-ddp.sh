@@ -4,16 +4,34 @@
 # median step time and the peak resident memory (summed over the processes under
 # ringrun). Prints a markdown table.
 #
-#   scripts/dp-vs-ddp.sh [steps] [extra ddp_mlp arguments...]
+#   scripts/dp-vs-ddp.sh [--candle] [steps] [extra trainer arguments...]
 #
 # The default model: 256 inputs, 4 hidden layers of 512 (about 0.9M parameters).
+# --candle: the candle example (examples/candle_ddp) instead, 256 inputs, one hidden
+# layer of 2048 (about 0.5M parameters), candle's autograd computing the gradients, each
+# replica's candle on one thread.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+candle=false
+if [ "${1:-}" = --candle ]; then
+  candle=true
+  shift
+fi
 steps=${1:-30}
 shift || true
-model=(--input 256 --hidden 512 --layers 4 --local-batch 16 --steps "$steps" --print-every 1000 "$@")
-cargo build --release -q --example ddp_mlp --bin ringrun
-mlp=target/release/examples/ddp_mlp
+cargo build --release -q --bin ringrun
+if $candle; then
+  cargo build --release -q --manifest-path examples/candle_ddp/Cargo.toml
+  mlp=examples/candle_ddp/target/release/candle-ddp-example
+  model=(--input 256 --hidden 2048 --dataset 4096 --local-batch 16 --lr 0.01 --steps "$steps" --print-every 1000 "$@")
+  # One thread per replica, as the seeds' DataParallel has: candle's matmuls would
+  # otherwise start a thread per core in every replica.
+  export RAYON_NUM_THREADS=1
+else
+  cargo build --release -q --example ddp_mlp
+  mlp=target/release/examples/ddp_mlp
+  model=(--input 256 --hidden 512 --layers 4 --local-batch 16 --steps "$steps" --print-every 1000 "$@")
+fi
 ringrun=target/release/ringrun
 
 field() { grep -o "$1=[^ ]*" | head -n 1 | cut -d= -f2; }
