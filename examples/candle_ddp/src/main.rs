@@ -285,7 +285,7 @@ fn peak_rss_mb() -> f64 {
 }
 
 fn print_loss(args: &Args, step: usize, loss: f32) {
-    if step % args.print_every == 0 || step + 1 == args.steps {
+    if step.is_multiple_of(args.print_every) || step + 1 == args.steps {
         println!("step {step:4} loss {loss:.6}");
     }
 }
