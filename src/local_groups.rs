@@ -47,7 +47,7 @@ pub fn local_groups(backend: &str, n: usize) -> Result<Vec<ProcessGroup>, Error>
 }
 
 /// [`local_groups`] with the settings of `opts` that apply to ranks in one process: the
-/// deadline, the algorithms and chunk size, the flight recorder. Its rank, world size
+/// deadline, the algorithms and chunk size, the spin window, the flight recorder. Its rank, world size
 /// and addresses are ignored.
 ///
 /// ```
@@ -91,8 +91,10 @@ fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
         group: MAIN_GROUP.into(),
         transport: LOCAL,
     };
+    let spin = opts.resolved_spin()?;
     let mut backends = Vec::with_capacity(n);
-    for transport in MemoryTransport::mesh(n, MemoryConfig::default()) {
+    for mut transport in MemoryTransport::mesh(n, MemoryConfig::default()) {
+        transport.set_spin(spin);
         let mut backend = host_backend(transport, config.clone(), None);
         backend.configure_flight(flight.clone());
         backends.push(backend);

@@ -27,6 +27,7 @@ mod op_desc;
 mod progress;
 pub mod schedule;
 mod schedule_cache;
+pub mod spin;
 pub mod timeline;
 mod transport;
 pub mod wire;

@@ -4,10 +4,11 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use crate::spin::{host_cores, Spin};
 use crate::transport::{Closer, Readiness, Transport};
 
 /// Shape of the pipes of a [`MemoryTransport`] mesh.
@@ -39,9 +40,10 @@ impl Default for MemoryConfig {
 /// pipe is full; `read_some` returns at most `max_io` bytes, fails with `WouldBlock` when
 /// the pipe is empty, and returns `Ok(0)` once the writer's endpoint has been dropped and
 /// everything it wrote has been read. Writing to a dropped endpoint fails with
-/// [`io::ErrorKind::BrokenPipe`]. [`Transport::wait`] sleeps on a condition variable (it
-/// never spins) until a pipe waited on is ready, its peer is gone, or the deadline
-/// passes. Dropping an endpoint closes all its pipes; the others see it in
+/// [`io::ErrorKind::BrokenPipe`]. [`Transport::wait`] looks for its spin window
+/// ([`set_spin`](Self::set_spin); none by default), then sleeps on a condition variable
+/// until a pipe waited on is ready, its peer is gone, or the deadline passes; a writer
+/// rings the condition variable only while someone sleeps on it. Dropping an endpoint closes all its pipes; the others see it in
 /// [`Transport::failed_peers`]. A peer that is out of range, or this rank itself, is an
 /// [`io::ErrorKind::NotConnected`] error.
 ///
@@ -100,6 +102,7 @@ impl Default for MemoryConfig {
 pub struct MemoryTransport {
     rank: usize,
     mesh: Arc<Mesh>,
+    spin: Spin,
 }
 
 /// State shared by all endpoints of one mesh.
@@ -108,6 +111,9 @@ struct Mesh {
     config: MemoryConfig,
     /// `pipes[from * world_size + to]` carries bytes from `from` to `to`.
     pipes: Vec<Mutex<Pipe>>,
+    /// `levels[i]` mirrors `pipes[i]`'s fill and ends, for waits to look at without
+    /// taking the pipe's lock (which a writer holds while it copies).
+    levels: Vec<PipeLevel>,
     /// One per rank: rung whenever something that rank may wait for changes.
     doorbells: Vec<Doorbell>,
     /// One per rank: its endpoint was closed ([`Transport::closer`], or dropped).
@@ -123,16 +129,21 @@ impl Mesh {
         }
         let n = self.world_size;
         for peer in (0..n).filter(|&p| p != rank) {
-            if let Some(pipe) = self.pipes.get(rank * n + peer) {
-                pipe.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .writer_gone = true;
+            let outgoing = rank * n + peer;
+            if let (Some(pipe), Some(level)) = (self.pipes.get(outgoing), self.levels.get(outgoing))
+            {
+                let mut pipe = pipe.lock().unwrap_or_else(PoisonError::into_inner);
+                pipe.writer_gone = true;
+                level.update(&pipe);
             }
-            if let Some(pipe) = self.pipes.get(peer * n + rank) {
+            let incoming = peer * n + rank;
+            if let (Some(pipe), Some(level)) = (self.pipes.get(incoming), self.levels.get(incoming))
+            {
                 let mut pipe = pipe.lock().unwrap_or_else(PoisonError::into_inner);
                 pipe.reader_gone = true;
                 // Nobody will read these bytes: free them now.
                 pipe.bytes = VecDeque::new();
+                level.update(&pipe);
             }
             if let Some(bell) = self.doorbells.get(peer) {
                 bell.ring();
@@ -169,18 +180,71 @@ struct Pipe {
     reader_gone: bool,
 }
 
-/// A change counter and a condition variable to sleep on until it moves.
+/// A [`Pipe`]'s state as atomics, updated under the pipe's lock after every change.
+#[derive(Default)]
+struct PipeLevel {
+    queued: AtomicUsize,
+    writer_gone: AtomicBool,
+    reader_gone: AtomicBool,
+}
+
+impl PipeLevel {
+    fn update(&self, pipe: &Pipe) {
+        self.writer_gone.store(pipe.writer_gone, Ordering::Release);
+        self.reader_gone.store(pipe.reader_gone, Ordering::Release);
+        self.queued.store(pipe.bytes.len(), Ordering::Release);
+    }
+}
+
+/// A change counter, and a condition variable to sleep on until it moves. A ring costs
+/// one atomic add while nobody sleeps; the lock and the wake-up only when someone does.
 #[derive(Default)]
 struct Doorbell {
-    rings: Mutex<u64>,
+    rings: AtomicU64,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
     rung: Condvar,
 }
 
 impl Doorbell {
+    /// Called after the change it announces. Sequentially consistent with
+    /// [`sleep_until_rung`](Self::sleep_until_rung): either the sleeper reads the new
+    /// count before it sleeps, or this sees the sleeper and wakes it.
     fn ring(&self) {
-        let mut rings = self.rings.lock().unwrap_or_else(PoisonError::into_inner);
-        *rings = rings.wrapping_add(1);
-        self.rung.notify_all();
+        self.rings.fetch_add(1, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _guard = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+            self.rung.notify_all();
+        }
+    }
+
+    /// Sleeps until `ready` holds (`Ready`) or `deadline` passes (`TimedOut`). `ready` is
+    /// asked after the count is read, so a change rung after that read always wakes us.
+    fn sleep_until_rung(
+        &self,
+        deadline: Instant,
+        mut ready: impl FnMut() -> io::Result<bool>,
+    ) -> io::Result<Readiness> {
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        let outcome = (|| loop {
+            let seen = self.rings.load(Ordering::SeqCst);
+            if ready()? {
+                return Ok(Readiness::Ready);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Readiness::TimedOut);
+            }
+            let guard = self.lock.lock().map_err(poisoned)?;
+            let _guard = self
+                .rung
+                .wait_timeout_while(guard, deadline - now, |()| {
+                    self.rings.load(Ordering::SeqCst) == seen
+                })
+                .map_err(poisoned)?;
+        })();
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+        outcome
     }
 }
 
@@ -206,6 +270,9 @@ impl MemoryTransport {
             pipes: (0..world_size * world_size)
                 .map(|_| Mutex::default())
                 .collect(),
+            levels: (0..world_size * world_size)
+                .map(|_| PipeLevel::default())
+                .collect(),
             doorbells: (0..world_size).map(|_| Doorbell::default()).collect(),
             closed: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
         });
@@ -213,8 +280,40 @@ impl MemoryTransport {
             .map(|rank| MemoryTransport {
                 rank,
                 mesh: Arc::clone(&mesh),
+                spin: Spin::NONE,
             })
             .collect()
+    }
+
+    /// Lets [`Transport::wait`] look for up to `window` before it sleeps: spinning while
+    /// the mesh's ranks have a core each, yielding the core between looks when they
+    /// outnumber the cores (see [`Spin`]). A peer that answers within the window then
+    /// costs no futex wake-up on either side. [`crate::spin::MAX_SPIN`] at most.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ringccl_collectives::{MemoryConfig, MemoryTransport};
+    ///
+    /// let mut ranks = MemoryTransport::mesh(2, MemoryConfig::default());
+    /// for rank in &mut ranks {
+    ///     rank.set_spin(Duration::from_micros(50));
+    /// }
+    /// assert_eq!(ranks[0].spin(), Duration::from_micros(50));
+    /// ```
+    pub fn set_spin(&mut self, window: Duration) {
+        self.spin = Spin::new(window, self.mesh.world_size, host_cores());
+    }
+
+    /// The spin window in force (zero: waits sleep at once).
+    ///
+    /// ```
+    /// use ringccl_collectives::{MemoryConfig, MemoryTransport};
+    ///
+    /// let ranks = MemoryTransport::mesh(2, MemoryConfig::default());
+    /// assert!(ranks[1].spin().is_zero());
+    /// ```
+    pub fn spin(&self) -> Duration {
+        self.spin.window
     }
 
     /// The configuration in force (after clamping).
@@ -222,8 +321,8 @@ impl MemoryTransport {
         self.mesh.config
     }
 
-    /// The pipe from `from` to `to`, where one of them is this rank and the other a peer.
-    fn pipe(&self, from: usize, to: usize) -> io::Result<&Mutex<Pipe>> {
+    /// The pipe from `from` to `to` and its level, where one of them is this rank and the other a peer.
+    fn pipe(&self, from: usize, to: usize) -> io::Result<(&Mutex<Pipe>, &PipeLevel)> {
         let peer = if from == self.rank { to } else { from };
         if peer == self.rank || peer >= self.mesh.world_size {
             return Err(io::Error::new(
@@ -234,10 +333,13 @@ impl MemoryTransport {
                 ),
             ));
         }
-        self.mesh
-            .pipes
-            .get(from * self.mesh.world_size + to)
-            .ok_or_else(|| io::Error::other("memory transport: pipe index out of range"))
+        let index = from * self.mesh.world_size + to;
+        match (self.mesh.pipes.get(index), self.mesh.levels.get(index)) {
+            (Some(pipe), Some(level)) => Ok((pipe, level)),
+            _ => Err(io::Error::other(
+                "memory transport: pipe index out of range",
+            )),
+        }
     }
 
     /// Fails once this endpoint was closed.
@@ -271,14 +373,17 @@ impl MemoryTransport {
             return Ok(true);
         }
         if let Some(peer) = writable {
-            let pipe = Self::lock(self.pipe(self.rank, peer)?)?;
-            if pipe.reader_gone || pipe.bytes.len() < self.mesh.config.capacity {
+            let (_, level) = self.pipe(self.rank, peer)?;
+            if level.reader_gone.load(Ordering::Acquire)
+                || level.queued.load(Ordering::Acquire) < self.mesh.config.capacity
+            {
                 return Ok(true);
             }
         }
         if let Some(peer) = readable {
-            let pipe = Self::lock(self.pipe(peer, self.rank)?)?;
-            if pipe.writer_gone || !pipe.bytes.is_empty() {
+            let (_, level) = self.pipe(peer, self.rank)?;
+            if level.writer_gone.load(Ordering::Acquire) || level.queued.load(Ordering::Acquire) > 0
+            {
                 return Ok(true);
             }
         }
@@ -297,7 +402,8 @@ impl Transport for MemoryTransport {
 
     fn write_some(&mut self, peer: usize, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.open()?;
-        let mut pipe = Self::lock(self.pipe(self.rank, peer)?)?;
+        let (pipe, level) = self.pipe(self.rank, peer)?;
+        let mut pipe = Self::lock(pipe)?;
         if pipe.reader_gone {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
@@ -323,6 +429,7 @@ impl Transport for MemoryTransport {
                 break;
             }
         }
+        level.update(&pipe);
         drop(pipe);
         self.ring(peer);
         Ok(taken)
@@ -330,7 +437,8 @@ impl Transport for MemoryTransport {
 
     fn read_some(&mut self, peer: usize, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         self.open()?;
-        let mut pipe = Self::lock(self.pipe(peer, self.rank)?)?;
+        let (pipe, level) = self.pipe(peer, self.rank)?;
+        let mut pipe = Self::lock(pipe)?;
         if pipe.bytes.is_empty() {
             return if pipe.writer_gone {
                 Ok(0)
@@ -354,6 +462,7 @@ impl Transport for MemoryTransport {
                 break;
             }
         }
+        level.update(&pipe);
         drop(pipe);
         if taken > 0 {
             self.ring(peer);
@@ -372,24 +481,13 @@ impl Transport for MemoryTransport {
             .doorbells
             .get(self.rank)
             .ok_or_else(|| io::Error::other("memory transport: rank out of range"))?;
-        // Holding the doorbell while checking: a change made after the check rings it
-        // only once we sleep, so no wake-up is lost.
-        let mut rings = bell.rings.lock().map_err(poisoned)?;
-        loop {
-            if self.ready(writable, readable)? {
-                return Ok(Readiness::Ready);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(Readiness::TimedOut);
-            }
-            let seen = *rings;
-            rings = bell
-                .rung
-                .wait_timeout_while(rings, deadline - now, |r| *r == seen)
-                .map_err(poisoned)?
-                .0;
+        if self
+            .spin
+            .look(deadline, 64, || self.ready(writable, readable))?
+        {
+            return Ok(Readiness::Ready);
         }
+        bell.sleep_until_rung(deadline, || self.ready(writable, readable))
     }
 
     fn closer(&self) -> Option<Arc<dyn Closer>> {
@@ -403,11 +501,8 @@ impl Transport for MemoryTransport {
         (0..self.mesh.world_size)
             .filter(|&peer| peer != self.rank)
             .filter(|&peer| {
-                self.pipe(peer, self.rank).is_ok_and(|pipe| {
-                    pipe.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .writer_gone
-                })
+                self.pipe(peer, self.rank)
+                    .is_ok_and(|(_, level)| level.writer_gone.load(Ordering::Acquire))
             })
             .collect()
     }
@@ -561,5 +656,70 @@ mod tests {
             assert_eq!(got, b"xy");
         });
         assert!(Instant::now() < deadline);
+    }
+
+    /// A 1-byte ping-pong: every wait must be woken by the peer's write, whether it
+    /// sleeps at once, spins first or yields first.
+    #[test]
+    fn a_ping_pong_loses_no_wake_up_with_or_without_a_spin_window() {
+        for window in [Duration::ZERO, Duration::from_micros(20)] {
+            for yields in [false, true] {
+                let mut ranks = MemoryTransport::mesh(2, config(1, 1));
+                for rank in &mut ranks {
+                    rank.spin = Spin { window, yields };
+                }
+                let mut b = ranks.pop().unwrap();
+                let mut a = ranks.pop().unwrap();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let rounds = 2000;
+                let echo = std::thread::spawn(move || -> io::Result<()> {
+                    for _ in 0..rounds {
+                        let byte = loop {
+                            match read(&mut b, 0, 1) {
+                                Ok(byte) => break byte,
+                                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                    assert_eq!(b.wait(None, Some(0), deadline)?, Readiness::Ready);
+                                }
+                                Err(e) => return Err(e),
+                            }
+                        };
+                        while write(&mut b, 0, &byte)? == 0 {}
+                    }
+                    Ok(())
+                });
+                for round in 0..rounds {
+                    let byte = [round as u8];
+                    loop {
+                        match write(&mut a, 1, &byte) {
+                            Ok(1) => break,
+                            Ok(_) => unreachable!("one byte"),
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                assert_eq!(
+                                    a.wait(Some(1), None, deadline).unwrap(),
+                                    Readiness::Ready
+                                );
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    let back = loop {
+                        match read(&mut a, 1, 1) {
+                            Ok(back) => break back,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                let ready = a.wait(None, Some(1), deadline).unwrap();
+                                assert_eq!(
+                                    ready,
+                                    Readiness::Ready,
+                                    "window {window:?}, round {round}"
+                                );
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    };
+                    assert_eq!(back, byte);
+                }
+                echo.join().unwrap().unwrap();
+            }
+        }
     }
 }

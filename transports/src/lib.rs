@@ -13,8 +13,9 @@
 //! - [`discover_hosts`]: where every rank runs ([`HostMap`]), for shared-memory set-up
 //!   and for the topology-aware collectives over TCP.
 //! - [`poll`]: sleeping until a socket is ready.
-//! - `spin.rs`: the spin window both transports share (`RINGCCL_SPIN_US`): spin
-//!   between looks while every rank has a core, yield the core when they outnumber it.
+//! - The spin window both transports share (`RINGCCL_SPIN_US`) is
+//!   `ringccl_collectives::spin`: spin between looks while every rank has a core, yield
+//!   the core when they outnumber it.
 //! - [`liveness`]: is a peer's process still there?
 //! - [`WatchedStore`]: waiting on the store during start-up while watching the peers
 //!   ([`PeerWatch`]), so a peer that dies is named at once ([`PeerGone`]).
@@ -30,7 +31,7 @@ mod peer_watch;
 pub mod poll;
 mod setup_store;
 pub mod shm;
-mod spin;
+use ringccl_collectives::spin;
 mod tcp;
 
 pub use control_link::ControlLink;

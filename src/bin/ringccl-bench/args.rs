@@ -68,7 +68,8 @@ pub(crate) struct Args {
     /// All-reduce algorithm: auto, ring, rd (recursive doubling) or hd (halving-doubling).
     #[arg(long)]
     pub(crate) algo: Option<String>,
-    /// Transport of the gloo backend: tcp or shm (one host).
+    /// Transport of the gloo backend: tcp, shm (one host), or memory (the ranks on
+    /// threads of this process).
     #[arg(long)]
     pub(crate) transport: Option<String>,
     /// Also write one JSON object per row to this file.

@@ -5,6 +5,10 @@
 //! `size(B) count(elements) type redop root time(us) algbw(GB/s) busbw(GB/s) #wrong` per
 //! size (plus `loop(us)` and `iters`) and an "Avg bus bandwidth" footer.
 //!
+//! `--transport memory` runs the ranks (`--np`, default 4) as threads of this one process,
+//! connected in memory (`ringccl::local_groups`), to compare with the shared-memory
+//! transport between processes.
+//!
 //! Under a launcher (no `--np`) each process is one rank: `ringrun` or `torchrun` (RANK
 //! set), OpenMPI's `mpirun` (with MASTER_ADDR and MASTER_PORT passed by `-x`), Slurm's
 //! `srun` (see `InitOptions::launched_as_rank`).
@@ -40,13 +44,15 @@ use std::process::ExitCode;
 use args::Args;
 use clap::Parser;
 use launch::{launch, CHILD_VAR};
-use rank::run_rank;
+use rank::{run_rank, run_threads, IN_PROCESS};
 use ringccl::InitOptions;
 
 pub(crate) fn main() -> ExitCode {
     ringccl::logging::init_from_env();
     let args = Args::parse();
-    let result = if std::env::var_os(CHILD_VAR).is_some() {
+    let result = if args.transport.as_deref() == Some(IN_PROCESS) {
+        run_threads(&args, args.np.unwrap_or(4))
+    } else if std::env::var_os(CHILD_VAR).is_some() {
         run_rank(&args, true)
     } else if let Some(np) = args.np {
         if np == 0 {

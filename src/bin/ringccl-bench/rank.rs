@@ -1,8 +1,13 @@
-//! One rank's run: join the group, then measure what the command line asks for.
+//! One rank's run: join the group, then measure what the command line asks for. Or, with
+//! `--transport memory`, every rank on a thread of this process (`ringccl::local_groups`).
 
+use std::thread;
 use std::time::Duration;
 
-use ringccl::{init_process_group, Error, InitOptions, ProcessGroup, ReduceOp, StoreListener};
+use ringccl::{
+    init_process_group, local_groups_with, Error, InitOptions, ProcessGroup, ReduceOp,
+    StoreListener,
+};
 
 use super::args::{parse_ops, Args};
 use super::bench_op::BenchOp;
@@ -13,8 +18,40 @@ use super::overlap::run_overlap;
 use super::report::Report;
 use super::sweep::sweep_dtype;
 
+/// The `--transport` that puts the ranks on threads of one process.
+pub(crate) const IN_PROCESS: &str = "memory";
+
 /// Runs this process as one rank; `own_launcher` when `--np` started it.
 pub(crate) fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
+    let pg = join_group(args, own_launcher)?;
+    measure_on(args, &pg, own_launcher)
+}
+
+/// Runs `n` ranks on threads of this process, connected in memory.
+pub(crate) fn run_threads(args: &Args, n: usize) -> Result<(), String> {
+    let opts = tuned(args, InitOptions::new(0, n, "127.0.0.1:0"))?;
+    let groups = local_groups_with(&args.backend, n, opts).map_err(|e| e.to_string())?;
+    let outcomes: Vec<Result<(), String>> = thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .iter()
+            .map(|pg| scope.spawn(move || measure_on(args, pg, false)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
+            })
+            .collect()
+    });
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        outcome.map_err(|e| format!("rank {rank}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Measures what the command line asks for, as one rank of `pg`.
+fn measure_on(args: &Args, pg: &ProcessGroup, own_launcher: bool) -> Result<(), String> {
     let coll = BenchOp::parse(&args.coll)?;
     let ops = if coll.reduces() {
         parse_ops(&args.op)?
@@ -26,11 +63,10 @@ pub(crate) fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
     } else {
         vec![args.dtype.as_str()]
     };
-    let pg = join_group(args, own_launcher)?;
     let n = pg.world_size();
     let rank0 = pg.rank() == 0;
     let err = |e: Error| e.to_string();
-    let on_device = device_stream(args, &pg, coll)?;
+    let on_device = device_stream(args, pg, coll)?;
     if rank0 {
         println!(
             "# ringccl-bench {}: backend {}, {n} ranks, {} memory, transport {}, all-reduce algorithm {}",
@@ -45,7 +81,7 @@ pub(crate) fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
         );
     }
     if coll == BenchOp::Async {
-        return run_overlap(&pg, args);
+        return run_overlap(pg, args);
     }
     let mut report = Report::create(rank0, own_launcher, args.json.as_deref())?;
     report.print_header(coll, args.tensors);
@@ -58,8 +94,7 @@ pub(crate) fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
                 }
                 continue;
             }
-            sweep_dtype(&pg, args, coll, dtype, op, on_device.as_ref(), &mut report)
-                .map_err(err)?;
+            sweep_dtype(pg, args, coll, dtype, op, on_device.as_ref(), &mut report).map_err(err)?;
         }
     }
     report.print_footer();
@@ -87,6 +122,15 @@ fn join_group(args: &Args, own_launcher: bool) -> Result<ProcessGroup, String> {
     } else {
         InitOptions::from_env().map_err(|e| e.to_string())?
     };
+    opts = tuned(args, opts)?;
+    if let Some(transport) = &args.transport {
+        opts = opts.transport(transport.parse().map_err(|e: Error| e.to_string())?);
+    }
+    init_process_group(&args.backend, opts).map_err(|e| e.to_string())
+}
+
+/// `opts` with the deadline, chunk and algorithm the command line asks for.
+fn tuned(args: &Args, mut opts: InitOptions) -> Result<InitOptions, String> {
     opts = opts.timeout(Duration::from_secs(600));
     if let Some(chunk) = args.chunk {
         opts = opts.chunk_bytes(chunk);
@@ -97,8 +141,5 @@ fn join_group(args: &Args, own_launcher: bool) -> Result<ProcessGroup, String> {
                 .map_err(|e: ringccl::RuntimeError| e.to_string())?,
         );
     }
-    if let Some(transport) = &args.transport {
-        opts = opts.transport(transport.parse().map_err(|e: Error| e.to_string())?);
-    }
-    init_process_group(&args.backend, opts).map_err(|e| e.to_string())
+    Ok(opts)
 }

@@ -1,5 +1,5 @@
-//! The spin window both transports share: how long a wait looks for its peer without
-//! sleeping (`RINGCCL_SPIN_US`). While every rank on the host can have a core, the wait
+//! The spin window every transport shares (TCP, shared memory, in memory): how long a
+//! wait looks for its peer without sleeping (`RINGCCL_SPIN_US`). While every rank on the host can have a core, the wait
 //! spins between looks. When the ranks outnumber the cores, a spinning rank would only
 //! delay the peer it waits for, which may need that very core: the wait then gives the
 //! core away (`sched_yield`) between looks, so the peer runs at once if it can, and the
@@ -15,27 +15,46 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 pub const MAX_SPIN: Duration = Duration::from_millis(10);
 
 /// How a wait passes its spin window.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use ringccl_collectives::spin::Spin;
+///
+/// // Three ranks on two cores: they yield between looks.
+/// let spin = Spin::new(Duration::from_micros(50), 3, 2);
+/// assert!(spin.yields);
+/// let mut looks = 0;
+/// let deadline = Instant::now() + Duration::from_secs(5);
+/// assert!(spin.look(deadline, 32, || { looks += 1; Ok(looks == 3) })?);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Spin {
+pub struct Spin {
     /// How long it looks before it sleeps.
-    pub(crate) window: Duration,
+    pub window: Duration,
     /// Whether it gives its core away between looks (the host is oversubscribed).
-    pub(crate) yields: bool,
+    pub yields: bool,
 }
 
 impl Spin {
     /// The spin window for `ranks` ranks on a host with `cores` cores: `wanted`, at most
     /// [`MAX_SPIN`], yielding between looks when the ranks outnumber the cores.
-    pub(crate) fn new(wanted: Duration, ranks: usize, cores: usize) -> Spin {
+    pub fn new(wanted: Duration, ranks: usize, cores: usize) -> Spin {
         Spin {
             window: wanted.min(MAX_SPIN),
             yields: ranks > cores,
         }
     }
 
+    /// No spinning: every wait sleeps at once.
+    pub const NONE: Spin = Spin {
+        window: Duration::ZERO,
+        yields: false,
+    };
+
     /// Between two looks: a spin-loop hint, or the core given away.
     #[inline]
-    pub(crate) fn pause(self) {
+    pub fn pause(self) {
         if self.yields {
             std::thread::yield_now();
         } else {
@@ -59,7 +78,7 @@ impl Spin {
     /// first look found nothing, then every `looks_per_clock` looks while spinning (after
     /// every look while yielding).
     #[inline]
-    pub(crate) fn look(
+    pub fn look(
         self,
         deadline: Instant,
         looks_per_clock: u32,
@@ -88,7 +107,11 @@ impl Spin {
 }
 
 /// The cores this process may run on (its affinity and CPU quota), 1 if unknown.
-pub(crate) fn host_cores() -> usize {
+///
+/// ```
+/// assert!(ringccl_collectives::spin::host_cores() >= 1);
+/// ```
+pub fn host_cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
