@@ -1,12 +1,13 @@
 //! Groups whose ranks live in one process, one per thread: no rendezvous, no sockets,
-//! no `/dev/shm` files. The ranks are connected in memory, each with its own control
-//! thread, so they keep every guarantee of a group of processes: deadlines, abort of
-//! the whole group, mismatch detection, bit-identical results.
+//! no `/dev/shm` files. The ranks are connected by the shared-memory transport's rings
+//! in anonymous memory ([`InProcessTransport`]), each with its own control thread, so
+//! they keep every guarantee of a group of processes: deadlines, abort of the whole
+//! group, mismatch detection, bit-identical results.
 
 use ringccl_collectives::control::{GroupControl, MemoryControlLink};
 use ringccl_collectives::flight::{FlightConfig, MAIN_GROUP};
-use ringccl_collectives::{MemoryConfig, MemoryTransport};
 use ringccl_rendezvous::SetupError;
+use ringccl_transports::{InProcessTransport, DEFAULT_RING_BYTES};
 
 use crate::init::{host_backend, host_config};
 use crate::process_group::same_for_every_peer;
@@ -19,7 +20,9 @@ const LOCAL: &str = "memory";
 /// rank has the whole [`ProcessGroup`] API, with the default settings (see
 /// [`local_groups_with`] for others).
 ///
-/// Under `"gloo"` the ranks are connected in memory. `"nccl"` is not available here
+/// Under `"gloo"` the ranks are connected in memory, by the rings of the shared-memory
+/// transport (one of 1 MiB per ordered pair of ranks, so n² MiB in all, touched as
+/// used). `"nccl"` is not available here
 /// yet (it would be one communicator per local GPU, created together).
 ///
 /// ```
@@ -92,8 +95,14 @@ fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
         transport: LOCAL,
     };
     let spin = opts.resolved_spin()?;
+    let mesh =
+        InProcessTransport::mesh(n, DEFAULT_RING_BYTES).map_err(|source| SetupError::Io {
+            rank: 0,
+            context: format!("mapping the rings of {n} local ranks"),
+            source,
+        })?;
     let mut backends = Vec::with_capacity(n);
-    for mut transport in MemoryTransport::mesh(n, MemoryConfig::default()) {
+    for mut transport in mesh {
         transport.set_spin(spin);
         let mut backend = host_backend(transport, config.clone(), None);
         backend.configure_flight(flight.clone());

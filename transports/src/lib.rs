@@ -10,6 +10,8 @@
 //! - [`TcpTransport`]: one non-blocking connection per peer.
 //! - [`ShmTransport`]: futex-signalled rings under `/dev/shm` ([`shm::set_up`] builds
 //!   them collectively), with the TCP connections kept as a liveness channel.
+//! - [`InProcessTransport`]: the same rings in anonymous memory, between ranks that are
+//!   threads of one process (`ringccl::local_groups`).
 //! - [`discover_hosts`]: where every rank runs ([`HostMap`]), for shared-memory set-up
 //!   and for the topology-aware collectives over TCP.
 //! - [`poll`]: sleeping until a socket is ready.
@@ -38,5 +40,5 @@ pub use control_link::ControlLink;
 pub use host_map::{discover_hosts, HostMap};
 pub use peer_watch::{PeerGone, PeerWatch, WatchedStore};
 pub use setup_store::SetupStore;
-pub use shm::{ShmTransport, DEFAULT_RING_BYTES};
+pub use shm::{InProcessTransport, ShmTransport, DEFAULT_RING_BYTES};
 pub use tcp::TcpTransport;

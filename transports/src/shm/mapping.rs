@@ -12,7 +12,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::Duration;
 
-/// A `MAP_SHARED` mapping of a whole file, unmapped on drop.
+/// A `MAP_SHARED` mapping of a whole file (or anonymous memory), unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct Mapping {
     base: NonNull<u8>,
@@ -38,6 +38,28 @@ impl Mapping {
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| io::Error::other("mmap returned a null pointer"))?;
+        Ok(Mapping { base, len })
+    }
+
+    /// `len` bytes of fresh zeroed memory, shared by the threads of this process only
+    /// (no file: the ranks of one process need no name to find it).
+    pub(crate) fn anonymous(len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh anonymous mapping; the kernel picks the address.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
                 0,
             )
         };

@@ -61,6 +61,7 @@
 //!   with a logged warning saying why, when any of this or the space is missing; a forced
 //!   `RINGCCL_TRANSPORT=shm` fails with that reason instead.
 
+mod in_process;
 mod inbox;
 mod mapping;
 mod ring;
@@ -82,6 +83,7 @@ use ringccl_collectives::{Closer, Readiness, Transport};
 use crate::poll::{ready_now, wait_any};
 use crate::spin::{host_cores, Spin};
 use crate::TcpTransport;
+pub use in_process::InProcessTransport;
 pub use ring::DEFAULT_RING_BYTES;
 use ring::{in_poll_for, Ring, Rings};
 pub use setup::{set_up, SharedRings, ShmUnavailable};

@@ -36,6 +36,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::mapping::{futex_wait, futex_wake, Mapping};
@@ -84,7 +85,7 @@ pub(super) struct Rings {
     pub(super) ring_bytes: usize,
     /// `inboxes[r]`: rank r's inbox (this rank's own included), for the ranks this rank
     /// shares memory with; `None` for the others.
-    pub(super) inboxes: Vec<Option<Mapping>>,
+    pub(super) inboxes: Vec<Option<Arc<Mapping>>>,
     /// `slots[r]`: local rank r's position among the host's local ranks, where its ring
     /// sits in every inbox of the host.
     pub(super) slots: Vec<Option<usize>>,
@@ -103,7 +104,7 @@ impl Rings {
     }
 
     fn inbox(&self, rank: usize) -> Option<&Mapping> {
-        self.inboxes.get(rank)?.as_ref()
+        self.inboxes.get(rank)?.as_deref()
     }
 
     /// `rank`'s doorbell: bumped (and woken) whenever its rings change; `None` for a
@@ -303,7 +304,7 @@ mod tests {
         }
         Some(Rings {
             ring_bytes: RING,
-            inboxes: inboxes.into_iter().map(Some).collect(),
+            inboxes: inboxes.into_iter().map(|m| Some(Arc::new(m))).collect(),
             slots: vec![Some(0), Some(1)],
             tails_seen: (0..2).map(|_| AtomicU64::new(0)).collect(),
         })

@@ -5,6 +5,7 @@
 //! middle of set-up is named within moments, not at the start-up deadline.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Instant;
 
 use tracing::{info, warn};
@@ -247,11 +248,11 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
             .and_then(|i| mapped_by.get(i))
             .is_some_and(|l| l.contains(&b))
     };
-    let mut inboxes: Vec<Option<Mapping>> = (0..n).map(|_| None).collect();
+    let mut inboxes: Vec<Option<Arc<Mapping>>> = (0..n).map(|_| None).collect();
     for (peer, mapping) in mapped {
         if maps(peer, rank) {
             if let Some(slot) = inboxes.get_mut(peer) {
-                *slot = Some(mapping);
+                *slot = Some(Arc::new(mapping));
             }
         } else {
             why_not.push((
@@ -299,7 +300,7 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         return Ok(Some(SharedRings::without_rings(n, ring_bytes, map)));
     };
     if let Some(slot) = inboxes.get_mut(rank) {
-        *slot = Some(own);
+        *slot = Some(Arc::new(own));
     }
     let mut slots = vec![None; n];
     for (position, &peer) in local.iter().enumerate() {
