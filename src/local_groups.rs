@@ -22,7 +22,13 @@ const LOCAL: &str = "memory";
 ///
 /// Under `"gloo"` the ranks are connected in memory, by the rings of the shared-memory
 /// transport (one of 1 MiB per ordered pair of ranks, so n² MiB in all, touched as
-/// used). `"nccl"` is not available here
+/// used).
+///
+/// Under `"nccl"` rank `r` drives GPU `r`: it needs `n` visible GPUs. The `n` NCCL
+/// communicators are created together, one per thread through one unique id (what
+/// `ncclCommInitAll` does), over a store on a loopback port of this process, which also
+/// carries the ranks' liveness and control connections. Each rank's collectives may run
+/// on any thread: the engine binds its GPU's context on every call. `"nccl"` is not available here
 /// yet (it would be one communicator per local GPU, created together).
 ///
 /// ```
@@ -73,10 +79,13 @@ pub fn local_groups_with(
     }
     match backend.trim().to_ascii_lowercase().as_str() {
         "gloo" => local_gloo(n, &opts),
+        #[cfg(feature = "nccl")]
+        "nccl" => local_nccl(n, &opts),
+        #[cfg(not(feature = "nccl"))]
         "nccl" => Err(Error::BackendUnavailable {
             backend: "nccl",
-            reason: "ranks in one process are not supported under nccl yet; use \"gloo\", \
-                     or one process per GPU with init_process_group"
+            reason: "this build of ringccl was compiled without its `nccl` cargo feature; \
+                     rebuild with `--features nccl`, or use \"gloo\""
                 .into(),
         }),
         _ => Err(Error::UnknownBackend {
@@ -127,4 +136,56 @@ fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
                 .reaching_peers_by(same_for_every_peer(rank, n, LOCAL))
         })
         .collect())
+}
+
+/// `n` NCCL ranks in this process, rank `r` on GPU `r`, joined together.
+#[cfg(feature = "nccl")]
+fn local_nccl(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> {
+    use crate::StoreListener;
+
+    let visible = ringccl_nccl::NcclBackend::probe()?;
+    if visible < n {
+        return Err(Error::BackendUnavailable {
+            backend: "nccl",
+            reason: format!(
+                "{n} local ranks need {n} GPUs, one each, but {visible} are visible \
+                 (after CUDA_VISIBLE_DEVICES); ask for at most {visible}, or use \"gloo\""
+            ),
+        });
+    }
+    let listener = StoreListener::bind("127.0.0.1:0")?;
+    let master = listener
+        .local_addr()
+        .map_err(|source| SetupError::Io {
+            rank: 0,
+            context: "reading the local NCCL ranks' store address".into(),
+            source,
+        })?
+        .to_string();
+    let mut per_rank: Vec<InitOptions> = (0..n)
+        .map(|rank| opts.for_local_rank(rank, n, &master))
+        .collect();
+    if let Some(first) = per_rank.first_mut() {
+        let mine = std::mem::replace(first, InitOptions::new(0, n, &master));
+        *first = mine.store_listener(listener);
+    }
+    // Every rank joins on its own thread, as NCCL needs all of them in the init at once.
+    let joined: Vec<Result<ProcessGroup, Error>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = per_rank
+            .into_iter()
+            .map(|rank_opts| scope.spawn(move || crate::init_process_group("nccl", rank_opts)))
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, handle)| {
+                handle.join().unwrap_or_else(|_| {
+                    Err(Error::InvalidArgument(format!(
+                        "local NCCL rank {rank}'s start-up thread panicked"
+                    )))
+                })
+            })
+            .collect()
+    });
+    joined.into_iter().collect()
 }

@@ -3,7 +3,8 @@
 //! Everywhere: init on a machine without CUDA/NCCL is an error that says what is
 //! missing, never a panic (tested for real, in-process and through the benchmark).
 //! With a GPU (see `scripts/gpu-check.sh`): NCCL at world size 1 runs every op and dtype
-//! on host and device buffers; gloo runs device buffers at 2–4 ranks sharing the GPU.
+//! on host and device buffers; gloo runs device buffers at 2–4 ranks sharing the GPU;
+//! `local_groups("nccl", n)` puts one rank per GPU in this process.
 //! Tests that need a GPU print `skipped: no CUDA driver/NCCL (reason)` elsewhere.
 
 #![cfg(feature = "nccl")]
@@ -374,4 +375,57 @@ fn two_nccl_ranks_on_one_gpu_fail_cleanly_or_work() {
             Err(e) => println!("{test}: rank {rank} failed cleanly: {e}"),
         }
     }
+}
+
+/// `local_groups("nccl", n)`: one rank per visible GPU (at most 2), joined together in
+/// this process, all-reduce bit-identically; asking for more ranks than GPUs is an error
+/// that says so.
+#[test]
+fn local_nccl_ranks_one_per_gpu_reduce_together() {
+    let Some(devices) = nccl_or_skip("local_nccl_ranks_one_per_gpu_reduce_together") else {
+        match ringccl::local_groups("nccl", 1) {
+            Err(e) => assert!(e.to_string().contains("nccl"), "names the backend: {e}"),
+            Ok(_) => panic!("NCCL is unavailable, yet local NCCL ranks started"),
+        }
+        return;
+    };
+    let _guard = heavy_lock();
+    match ringccl::local_groups("nccl", devices + 1) {
+        Err(Error::BackendUnavailable { reason, .. }) => {
+            assert!(reason.contains("GPUs"), "says why: {reason}")
+        }
+        other => panic!("{} ranks on {devices} GPU(s): {other:?}", devices + 1),
+    }
+    let n = devices.min(2);
+    let ranks = ringccl::local_groups("nccl", n).expect("local NCCL ranks");
+    assert_eq!(ranks.len(), n);
+    let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|pg| {
+                s.spawn(move || {
+                    let mut x: Vec<f32> = (0..1000)
+                        .map(|i| (pg.rank() * 1000 + i) as f32 * 0.1)
+                        .collect();
+                    pg.all_reduce(&mut x, ReduceOp::Sum).map(|()| x)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked").expect("all-reduce"))
+            .collect()
+    });
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for other in &sums[1..] {
+        assert_eq!(bits(other), bits(&sums[0]), "bit-identical on every GPU");
+    }
+    for (i, got) in sums[0].iter().enumerate() {
+        let want: f32 = (0..n).map(|r| (r * 1000 + i) as f32 * 0.1).sum();
+        assert!(
+            (got - want).abs() <= 1e-3 * want.abs().max(1.0),
+            "{got} vs {want}"
+        );
+    }
+    println!("local_nccl_ranks_one_per_gpu_reduce_together: {n} rank(s) on {devices} GPU(s): ok");
 }

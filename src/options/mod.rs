@@ -514,6 +514,39 @@ impl InitOptions {
         }
     }
 
+    /// These settings for rank `rank` of a group of `world_size` ranks living in this
+    /// process, with its store at `master` and CUDA device `rank` (each local rank its
+    /// own GPU). The store listener is not carried over.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))] // only local NCCL groups use it
+    pub(crate) fn for_local_rank(
+        &self,
+        rank: usize,
+        world_size: usize,
+        master: &str,
+    ) -> InitOptions {
+        InitOptions {
+            rank,
+            world_size,
+            master: master.to_string(),
+            local_rank: Some(rank),
+            timeout: self.timeout,
+            store_listener: None,
+            chunk_bytes: self.chunk_bytes,
+            all_reduce_algo: self.all_reduce_algo,
+            small_all_reduce_max_bytes: self.small_all_reduce_max_bytes,
+            mid_all_reduce_max_bytes: self.mid_all_reduce_max_bytes,
+            transport: self.transport,
+            device: Some(rank),
+            auth_token: self.auth_token.clone(),
+            dead_peer_timeout: self.dead_peer_timeout,
+            attempt: self.attempt,
+            flight_dir: self.flight_dir.clone(),
+            flight_entries: self.flight_entries,
+            trace_dir: self.trace_dir.clone(),
+            spin: self.spin,
+        }
+    }
+
     /// What the rendezvous needs, taking the store listener along (start-up consumes it).
     pub(crate) fn mesh_config(&mut self) -> MeshConfig {
         let listener = self.store_listener.take();
