@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::heavy_lock;
 use common::matrix::{assert_identical, matrix};
-use ringccl::{local_groups, local_groups_with, Error, InitOptions, ProcessGroup, ReduceOp};
+use ringccl::{
+    local_groups, local_groups_with, AllReduceAlgo, Error, InitOptions, ProcessGroup, ReduceOp,
+};
 
 /// `n` local ranks whose calls have a minute: only detection and aborts end them early.
 fn patient_ranks(n: usize) -> Vec<ProcessGroup> {
@@ -148,4 +150,136 @@ fn odd_requests_are_errors_that_say_why() {
         local_groups("mpi", 2),
         Err(Error::UnknownBackend { .. })
     ));
+}
+
+/// `n` local ranks that all-reduce through each other's buffers at every size.
+fn peer_memory_ranks(n: usize, timeout: Duration) -> Vec<ProcessGroup> {
+    let opts = InitOptions::new(0, n, "127.0.0.1:0")
+        .timeout(timeout)
+        .all_reduce_algo(AllReduceAlgo::PeerMemory);
+    local_groups_with("gloo", n, opts).expect("local groups")
+}
+
+/// A buffer large enough for any all-reduce algorithm choice to read peers' buffers.
+const LARGE: usize = 300_007;
+
+#[test]
+fn the_peer_memory_all_reduce_runs_the_whole_matrix_exact_and_bit_identical() {
+    for n in [2, 3, 5] {
+        let _guard = heavy_lock();
+        let started = Instant::now();
+        let ranks = peer_memory_ranks(n, Duration::from_secs(120));
+        let lines = on_every_rank(&ranks, matrix);
+        assert_identical(&lines);
+        eprintln!(
+            "peer memory n={n}: {} cases bit-identical in {:?}",
+            lines[0].len(),
+            started.elapsed()
+        );
+    }
+}
+
+/// Rank 2 broadcasts while the others all-reduce through each other's buffers: rank 2
+/// never posts, and the control threads' questions name the mismatch.
+#[test]
+fn a_mismatch_against_a_peer_memory_all_reduce_is_named_within_seconds() {
+    let _guard = heavy_lock();
+    let ranks = peer_memory_ranks(3, Duration::from_secs(60));
+    let started = Instant::now();
+    let outcomes = on_every_rank(&ranks, |pg| {
+        let mut buf = vec![1.0f32; LARGE];
+        let outcome = if pg.rank() == 2 {
+            pg.broadcast(&mut buf, 0)
+        } else {
+            pg.all_reduce(&mut buf, ReduceOp::Sum)
+        };
+        (started.elapsed(), outcome)
+    });
+    for (rank, (after, outcome)) in outcomes.iter().enumerate() {
+        eprintln!("rank {rank} after {after:?}: {outcome:?}");
+        let text = outcome
+            .as_ref()
+            .expect_err("a mismatch must fail")
+            .to_string();
+        assert!(
+            text.contains("broadcast") && text.contains("all_reduce"),
+            "rank {rank}: {text}"
+        );
+        assert!(*after < Duration::from_secs(20), "rank {rank}: {after:?}");
+    }
+}
+
+/// Two ranks all-reduce different counts through each other's buffers: both see it
+/// before either reads the other's buffer.
+#[test]
+fn different_counts_in_a_peer_memory_all_reduce_are_a_mismatch_not_a_crash() {
+    let _guard = heavy_lock();
+    let ranks = peer_memory_ranks(2, Duration::from_secs(60));
+    let outcomes = on_every_rank(&ranks, |pg| {
+        let mut buf = vec![1.0f64; LARGE + pg.rank() * 1000];
+        pg.all_reduce(&mut buf, ReduceOp::Sum)
+    });
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        let text = outcome.as_ref().expect_err("different counts").to_string();
+        assert!(text.contains("rank"), "rank {rank}: {text}");
+        assert!(
+            text.contains(&LARGE.to_string()) || text.contains(&(LARGE + 1000).to_string()),
+            "names the counts: {text}"
+        );
+    }
+}
+
+/// Rank 1 never calls: the others give up at their deadline, naming rank 1.
+#[test]
+fn a_peer_memory_all_reduce_waits_only_until_its_deadline() {
+    let _guard = heavy_lock();
+    let ranks = peer_memory_ranks(3, Duration::from_secs(60));
+    let started = Instant::now();
+    let outcomes = on_every_rank(&ranks, |pg| {
+        (pg.rank() != 1).then(|| {
+            let mut buf = vec![1.0f32; LARGE];
+            let outcome =
+                pg.all_reduce_with_timeout(&mut buf, ReduceOp::Sum, Duration::from_secs(1));
+            (started.elapsed(), outcome)
+        })
+    });
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        let Some((after, outcome)) = outcome else {
+            continue;
+        };
+        eprintln!("rank {rank} after {after:?}: {outcome:?}");
+        let text = outcome.as_ref().expect_err("rank 1 never came").to_string();
+        assert!(
+            text.contains("rank 1") || text.contains("aborted"),
+            "rank {rank}: {text}"
+        );
+        assert!(
+            *after >= Duration::from_millis(900) || text.contains("aborted"),
+            "{after:?}"
+        );
+        assert!(*after < Duration::from_secs(20), "rank {rank}: {after:?}");
+    }
+}
+
+/// A rank whose group is dropped while the other waits for it in a peer-memory
+/// all-reduce is named by it.
+#[test]
+fn a_rank_that_leaves_a_peer_memory_all_reduce_is_named() {
+    let _guard = heavy_lock();
+    let mut ranks = peer_memory_ranks(2, Duration::from_secs(60));
+    let gone = ranks.pop().expect("rank 1");
+    let started = Instant::now();
+    let waiter = thread::spawn(move || {
+        let pg = ranks.pop().expect("rank 0");
+        let mut x = vec![1i64; LARGE];
+        pg.all_reduce(&mut x, ReduceOp::Sum)
+    });
+    thread::sleep(Duration::from_millis(200));
+    drop(gone);
+    let outcome = waiter.join().unwrap();
+    let took = started.elapsed();
+    eprintln!("rank 0 after {took:?}: {outcome:?}");
+    let text = outcome.expect_err("rank 1 left").to_string();
+    assert!(text.contains("rank 1"), "{text}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
 }

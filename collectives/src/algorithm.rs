@@ -26,12 +26,15 @@ pub enum AllReduceAlgo {
     /// The hierarchical all-reduce whenever the group spans hosts with several ranks on
     /// one (inside each host, across, inside again); the ring otherwise.
     Hierarchical,
+    /// Ranks that are threads of one process (`ringccl::local_groups`) read each other's
+    /// buffers directly, at every size; elsewhere the same as `Auto`.
+    PeerMemory,
 }
 
 impl AllReduceAlgo {
     /// The names accepted by [`FromStr`] (and the `RINGCCL_ALGO` variable).
     pub const NAMES: &'static str =
-        "auto, ring, recursive_doubling (or rd), halving_doubling (or hd), hierarchical (or hier)";
+        "auto, ring, recursive_doubling (or rd), halving_doubling (or hd), hierarchical (or hier), peer_memory (or pm)";
 
     /// The schedule to run for a buffer of `bytes` bytes over `ranks` ranks: under
     /// `Auto`, recursive doubling up to `small_max_bytes`, then halving-doubling up to
@@ -55,6 +58,9 @@ impl AllReduceAlgo {
     ) -> Algorithm {
         match self {
             AllReduceAlgo::Ring | AllReduceAlgo::Hierarchical => Algorithm::Ring,
+            AllReduceAlgo::PeerMemory => {
+                AllReduceAlgo::Auto.pick(bytes, ranks, small_max_bytes, mid_max_bytes)
+            }
             AllReduceAlgo::RecursiveDoubling => Algorithm::RecursiveDoubling,
             AllReduceAlgo::HalvingDoubling => Algorithm::HalvingDoubling,
             AllReduceAlgo::Auto if bytes <= small_max_bytes => Algorithm::RecursiveDoubling,
@@ -117,6 +123,7 @@ impl FromStr for AllReduceAlgo {
             "recursive_doubling" | "rd" => Ok(AllReduceAlgo::RecursiveDoubling),
             "halving_doubling" | "hd" | "rabenseifner" => Ok(AllReduceAlgo::HalvingDoubling),
             "hierarchical" | "hier" => Ok(AllReduceAlgo::Hierarchical),
+            "peer_memory" | "pm" => Ok(AllReduceAlgo::PeerMemory),
             _ => Err(Error::InvalidArgument(format!(
                 "unknown all-reduce algorithm {s:?}: valid names are {}",
                 AllReduceAlgo::NAMES
@@ -133,6 +140,7 @@ impl fmt::Display for AllReduceAlgo {
             AllReduceAlgo::RecursiveDoubling => "recursive_doubling",
             AllReduceAlgo::HalvingDoubling => "halving_doubling",
             AllReduceAlgo::Hierarchical => "hierarchical",
+            AllReduceAlgo::PeerMemory => "peer_memory",
         })
     }
 }

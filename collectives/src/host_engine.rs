@@ -37,12 +37,19 @@ pub struct HostConfig {
     /// With [`AllReduceAlgo::Auto`] and four ranks or more, larger all-reduces up to this
     /// size use halving-doubling; the ring above.
     pub mid_all_reduce_max_bytes: usize,
+    /// With [`AllReduceAlgo::Auto`], ranks that share this process (the transport offers
+    /// [`Transport::peer_memory`]) all-reduce buffers of at least this size by reading
+    /// each other's buffers.
+    pub peer_memory_min_bytes: usize,
 }
 
 /// Default crossover between recursive doubling and the ring; see docs/benchmarks.md.
 pub const DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES: usize = 32 * 1024;
 /// Default crossover between halving-doubling and the ring; see docs/benchmarks.md.
 pub const DEFAULT_MID_ALL_REDUCE_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// Default crossover to the peer-memory all-reduce between ranks of one process; see
+/// docs/benchmarks.md.
+pub const DEFAULT_PEER_MEMORY_MIN_BYTES: usize = 1024 * 1024;
 
 impl Default for HostConfig {
     fn default() -> HostConfig {
@@ -53,6 +60,7 @@ impl Default for HostConfig {
             all_reduce_algo: AllReduceAlgo::Auto,
             small_all_reduce_max_bytes: DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
             mid_all_reduce_max_bytes: DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
+            peer_memory_min_bytes: DEFAULT_PEER_MEMORY_MIN_BYTES,
         }
     }
 }
@@ -166,6 +174,64 @@ impl<T: Transport> HostEngine<T> {
         &self.config
     }
 
+    /// The all-reduce between ranks of one process, through each other's buffers.
+    fn run_peer_memory(
+        &mut self,
+        op: &OpDesc,
+        buf: &mut [u8],
+        reduce: (DType, ReduceOp),
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        let rank = self.transport.rank();
+        let activity = self.control.as_deref().map(GroupControl::activity);
+        if let Some(activity) = activity {
+            activity.begin(*op, Algorithm::PeerMemory);
+        }
+        if let Some(flight) = self.flight.as_deref() {
+            flight.running(*op, Algorithm::PeerMemory);
+        }
+        let started = self.trace.is_some().then(Instant::now);
+        let flight = self.flight.as_deref();
+        let blocked = |peer: usize| {
+            if let Some(activity) = activity {
+                activity.blocked_on(peer, 0);
+            }
+            if let Some(flight) = flight {
+                flight.blocked_on(peer);
+            }
+        };
+        let result = match self.transport.peer_memory() {
+            Some(access) => access.memory.all_reduce(
+                rank,
+                op,
+                buf,
+                reduce,
+                access.spin,
+                (deadline.at(), deadline.timeout()),
+                &blocked,
+            ),
+            None => Err(Error::InvalidArgument(format!(
+                "rank {rank}: the peer-memory all-reduce needs ranks in one process"
+            ))),
+        };
+        if let Some(activity) = activity {
+            activity.end();
+        }
+        if let (Some(trace), Some(started)) = (&self.trace, started) {
+            trace.record(timeline::Call {
+                op,
+                algorithm: Some(Algorithm::PeerMemory),
+                rank,
+                world_size: self.transport.world_size(),
+                traffic: PeerTraffic::default(),
+                deadline,
+                started,
+                result: &result,
+            });
+        }
+        result
+    }
+
     fn run(&mut self, op: &OpDesc, job: Job<'_>, deadline: Deadline) -> Result<(), Error> {
         let call = Call {
             rank: self.transport.rank(),
@@ -244,6 +310,14 @@ impl<T: Transport> Engine for HostEngine<T> {
             } => {
                 let (dtype, count) = (buf.dtype(), buf.len());
                 let es = dtype.size();
+                let peer_memory = match cfg.all_reduce_algo {
+                    AllReduceAlgo::PeerMemory => true,
+                    AllReduceAlgo::Auto => count * es >= cfg.peer_memory_min_bytes,
+                    _ => false,
+                };
+                if peer_memory && self.transport.peer_memory().is_some() {
+                    return self.run_peer_memory(op, buf.bytes_mut(), (dtype, reduce), deadline);
+                }
                 let hosts = self.transport.hosts();
                 let algorithm = cfg.all_reduce_algo.pick_on_hosts(
                     count * es,

@@ -13,6 +13,7 @@ mod backend;
 pub mod bucket;
 mod buffer;
 pub mod control;
+mod doorbell;
 mod dtype;
 mod error;
 mod executor;
@@ -24,6 +25,7 @@ mod kernels;
 mod memory_transport;
 mod op;
 mod op_desc;
+pub mod peer_memory;
 mod progress;
 pub mod schedule;
 mod schedule_cache;
@@ -43,12 +45,12 @@ pub use group::{
 };
 pub use host_engine::{
     HostBackend, HostConfig, HostEngine, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
-    DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
+    DEFAULT_PEER_MEMORY_MIN_BYTES, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
 };
 pub use memory_transport::{MemoryConfig, MemoryTransport};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};
-pub use transport::{Closer, Readiness, Transport};
+pub use transport::{Closer, PeerAccess, Readiness, Transport};
 
 /// Re-export of the `half` crate, whose `f16` and `bf16` are [`Element`] types.
 pub use half;

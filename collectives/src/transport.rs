@@ -74,6 +74,23 @@ pub trait Transport: Send + fmt::Debug {
     fn hosts(&self) -> Option<&[usize]> {
         None
     }
+
+    /// The buffers of the group's ranks, when they all live in this process and may read
+    /// each other's (see [`crate::peer_memory`]), with how its waits spin. `None` (the
+    /// default) for ranks in separate processes.
+    fn peer_memory(&self) -> Option<PeerAccess<'_>> {
+        None
+    }
+}
+
+/// What [`Transport::peer_memory`] gives: the shared state, and the transport's spin
+/// window for the waits.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAccess<'a> {
+    /// The group's shared buffers.
+    pub memory: &'a crate::peer_memory::PeerMemory,
+    /// How a wait spins before it sleeps.
+    pub spin: crate::spin::Spin,
 }
 
 /// Closes a transport's connections from any thread (see [`Transport::closer`]).

@@ -65,10 +65,13 @@ pub enum Algorithm {
     HalvingDoubling,
     /// Hierarchical all-reduce: inside each host, across hosts, inside each host again.
     Hierarchical,
+    /// Ranks of one process reading each other's buffers (`peer_memory.rs`); never in a
+    /// frame, only in what a rank tells a peer that asks what it is doing.
+    PeerMemory,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 10] = [
+    const ALL: [Algorithm; 11] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::BinomialTree,
@@ -79,6 +82,7 @@ impl Algorithm {
         Algorithm::Device,
         Algorithm::HalvingDoubling,
         Algorithm::Hierarchical,
+        Algorithm::PeerMemory,
     ];
 
     /// Stable one-byte code used on the wire.
@@ -94,6 +98,7 @@ impl Algorithm {
             Algorithm::Device => 7,
             Algorithm::HalvingDoubling => 8,
             Algorithm::Hierarchical => 9,
+            Algorithm::PeerMemory => 10,
         }
     }
 
@@ -115,6 +120,7 @@ impl Algorithm {
             Algorithm::Device => "device library",
             Algorithm::HalvingDoubling => "halving-doubling",
             Algorithm::Hierarchical => "hierarchical",
+            Algorithm::PeerMemory => "peer memory",
         }
     }
 }

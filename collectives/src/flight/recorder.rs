@@ -98,6 +98,7 @@ pub fn algorithm_label(algorithm: Algorithm) -> &'static str {
         Algorithm::Device => "device",
         Algorithm::HalvingDoubling => "halving_doubling",
         Algorithm::Hierarchical => "hierarchical",
+        Algorithm::PeerMemory => "peer_memory",
     }
 }
 

@@ -1,7 +1,8 @@
 //! The shared-memory rings between ranks that are threads of one process: the rings of
 //! [`ShmTransport`](super::ShmTransport), in anonymous memory (no `/dev/shm` file, no
 //! set-up through a store), with liveness read from flags in the same memory instead of
-//! TCP connections.
+//! TCP connections. The ranks may also read each other's buffers
+//! ([`Transport::peer_memory`]).
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -9,8 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ringccl_collectives::peer_memory::PeerMemory;
 use ringccl_collectives::spin::{host_cores, Spin};
-use ringccl_collectives::{Closer, Readiness, Transport};
+use ringccl_collectives::{Closer, PeerAccess, Readiness, Transport};
 
 use super::mapping::{futex_wake, Mapping};
 use super::ring::{inbox_len, Rings};
@@ -68,6 +70,8 @@ struct Closed {
     flags: Vec<AtomicBool>,
     /// Every rank's inbox, for ringing every bell on a close.
     inboxes: Vec<Arc<Mapping>>,
+    /// The ranks' buffers, whose waits a close ends too.
+    peer_memory: Arc<PeerMemory>,
 }
 
 impl Closed {
@@ -83,6 +87,7 @@ impl Closed {
         if let Some(flag) = self.flags.get(rank) {
             flag.store(true, Ordering::Release);
         }
+        self.peer_memory.close(rank);
         for inbox in &self.inboxes {
             let bell = inbox.atomic_u32(0);
             bell.fetch_add(1, Ordering::SeqCst);
@@ -122,6 +127,7 @@ impl InProcessTransport {
         let closed = Arc::new(Closed {
             flags: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
             inboxes: inboxes.clone(),
+            peer_memory: PeerMemory::new(world_size),
         });
         let spin = Spin::new(super::DEFAULT_SPIN, world_size, host_cores());
         Ok((0..world_size)
@@ -282,6 +288,13 @@ impl Transport for InProcessTransport {
             rank: self.rank,
             closed: Arc::clone(&self.closed),
         }))
+    }
+
+    fn peer_memory(&self) -> Option<PeerAccess<'_>> {
+        Some(PeerAccess {
+            memory: &self.closed.peer_memory,
+            spin: self.spin,
+        })
     }
 
     fn failed_peers(&mut self) -> Vec<usize> {
