@@ -27,6 +27,10 @@ if $candle; then
   # One thread per replica, as the seeds' DataParallel has: candle's matmuls would
   # otherwise start a thread per core in every replica.
   export RAYON_NUM_THREADS=1
+  # candle allocates and frees megabyte tensors every step; on the main thread glibc
+  # grows and trims its heap each time (page faults), on other threads it does not.
+  # Padding the heap's top takes that difference out of the 1-replica rows.
+  export MALLOC_TOP_PAD_=$((64 << 20))
 else
   cargo build --release -q --example ddp_mlp
   mlp=target/release/examples/ddp_mlp
