@@ -1,7 +1,6 @@
 //! Ranks that are threads of one process read each other's buffers directly: the
-//! peer-memory all-reduce. Each rank folds its segment of every rank's buffer, in rank
-//! order, into its own buffer, then copies every other rank's segment out of that rank's
-//! buffer. Nothing goes through rings: each byte is read once or twice and written once
+//! peer-memory all-reduce. Each rank folds its segment of every other rank's buffer into
+//! its own, in place, then copies every other rank's segment out of that rank's buffer. Nothing goes through rings: each byte is read once or twice and written once
 //! or twice, where a schedule over a transport copies it into a ring and out again.
 //!
 //! # Protocol
@@ -16,7 +15,8 @@
 //!    abort nobody reads another rank's buffer. Before commit, only the slots are read,
 //!    so a rank may return at any moment;
 //! 3. **reduces** its segment in place: `((own op b_a) op b_b) ...` over the other
-//!    ranks' same segment, in rank order; phase `3g+2`;
+//!    ranks' same segment, in increasing rank order (a failure is published in its slot);
+//!    phase `3g+2`;
 //! 4. **gathers**, once every rank has reached `3g+2`: copies each other rank's segment
 //!    from that rank's buffer into its own; phase `3g+3`;
 //! 5. **returns** once every rank has reached `3g+3`: nobody reads its buffer any more.
@@ -24,16 +24,23 @@
 //! Every segment is reduced once, by one rank, in one order, and copied to the others:
 //! results are bit-identical on every rank.
 //!
-//! After commit a rank neither returns nor unwinds before step 5, since peers may be
-//! reading its buffer (a guard finishes the protocol on any exit). What is left is
-//! bounded memory work on threads that are running, so those waits have no deadline.
+//! Once it has posted, a rank leaves only through a guard: before commit the guard aborts
+//! the call, after commit it finishes steps 3–5 (on an error or a panic too), since
+//! peers may be reading the buffer. What is left after commit is bounded memory work on
+//! threads that are running, so those waits have no deadline, and neither a close nor an
+//! abort interrupts them: a rank's thread stopped mid-call (a debugger, `SIGSTOP`) holds
+//! the others until it runs again.
+//!
+//! The call number `g` is implicit: every rank counts its peer-memory calls. That holds
+//! because the runner breaks the group on every error these calls return, so no rank
+//! goes on after a call the others did not finish.
 
 // Raw pointers into other ranks' buffers, shared between threads under the protocol
 // above; every dereference says why it is sound.
 #![allow(unsafe_code)]
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -45,7 +52,7 @@ use crate::{DType, Error, OpDesc, ReduceOp};
 /// Bytes folded at a time, small enough to stay in cache between the peers' reads.
 const CHUNK_BYTES: usize = 64 * 1024;
 /// Longest sleep between two looks at the phases (a ring wakes a sleeper at once; this
-/// only bounds a wake-up lost to a poisoned lock).
+/// bounds the look at the flags and the deadline).
 const SLEEP_SLICE: Duration = Duration::from_millis(50);
 
 /// In the commit word: the call's number (high half), aborted (bit 31), joined ranks.
@@ -73,6 +80,8 @@ pub struct PeerMemory {
     slots: Vec<Slot>,
     closed: Vec<AtomicBool>,
     commit: AtomicU64,
+    /// The rank whose abort of the current call took effect, plus one (0: none).
+    aborted_by: AtomicUsize,
     bell: Doorbell,
 }
 
@@ -90,6 +99,10 @@ struct Slot {
     /// `3g+1` posted, `3g+2` reduced, `3g+3` gathered, in call `g`; only its rank
     /// raises it.
     phase: AtomicU64,
+    /// The last call this rank joined the commit of, plus one.
+    joined: AtomicU64,
+    /// Its reduction of call `failed - 1` failed (0: none); read after `3g+2`.
+    failed: AtomicU64,
     posted: Mutex<Option<Posted>>,
 }
 
@@ -131,6 +144,7 @@ impl PeerMemory {
             slots: (0..world_size).map(|_| Slot::default()).collect(),
             closed: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
             commit: AtomicU64::new(0),
+            aborted_by: AtomicUsize::new(0),
             bell: Doorbell::default(),
         })
     }
@@ -189,8 +203,17 @@ impl PeerMemory {
         (0..self.slots.len()).find(|&r| self.phase(r) < phase)
     }
 
-    fn first_closed(&self) -> Option<usize> {
+    /// A closed rank: `me` if it is, else the first other one.
+    fn closed_rank(&self, me: usize) -> Option<usize> {
+        if self.is_closed(me) {
+            return Some(me);
+        }
         (0..self.closed.len()).find(|&r| self.is_closed(r))
+    }
+
+    /// The first rank that has not joined call `call`'s commit.
+    fn not_joined(&self, call: u64) -> Option<usize> {
+        (0..self.slots.len()).find(|&r| self.slots[r].joined.load(Ordering::SeqCst) < call + 1)
     }
 
     /// Waits until `done()` gives an answer: spins (or yields) for `spin`'s window, then
@@ -215,11 +238,17 @@ impl PeerMemory {
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
-                return late();
+                return done().unwrap_or_else(late);
             }
             let until = deadline.map_or(now + SLEEP_SLICE, |d| d.min(now + SLEEP_SLICE));
-            // A poisoned lock only costs a slice of polling.
-            let _ = self.bell.sleep_until_rung(until, || Ok(done().is_some()));
+            if self
+                .bell
+                .sleep_until_rung(until, || Ok(done().is_some()))
+                .is_err()
+            {
+                // The bell's lock is poisoned (a thread panicked holding it): poll.
+                std::thread::sleep(Duration::from_millis(1));
+            }
         }
     }
 
@@ -227,6 +256,7 @@ impl PeerMemory {
     /// `blocked` which rank it waits for (so that the control thread can ask it).
     fn await_posted(
         &self,
+        (me, call): (usize, u64),
         phase: u64,
         spin: Spin,
         deadline: Instant,
@@ -236,8 +266,11 @@ impl PeerMemory {
             blocked(peer);
         }
         let done = || {
-            if let Some(rank) = self.first_closed() {
+            if let Some(rank) = self.closed_rank(me) {
                 return Some(Err(Stop::Closed(rank)));
+            }
+            if self.committed(call) == Some(false) {
+                return Some(Err(Stop::Aborted));
             }
             self.behind(phase).is_none().then_some(Ok(()))
         };
@@ -256,9 +289,9 @@ impl PeerMemory {
         );
     }
 
-    /// Aborts call `call` unless it is committed; returns whether it is committed (then
-    /// the caller must go on with it).
-    fn abort(&self, call: u64) -> bool {
+    /// Aborts call `call` for rank `me` unless it is committed; returns whether it is
+    /// committed (then the caller must go on with it).
+    fn abort(&self, me: usize, call: u64) -> bool {
         let mut word = self.commit.load(Ordering::SeqCst);
         loop {
             let next = if commit_call(word) == call & 0xffff_ffff {
@@ -277,6 +310,8 @@ impl PeerMemory {
                 .compare_exchange(word, next, Ordering::SeqCst, Ordering::SeqCst)
             {
                 Ok(_) => {
+                    // Read only by ranks that saw the abort, to name who gave up.
+                    self.aborted_by.store(me + 1, Ordering::SeqCst);
                     self.bell.ring();
                     return false;
                 }
@@ -285,8 +320,11 @@ impl PeerMemory {
         }
     }
 
-    /// Joins call `call`'s commit; false if it was aborted.
-    fn join(&self, call: u64) -> bool {
+    /// Joins call `call`'s commit for rank `me`; false if it was aborted.
+    fn join(&self, me: usize, call: u64) -> bool {
+        if let Some(slot) = self.slots.get(me) {
+            slot.joined.store(call + 1, Ordering::SeqCst);
+        }
         let mut word = self.commit.load(Ordering::SeqCst);
         loop {
             let next = if commit_call(word) == call & 0xffff_ffff {
@@ -343,9 +381,8 @@ impl PeerMemory {
                 "rank {me} is not one of the {n} ranks sharing this process's memory"
             )));
         };
-        let Some(base) = NonNull::new(buf.as_mut_ptr()) else {
-            return Ok(()); // an empty buffer: nothing to reduce, nothing to wait for
-        };
+        // A slice's pointer is never null (an empty one dangles, and is never read).
+        let base = NonNull::from(&mut *buf).cast::<u8>();
         // A call aborted before commit leaves the phase at `3g+1`: the next starts at g+1.
         let call = slot.phase.load(Ordering::Acquire).div_ceil(3);
         let first = 3 * call;
@@ -355,11 +392,32 @@ impl PeerMemory {
             len: buf.len(),
         };
         *slot.posted.lock().unwrap_or_else(PoisonError::into_inner) = Some(posted);
+        // From here on, every way out goes through the guard: abort before commit,
+        // finish after it.
+        let guard = Leave {
+            memory: self,
+            me,
+            call,
+            spin,
+        };
         self.raise(me, first + 1);
 
-        let gone = || (0..n).filter(|&r| r != me && self.is_closed(r)).collect();
+        let gone = |named: usize| {
+            (0..n)
+                .filter(|&r| r != me && r != named && self.is_closed(r))
+                .collect()
+        };
+        let timed_out = |peer: usize| Error::Timeout {
+            rank: me,
+            peer,
+            op: *op,
+            moved: 0,
+            expected: posted.len as u64,
+            timeout,
+            gone: gone(peer),
+        };
         let stopped = |stop: Stop| -> Error {
-            self.abort(call);
+            self.abort(me, call);
             match stop {
                 Stop::Closed(rank) if rank == me => Error::GroupBroken {
                     rank: me,
@@ -370,29 +428,23 @@ impl PeerMemory {
                     observer: me,
                     op: *op,
                     reason: "its group was dropped or aborted".into(),
-                    gone: gone(),
+                    gone: gone(rank),
                 },
-                Stop::Late(peer) => Error::Timeout {
-                    rank: me,
-                    peer,
-                    op: *op,
-                    moved: 0,
-                    expected: buf_len(posted),
-                    timeout,
-                    gone: gone(),
-                },
-                Stop::Aborted => Error::Timeout {
-                    rank: me,
-                    peer: self.behind(first + 1).unwrap_or((me + 1) % n),
-                    op: *op,
-                    moved: 0,
-                    expected: buf_len(posted),
-                    timeout,
-                    gone: gone(),
+                Stop::Late(peer) => timed_out(peer),
+                Stop::Aborted => match self.aborted_by.load(Ordering::SeqCst) {
+                    by @ 1.. if by - 1 != me => Error::GroupAborted {
+                        rank: me,
+                        by: by - 1,
+                        reason: format!(
+                            "it gave up on {op} before every rank had joined (its deadline \
+                             passed, a peer left, or the calls differ)"
+                        ),
+                    },
+                    _ => timed_out(self.not_joined(call).unwrap_or((me + 1) % n)),
                 },
             }
         };
-        self.await_posted(first + 1, spin, deadline, blocked)
+        self.await_posted((me, call), first + 1, spin, deadline, blocked)
             .map_err(stopped)?;
 
         // 2. Every rank has posted: the same call everywhere, or nobody reads.
@@ -404,7 +456,7 @@ impl PeerMemory {
                     bases.push(theirs.base)
                 }
                 other => {
-                    self.abort(call);
+                    self.abort(me, call);
                     return Err(Error::CollectiveMismatch {
                         rank: me,
                         mine: *op,
@@ -414,37 +466,57 @@ impl PeerMemory {
                 }
             }
         }
-        if !self.join(call) {
+        if !self.join(me, call) {
             return Err(stopped(Stop::Aborted));
         }
-        let outcome = self.wait(
+        let committed = self.wait(
             spin,
             Some(deadline),
-            || self.committed(call),
-            || self.abort(call),
+            || match self.committed(call) {
+                // A rank that left will never join: give up now, unless it is too late.
+                None if self.closed_rank(me).is_some() => Some(self.abort(me, call)),
+                answer => answer,
+            },
+            || self.abort(me, call),
         );
-        if !outcome {
-            return Err(stopped(match self.first_closed() {
+        if !committed {
+            return Err(stopped(match self.closed_rank(me) {
                 Some(rank) => Stop::Closed(rank),
-                None => Stop::Late(self.behind(first + 1).unwrap_or((me + 1) % n)),
+                None => Stop::Aborted,
             }));
         }
 
         // 3–5. Committed: peers may read this buffer until every rank has gathered.
-        let finish = Finish {
-            memory: self,
-            me,
-            first,
-            spin,
-        };
+        let count = posted.len / dtype.size().max(1);
         let segment = |rank: usize| {
-            let count = posted.len / dtype.size().max(1);
-            let at = |r: usize| r * count / n * dtype.size();
+            let (whole, extra) = (count / n, count % n);
+            let at = |r: usize| (r * whole + r.min(extra)) * dtype.size();
             at(rank)..at(rank + 1)
         };
         let reduced = self.reduce_segment(&bases, segment(me), me, (dtype, reduce));
+        if reduced.is_err() {
+            slot.failed.store(call + 1, Ordering::SeqCst);
+        }
         self.raise(me, first + 2);
         self.await_all(first + 2, spin);
+        if let Err(e) = reduced {
+            return Err(Error::Protocol {
+                rank: me,
+                peer: me,
+                op: *op,
+                reason: format!("reducing its segment failed: {}", e.0),
+            });
+        }
+        if let Some(rank) =
+            (0..n).find(|&r| self.slots[r].failed.load(Ordering::SeqCst) == call + 1)
+        {
+            return Err(Error::Protocol {
+                rank: me,
+                peer: rank,
+                op: *op,
+                reason: "that rank could not reduce its segment (its error says why)".into(),
+            });
+        }
         for (rank, from) in bases.iter().enumerate().filter(|&(r, _)| r != me) {
             let range = segment(rank);
             // SAFETY: `range` lies inside both buffers (every rank posted `posted.len`
@@ -460,8 +532,8 @@ impl PeerMemory {
                 );
             }
         }
-        drop(finish);
-        reduced.map_err(|e| Error::InvalidArgument(format!("rank {me}: {op}: {}", e.0)))
+        drop(guard);
+        Ok(())
     }
 
     /// Step 3: folds byte range `range` (segment `me`) of every other rank's buffer
@@ -505,25 +577,153 @@ impl PeerMemory {
     }
 }
 
-fn buf_len(posted: Posted) -> u64 {
-    posted.len as u64
-}
-
-/// Steps 4–5 on every way out after commit (a return, an error, a panic): this rank
-/// does not leave while peers may still read its buffer.
-struct Finish<'a> {
+/// Every way out of a call once this rank has posted (a return, an error, a panic):
+/// before commit it aborts the call, so nobody reads this buffer; after commit it
+/// finishes steps 3–5, so this rank does not leave while peers may still read it.
+struct Leave<'a> {
     memory: &'a PeerMemory,
     me: usize,
-    first: u64,
+    call: u64,
     spin: Spin,
 }
 
-impl Drop for Finish<'_> {
+impl Drop for Leave<'_> {
     fn drop(&mut self) {
-        let (memory, me, first, spin) = (self.memory, self.me, self.first, self.spin);
+        let (memory, me, call, spin) = (self.memory, self.me, self.call, self.spin);
+        if !memory.abort(me, call) {
+            return;
+        }
+        let first = 3 * call;
         memory.raise(me, first + 2);
         memory.await_all(first + 2, spin);
         memory.raise(me, first + 3);
         memory.await_all(first + 3, spin);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::thread;
+
+    /// Runs one all-reduce of `values` per rank on `memory`, each rank on its own thread
+    /// with its own deadline; every rank then overwrites its buffer with NaN, so that a
+    /// peer still reading it would get a wrong result.
+    fn round(
+        memory: &PeerMemory,
+        seq: u64,
+        values: &[Vec<f32>],
+        deadlines: &[Duration],
+        spin: Spin,
+    ) -> Vec<Result<Vec<f32>, Error>> {
+        thread::scope(|s| {
+            let handles: Vec<_> = values
+                .iter()
+                .zip(deadlines)
+                .enumerate()
+                .map(|(me, (v, &after))| {
+                    s.spawn(move || {
+                        let mut buf = v.clone();
+                        let op = OpDesc::all_reduce(seq, DType::F32, buf.len(), ReduceOp::Sum);
+                        let bytes = bytemuck::cast_slice_mut::<f32, u8>(&mut buf);
+                        let deadline = Instant::now() + after;
+                        let result = memory.all_reduce(
+                            me,
+                            &op,
+                            bytes,
+                            (DType::F32, ReduceOp::Sum),
+                            spin,
+                            (deadline, after),
+                            &|_| {},
+                        );
+                        let out = result.map(|()| buf.clone());
+                        buf.fill(f32::NAN);
+                        out
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Deadlines that race the commit: every rank agrees on success or failure, a
+    /// success is exact, and no rank reads a buffer its owner has left.
+    #[test]
+    fn ranks_agree_and_read_no_left_buffer_when_deadlines_race_the_commit() {
+        let n = 3;
+        let values: Vec<Vec<f32>> = (0..n)
+            .map(|r| (0..1001).map(|i| (r * 1001 + i) as f32).collect())
+            .collect();
+        let expected: Vec<f32> = (0..1001)
+            .map(|i| (0..n).map(|r| (r * 1001 + i) as f32).sum())
+            .collect();
+        let (mut ok, mut failed) = (0, 0);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for trial in 0..300 {
+            // A fresh group per trial: a failed call breaks its group.
+            let memory = PeerMemory::new(n);
+            let deadlines: Vec<Duration> = (0..n)
+                .map(|_| Duration::from_micros(next() % 300))
+                .collect();
+            let spin = Spin {
+                window: Duration::from_micros(next() % 30),
+                yields: next() % 2 == 0,
+            };
+            let results = round(&memory, 1, &values, &deadlines, spin);
+            let successes = results.iter().filter(|r| r.is_ok()).count();
+            assert!(
+                successes == 0 || successes == n,
+                "trial {trial}: ranks disagree: {results:?}"
+            );
+            for result in results {
+                match result {
+                    Ok(got) => {
+                        assert_eq!(got, expected, "trial {trial}");
+                        ok += 1;
+                    }
+                    Err(_) => failed += 1,
+                }
+            }
+        }
+        eprintln!("{ok} rank-calls succeeded, {failed} failed");
+    }
+
+    /// A rank that posts and then leaves never joins: the ranks that joined fail at once,
+    /// naming it, instead of waiting for their deadline.
+    #[test]
+    fn a_rank_that_leaves_after_posting_releases_the_others_at_once() {
+        let n = 3;
+        let memory = PeerMemory::new(n);
+        let values: Vec<Vec<f32>> = (0..n).map(|_| vec![1.0; 64]).collect();
+        let started = Instant::now();
+        let results = thread::scope(|s| {
+            let closer = s.spawn(|| {
+                thread::sleep(Duration::from_millis(100));
+                memory.close(2);
+            });
+            let deadlines = [
+                Duration::from_secs(60),
+                Duration::from_secs(60),
+                Duration::ZERO,
+            ];
+            let results = round(&memory, 7, &values, &deadlines, Spin::NONE);
+            closer.join().unwrap();
+            results
+        });
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            started.elapsed()
+        );
+        for (rank, result) in results.iter().enumerate().take(2) {
+            let text = result.as_ref().expect_err("rank 2 left").to_string();
+            assert!(text.contains("rank 2"), "rank {rank}: {text}");
+        }
     }
 }
