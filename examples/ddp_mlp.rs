@@ -327,7 +327,12 @@ struct State {
     velocity: Vec<Vec<f32>>,
     step: u64,
     position: BatchPosition,
+    /// DDP's bucket order when the snapshot was taken (empty: none saved, or DP).
+    bucket_order: Vec<usize>,
 }
+
+/// The snapshot's name for DDP's bucket order.
+const BUCKET_ORDER: &str = "ddp.bucket_order";
 
 impl State {
     fn new(args: &Args) -> State {
@@ -338,6 +343,7 @@ impl State {
             velocity,
             step: 0,
             position: BatchPosition::default(),
+            bucket_order: Vec::new(),
         }
     }
 
@@ -363,13 +369,14 @@ impl State {
     }
 
     /// Rank 0's snapshot every `--checkpoint-every` steps, after `step` steps with the
-    /// next batch at `position` (a no-op without `--checkpoint`).
+    /// next batch at `position`, and DDP's `bucket_order` (empty under DP) so that a
+    /// resumed run reduces in the same buckets (a no-op without `--checkpoint`).
     fn snapshot(
         args: &Args,
         model: &Mlp,
         velocity: &[Vec<f32>],
-        step: u64,
-        position: BatchPosition,
+        (step, position): (u64, BatchPosition),
+        bucket_order: &[usize],
     ) -> Result<(), DdpError> {
         let Some(dir) = &args.checkpoint else {
             return Ok(());
@@ -385,6 +392,10 @@ impl State {
         {
             snapshot.put(&name, p);
             snapshot.put(&format!("momentum.{name}"), v);
+        }
+        if !bucket_order.is_empty() {
+            let order: Vec<i64> = bucket_order.iter().map(|&i| i as i64).collect();
+            snapshot.put(BUCKET_ORDER, &order);
         }
         snapshot.save(dir, 2)?;
         Ok(())
@@ -425,6 +436,10 @@ impl State {
         }
         self.step = snapshot.step();
         self.position = snapshot.position();
+        if snapshot.names().any(|name| name == BUCKET_ORDER) {
+            let order = snapshot.get::<i64>(BUCKET_ORDER)?;
+            self.bucket_order = order.iter().map(|&i| i as usize).collect();
+        }
         Ok(())
     }
 }
@@ -516,7 +531,10 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
         "bf16" => ddp.register_comm_hook(Bf16CompressHook),
         other => return Err(format!("unknown --hook {other}").into()),
     }
-    resume(args, pg, &mut state)?;
+    if resume(args, pg, &mut state)? {
+        // Rank 0's saved order; the buckets then match the interrupted run's.
+        ddp.restore_bucket_order(&state.bucket_order)?;
+    }
     ddp.broadcast_parameters(&mut state.model.params_mut())?;
     for v in &mut state.velocity {
         pg.broadcast(v, 0)?;
@@ -571,8 +589,8 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
                 args,
                 &state.model,
                 &state.velocity,
-                state.step,
-                state.position,
+                (state.step, state.position),
+                &ddp.bucket_order(),
             )?;
         }
     }
@@ -595,25 +613,33 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
 }
 
 /// Rank 0 reads the newest snapshot, if any, and every rank takes its step and position;
-/// the parameters and momentum follow in the broadcasts after.
-fn resume(args: &Args, pg: &ProcessGroup, state: &mut State) -> Result<(), Failure> {
+/// the parameters and momentum follow in the broadcasts after. Returns whether the snapshot
+/// holds DDP's bucket order (every rank then restores rank 0's).
+fn resume(args: &Args, pg: &ProcessGroup, state: &mut State) -> Result<bool, Failure> {
     if args.checkpoint.is_none() {
-        return Ok(());
+        return Ok(false);
     }
-    let mut header = [0i64; 3];
+    let mut header = [0i64; 4];
     if pg.rank() == 0 {
         state.resume_from_disk(args)?;
         let signed = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        header = [state.step, state.position.epoch, state.position.step].map(signed);
+        let has_order = u64::from(!state.bucket_order.is_empty());
+        header = [
+            state.step,
+            state.position.epoch,
+            state.position.step,
+            has_order,
+        ]
+        .map(signed);
     }
     pg.broadcast(&mut header, 0)?;
-    let [step, epoch, within] = header.map(|v| u64::try_from(v).unwrap_or(0));
+    let [step, epoch, within, has_order] = header.map(|v| u64::try_from(v).unwrap_or(0));
     state.step = step;
     state.position = BatchPosition {
         epoch,
         step: within,
     };
-    Ok(())
+    Ok(has_order == 1)
 }
 
 /// DataParallel: `replicas` threads of this process, one global batch of
@@ -646,7 +672,13 @@ fn train_dp(args: &Args, replicas: usize) -> Result<(), Failure> {
         phases.push(dp.timings());
         print_loss(args, step, losses.iter().sum::<f32>() / losses.len() as f32);
         step += 1;
-        State::snapshot(args, dp.master(), &velocity, step, batches.position())?;
+        State::snapshot(
+            args,
+            dp.master(),
+            &velocity,
+            (step, batches.position()),
+            &[],
+        )?;
     }
     let median =
         |f: fn(&ringccl::ddp::DpTimings) -> f64| median_after_first(phases.iter().map(f)) * 1e3;

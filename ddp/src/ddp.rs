@@ -635,6 +635,117 @@ impl<T: GradElement> DistributedDataParallel<T> {
         }
     }
 
+    /// The parameters in bucket order (the buckets' parameters one after the other):
+    /// what a checkpoint saves so that a resumed run can lay its buckets out exactly as
+    /// the interrupted one had them, with [`restore_bucket_order`](Self::restore_bucket_order).
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let ddp = DistributedDataParallel::<f32>::with_params(
+    ///     &Solo,
+    ///     [("a", 4), ("b", 2), ("c", 8)],
+    ///     DdpConfig::default(),
+    /// )?;
+    /// assert_eq!(ddp.bucket_order(), vec![2, 1, 0]); // reverse registration at first
+    /// # Ok::<(), DdpError>(())
+    /// ```
+    pub fn bucket_order(&self) -> Vec<usize> {
+        self.bucket_layout().concat()
+    }
+
+    /// Lays the buckets out in `order` (from [`bucket_order`](Self::bucket_order) of an
+    /// earlier run), in place of the first step's one-time rebuild, which then does not
+    /// happen. A run resumed from a checkpoint thus reduces every step's gradients in the
+    /// same buckets as the uninterrupted run, which keeps the resumed parameters
+    /// bit-identical whatever order the backward pass marks gradients in. Collective:
+    /// rank 0's `order` is broadcast and becomes every rank's (the others' is not read:
+    /// they may pass an empty slice). Call it between passes (before a pass's first
+    /// gradient); rank 0's `order` must name every parameter once, else every rank gets
+    /// the same error.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(
+    ///     &Solo,
+    ///     [("a", 4), ("b", 2), ("c", 8)],
+    ///     DdpConfig::default(),
+    /// )?;
+    /// ddp.restore_bucket_order(&[1, 2, 0])?;
+    /// assert_eq!(ddp.bucket_order(), vec![1, 2, 0]);
+    /// assert!(ddp.restore_bucket_order(&[0, 0, 1]).is_err());
+    /// # Ok::<(), DdpError>(())
+    /// ```
+    pub fn restore_bucket_order(&mut self, order: &[usize]) -> Result<(), DdpError> {
+        if let Some(reason) = &self.broken {
+            return Err(DdpError::Broken(reason.clone()));
+        }
+        if self.marked > 0 || self.buckets.iter().any(|b| b.in_flight.is_some()) {
+            return Err(DdpError::InvalidArgument(
+                "restore_bucket_order must be called between passes, not while gradients \
+                 are being marked or reduced"
+                    .into(),
+            ));
+        }
+        let n = self.params.len();
+        // Rank 0 sends its order even when it is wrong, so that every rank fails alike.
+        let mut wanted: Vec<i64> = match self.comm.rank() {
+            0 if order.len() == n => order
+                .iter()
+                .map(|&i| i64::try_from(i).unwrap_or(-1))
+                .collect(),
+            _ => vec![-1; n],
+        };
+        let sent = self.comm.broadcast(BufferMut::from_slice(&mut wanted), 0);
+        sent.map_err(|e| self.fail(e.into()))?;
+        if !is_permutation(&wanted, n) {
+            return Err(DdpError::InvalidArgument(format!(
+                "restore_bucket_order: rank 0's order {} does not name each of the {n} \
+                 parameters once",
+                if self.comm.rank() == 0 {
+                    format!("{order:?}")
+                } else {
+                    "(see its error)".to_string()
+                }
+            )));
+        }
+        self.rebuilt = true;
+        self.arrival = Vec::new();
+        self.lay_out_in(&wanted);
+        Ok(())
+    }
+
+    /// Lays the buckets out in `order` (a permutation of the parameter indices), keeping
+    /// the gradients they hold.
+    fn lay_out_in(&mut self, order: &[i64]) {
+        let order: Vec<usize> = order
+            .iter()
+            .map(|&i| usize::try_from(i).unwrap_or(0))
+            .collect();
+        let old_buckets = std::mem::take(&mut self.buckets);
+        let old_slots = std::mem::take(&mut self.slots);
+        self.layout(&order, Some((&old_buckets, &old_slots)));
+    }
+
     /// The one-time rebuild: rank 0's arrival order, broadcast, becomes every rank's
     /// bucket order.
     fn rebuild(&mut self) -> Result<(), DdpError> {
@@ -653,28 +764,16 @@ impl<T: GradElement> DistributedDataParallel<T> {
             order.extend((0..n).rev().filter(|&i| !seen[i]).map(|i| i as i64));
             order
         };
+        self.arrival = Vec::new();
         self.comm
             .broadcast(BufferMut::from_slice(&mut order), 0)
             .map_err(|e| self.fail(e.into()))?;
-        let mut seen = vec![false; n];
-        let mut valid = order.len() == n;
-        let order: Vec<usize> = order
-            .iter()
-            .map(|&i| {
-                let i = usize::try_from(i).unwrap_or(usize::MAX);
-                valid &= i < n && !std::mem::replace(&mut seen[i.min(n - 1)], true);
-                i
-            })
-            .collect();
-        if !valid {
+        if !is_permutation(&order, n) {
             return Err(self.fail(DdpError::InvalidArgument(
                 "rank 0 broadcast an invalid gradient order".into(),
             )));
         }
-        let old_buckets = std::mem::take(&mut self.buckets);
-        let old_slots = std::mem::take(&mut self.slots);
-        self.layout(&order, Some((&old_buckets, &old_slots)));
-        self.arrival = Vec::new();
+        self.lay_out_in(&order);
         Ok(())
     }
 
@@ -832,6 +931,18 @@ impl<T: GradElement> Drop for NoSync<'_, T> {
 
 /// Every rank compares its parameter list with rank 0's; all ranks learn the first
 /// difference any rank found.
+/// Whether `order` names each of `0..n` exactly once.
+fn is_permutation(order: &[i64], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order.iter().all(|&i| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| seen.get_mut(i))
+                .is_some_and(|s| !std::mem::replace(s, true))
+        })
+}
+
 fn check_same_params(comm: &dyn Communicator, params: &[ParamSpec]) -> Result<(), DdpError> {
     let rank = comm.rank();
     let mine = describe(params);
