@@ -32,6 +32,11 @@ impl BatchPosition {
     }
 
     /// The global step of this position with `steps_per_epoch` steps in each epoch.
+    ///
+    /// ```
+    /// let at = ringccl_ddp::BatchPosition { epoch: 2, step: 3 };
+    /// assert_eq!(at.global_step(10), 23);
+    /// ```
     pub fn global_step(&self, steps_per_epoch: u64) -> u64 {
         self.epoch * steps_per_epoch + self.step
     }
@@ -113,11 +118,26 @@ impl Batches {
     }
 
     /// Full batches per epoch.
+    ///
+    /// ```
+    /// let sampler = ringccl_ddp::DistributedSampler::new(64, 2, 1)?;
+    /// assert_eq!(sampler.batches(10)?.steps_per_epoch(), 3); // 32 indices per rank
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn steps_per_epoch(&self) -> u64 {
         self.steps_per_epoch
     }
 
     /// The position of the batch `next` returns next: what a checkpoint saves.
+    ///
+    /// ```
+    /// use ringccl_ddp::{BatchPosition, DistributedSampler};
+    /// let mut batches = DistributedSampler::new(64, 2, 0)?.batches(16)?; // 2 per epoch
+    /// batches.next();
+    /// batches.next();
+    /// assert_eq!(batches.position(), BatchPosition { epoch: 1, step: 0 });
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn position(&self) -> BatchPosition {
         self.next
     }

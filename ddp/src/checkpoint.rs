@@ -54,6 +54,12 @@ struct Tensor {
 impl Checkpoint {
     /// An empty snapshot after `step` optimizer steps, the sampler at `position` (the
     /// next batch to train on).
+    ///
+    /// ```
+    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// let snapshot = Checkpoint::new(50, BatchPosition { epoch: 1, step: 2 });
+    /// assert_eq!(snapshot.names().count(), 0);
+    /// ```
     pub fn new(step: u64, position: BatchPosition) -> Checkpoint {
         Checkpoint {
             step,
@@ -63,16 +69,36 @@ impl Checkpoint {
     }
 
     /// Optimizer steps taken when it was made.
+    ///
+    /// ```
+    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// assert_eq!(Checkpoint::new(50, BatchPosition::default()).step(), 50);
+    /// ```
     pub fn step(&self) -> u64 {
         self.step
     }
 
     /// The next batch to train on.
+    ///
+    /// ```
+    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// let at = BatchPosition { epoch: 3, step: 1 };
+    /// assert_eq!(Checkpoint::new(7, at).position(), at);
+    /// ```
     pub fn position(&self) -> BatchPosition {
         self.position
     }
 
     /// Adds (or replaces) tensor `name`.
+    ///
+    /// ```
+    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// let mut snapshot = Checkpoint::new(1, BatchPosition::default());
+    /// snapshot.put("w", &[1.0f32, 2.0]);
+    /// snapshot.put("w", &[3.0f32]); // replaces
+    /// assert_eq!(snapshot.get::<f32>("w")?, vec![3.0]);
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn put<T: Element>(&mut self, name: &str, values: &[T]) {
         let tensor = Tensor {
             name: name.to_string(),
@@ -86,6 +112,16 @@ impl Checkpoint {
     }
 
     /// Tensor `name`, which must have been stored as `T`.
+    ///
+    /// ```
+    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// let mut snapshot = Checkpoint::new(1, BatchPosition::default());
+    /// snapshot.put("step_sizes", &[1i64, 2]);
+    /// assert_eq!(snapshot.get::<i64>("step_sizes")?, vec![1, 2]);
+    /// assert!(snapshot.get::<f32>("step_sizes").is_err()); // saved as i64
+    /// assert!(snapshot.get::<i64>("missing").is_err());
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn get<T: Element>(&self, name: &str) -> Result<Vec<T>, DdpError> {
         let Some(tensor) = self.tensors.iter().find(|t| t.name == name) else {
             return Err(DdpError::Checkpoint(format!(
@@ -107,6 +143,14 @@ impl Checkpoint {
     }
 
     /// The tensors' names, in the order they were put.
+    ///
+    /// ```
+    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// let mut snapshot = Checkpoint::new(1, BatchPosition::default());
+    /// snapshot.put("b", &[0u8]);
+    /// snapshot.put("a", &[0u8]);
+    /// assert_eq!(snapshot.names().collect::<Vec<_>>(), vec!["b", "a"]);
+    /// ```
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.iter().map(|t| t.name.as_str())
     }
@@ -114,6 +158,19 @@ impl Checkpoint {
     /// Writes the snapshot into `dir` (created if missing) as `checkpoint-<step>.ckpt`,
     /// atomically, then removes all but the newest `keep` snapshots (at least 1).
     /// Returns the file's path.
+    ///
+    /// ```
+    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// let dir = std::env::temp_dir().join(format!("ringccl-doc-save-{}", std::process::id()));
+    /// for step in 1..=3 {
+    ///     Checkpoint::new(step, BatchPosition::default()).save(&dir, 2)?;
+    /// }
+    /// let latest = Checkpoint::load_latest(&dir)?.expect("a snapshot");
+    /// assert_eq!(latest.step(), 3);
+    /// assert_eq!(std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0), 2); // kept 2
+    /// # std::fs::remove_dir_all(&dir).ok();
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn save(&self, dir: &Path, keep: usize) -> Result<PathBuf, DdpError> {
         let io = |what: &str, path: &Path, e: io::Error| {
             DdpError::Checkpoint(format!("{what} {}: {e}", path.display()))
@@ -149,6 +206,18 @@ impl Checkpoint {
     /// The newest intact snapshot in `dir`; `None` if there is none (or no `dir`).
     /// Damaged files (a checksum or format error) are skipped with a warning; leftover
     /// temporary files of interrupted saves are removed.
+    ///
+    /// ```
+    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// let dir = std::env::temp_dir().join(format!("ringccl-doc-load-{}", std::process::id()));
+    /// assert!(Checkpoint::load_latest(&dir)?.is_none()); // nothing saved yet
+    /// let mut snapshot = Checkpoint::new(9, BatchPosition { epoch: 0, step: 9 });
+    /// snapshot.put("w", &[0.5f64]);
+    /// snapshot.save(&dir, 1)?;
+    /// assert_eq!(Checkpoint::load_latest(&dir)?, Some(snapshot));
+    /// # std::fs::remove_dir_all(&dir).ok();
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn load_latest(dir: &Path) -> Result<Option<Checkpoint>, DdpError> {
         let Ok(entries) = fs::read_dir(dir) else {
             return Ok(None);

@@ -26,6 +26,11 @@ pub enum GradBuf {
 
 impl GradBuf {
     /// The element type.
+    ///
+    /// ```
+    /// use ringccl_collectives::DType;
+    /// assert_eq!(ringccl_ddp::GradBuf::F64(vec![1.0]).dtype(), DType::F64);
+    /// ```
     pub fn dtype(&self) -> DType {
         match self {
             GradBuf::F32(_) => DType::F32,
@@ -36,6 +41,10 @@ impl GradBuf {
     }
 
     /// Number of elements.
+    ///
+    /// ```
+    /// assert_eq!(ringccl_ddp::GradBuf::F32(vec![0.0; 5]).len(), 5);
+    /// ```
     pub fn len(&self) -> usize {
         match self {
             GradBuf::F32(v) => v.len(),
@@ -46,6 +55,10 @@ impl GradBuf {
     }
 
     /// Whether it holds no elements.
+    ///
+    /// ```
+    /// assert!(ringccl_ddp::GradBuf::F32(Vec::new()).is_empty());
+    /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

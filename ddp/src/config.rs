@@ -16,6 +16,12 @@ pub struct ParamSpec {
 
 impl ParamSpec {
     /// A parameter named `name` with `numel` elements of `dtype`.
+    ///
+    /// ```
+    /// use ringccl_collectives::DType;
+    /// let p = ringccl_ddp::ParamSpec::new("fc1.weight", 512 * 256, DType::F32);
+    /// assert_eq!((p.name.as_str(), p.numel), ("fc1.weight", 131072));
+    /// ```
     pub fn new(name: impl Into<String>, numel: usize, dtype: DType) -> ParamSpec {
         ParamSpec {
             name: name.into(),
@@ -49,11 +55,21 @@ impl Default for DdpConfig {
 
 impl DdpConfig {
     /// The default configuration.
+    ///
+    /// ```
+    /// let config = ringccl_ddp::DdpConfig::new();
+    /// assert_eq!(format!("{config:?}"), format!("{:?}", ringccl_ddp::DdpConfig::default()));
+    /// ```
     pub fn new() -> DdpConfig {
         DdpConfig::default()
     }
 
     /// The cap of every bucket but the first (default 25 MiB, torch's `bucket_cap_mb`).
+    ///
+    /// ```
+    /// let config = ringccl_ddp::DdpConfig::new().bucket_cap_bytes(4 << 20);
+    /// assert!(format!("{config:?}").contains("bucket_cap_bytes: 4194304"));
+    /// ```
     pub fn bucket_cap_bytes(mut self, bytes: usize) -> DdpConfig {
         self.bucket_cap_bytes = bytes;
         self
@@ -61,6 +77,11 @@ impl DdpConfig {
 
     /// The cap of the first bucket (default 1 MiB): small, so that the first all-reduce
     /// starts early in the backward pass.
+    ///
+    /// ```
+    /// let config = ringccl_ddp::DdpConfig::new().first_bucket_bytes(256 << 10);
+    /// assert!(format!("{config:?}").contains("first_bucket_bytes: 262144"));
+    /// ```
     pub fn first_bucket_bytes(mut self, bytes: usize) -> DdpConfig {
         self.first_bucket_bytes = bytes;
         self
@@ -69,6 +90,11 @@ impl DdpConfig {
     /// Allow steps in which some parameters get no gradient (default false). Their
     /// gradient counts as zero on this rank; `finish` then launches their buckets itself.
     /// Without it, such a step is an error that lists the parameters.
+    ///
+    /// ```
+    /// let config = ringccl_ddp::DdpConfig::new().find_unused_parameters(true);
+    /// assert!(format!("{config:?}").contains("find_unused_parameters: true"));
+    /// ```
     pub fn find_unused_parameters(mut self, on: bool) -> DdpConfig {
         self.find_unused_parameters = on;
         self
@@ -79,6 +105,11 @@ impl DdpConfig {
     /// with [`mark_grad_ready_in_view`](crate::DistributedDataParallel::mark_grad_ready_in_view);
     /// no copy is made and the division by world size happens once per bucket, just
     /// before its all-reduce.
+    ///
+    /// ```
+    /// let config = ringccl_ddp::DdpConfig::new().gradient_as_bucket_view(true);
+    /// assert!(format!("{config:?}").contains("gradient_as_bucket_view: true"));
+    /// ```
     pub fn gradient_as_bucket_view(mut self, on: bool) -> DdpConfig {
         self.gradient_as_bucket_view = on;
         self
@@ -86,6 +117,11 @@ impl DdpConfig {
 
     /// Rebuild the buckets once, after the first step, from the order gradients really
     /// arrived on rank 0 (default true, as torch).
+    ///
+    /// ```
+    /// let config = ringccl_ddp::DdpConfig::new().rebuild_buckets(false);
+    /// assert!(format!("{config:?}").contains("rebuild_buckets: false"));
+    /// ```
     pub fn rebuild_buckets(mut self, on: bool) -> DdpConfig {
         self.rebuild_buckets = on;
         self

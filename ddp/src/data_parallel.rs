@@ -53,11 +53,44 @@ pub struct Grads<'a, T> {
 
 impl<T: GradElement> Grads<'_, T> {
     /// Which replica this is (0 is the master).
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let mut dp = DataParallel::new(Scale { w: vec![1.0] }, 2)?;
+    /// let who = dp.step(&[1.0f32, 2.0], |_, _, grads| {
+    ///     grads.set(0, &[0.0])?;
+    ///     Ok::<usize, DdpError>(grads.replica())
+    /// })?;
+    /// assert_eq!(who, vec![0, 1]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn replica(&self) -> usize {
         self.replica
     }
 
     /// Sets the gradient of parameter `index` (of this replica's shard's mean loss).
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let mut dp = DataParallel::new(Scale { w: vec![1.0] }, 1)?;
+    /// dp.step(&[3.0f32], |_, shard, grads| grads.set(0, &[shard[0]]))?;
+    /// assert_eq!(dp.grads()[0], vec![3.0]);
+    /// let wrong = dp.step(&[3.0f32], |_, _, grads| grads.set(0, &[1.0, 2.0]));
+    /// assert!(wrong.is_err()); // the parameter has 1 element
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn set(&mut self, index: usize, grad: &[T]) -> Result<(), DdpError> {
         self.get_mut(index, grad.len())?.copy_from_slice(grad);
         Ok(())
@@ -65,6 +98,24 @@ impl<T: GradElement> Grads<'_, T> {
 
     /// The place of parameter `index`'s gradient, `numel` long, to write it in place; it
     /// counts as set.
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let mut dp = DataParallel::new(Scale { w: vec![1.0, 1.0] }, 1)?;
+    /// dp.step(&[2.0f32], |_, shard, grads| {
+    ///     let g = grads.get_mut(0, 2)?;
+    ///     g.fill(shard[0]);
+    ///     Ok::<(), DdpError>(())
+    /// })?;
+    /// assert_eq!(dp.grads()[0], vec![2.0, 2.0]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn get_mut(&mut self, index: usize, numel: usize) -> Result<&mut [T], DdpError> {
         let replica = self.replica;
         let count = self.values.len();
@@ -141,6 +192,20 @@ pub struct DataParallel<M, T> {
 
 impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// `replicas` copies of `model` (at least 1); `model` becomes the master.
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let dp = DataParallel::new(Scale { w: vec![0.5] }, 3)?;
+    /// assert_eq!((dp.replicas(), dp.master().w[0]), (3, 0.5));
+    /// assert!(DataParallel::new(Scale { w: vec![] }, 0).is_err());
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn new(model: M, replicas: usize) -> Result<Self, DdpError> {
         if replicas == 0 {
             return Err(DdpError::InvalidArgument(
@@ -163,26 +228,98 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     }
 
     /// The number of replicas.
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// assert_eq!(DataParallel::new(Scale { w: vec![0.0] }, 4)?.replicas(), 4);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn replicas(&self) -> usize {
         self.replicas.len()
     }
 
     /// The master replica, whose parameters are the model's.
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let mut dp = DataParallel::new(Scale { w: vec![0.0] }, 2)?;
+    /// dp.update(|master, _| master.w[0] = 7.0);
+    /// assert_eq!(dp.master().w, vec![7.0]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn master(&self) -> &M {
         &self.replicas[0]
     }
 
     /// The master's reduced gradients after a step, in parameter order.
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let mut dp = DataParallel::new(Scale { w: vec![0.0] }, 2)?;
+    /// // Shards [1, 2] and [3]: the average weighted by shard length is the batch mean, 2.
+    /// dp.step(&[1.0f32, 2.0, 3.0], |_, shard, grads| {
+    ///     grads.set(0, &[shard.iter().sum::<f32>() / shard.len() as f32])
+    /// })?;
+    /// assert_eq!(dp.grads()[0], vec![2.0]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn grads(&self) -> &[Vec<T>] {
         &self.grads[0]
     }
 
     /// Where the last step spent its time.
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let mut dp = DataParallel::new(Scale { w: vec![0.0] }, 2)?;
+    /// dp.step(&[1.0f32, 2.0], |_, _, grads| grads.set(0, &[1.0]))?;
+    /// let t = dp.timings();
+    /// assert!(t.compute > std::time::Duration::ZERO); // the replicas' passes, threads included
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn timings(&self) -> DpTimings {
         self.timings
     }
 
     /// Steps run so far.
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let mut dp = DataParallel::new(Scale { w: vec![0.0] }, 1)?;
+    /// dp.step(&[1.0f32], |_, _, grads| grads.set(0, &[1.0]))?;
+    /// assert_eq!(dp.steps(), 1);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn steps(&self) -> u64 {
         self.steps
     }
@@ -190,6 +327,22 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// Lets `update` change the master (usually: the optimizer step from the reduced
     /// gradients, the second argument). The other replicas get the new parameters at
     /// the start of the next step.
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let mut dp = DataParallel::new(Scale { w: vec![1.0] }, 2)?;
+    /// dp.step(&[1.0f32, 1.0], |_, _, grads| grads.set(0, &[0.5]))?;
+    /// let lr = 0.1;
+    /// dp.update(|master, grads| master.w[0] -= lr * grads[0][0]);
+    /// assert_eq!(dp.master().w, vec![0.95]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn update<R>(&mut self, update: impl FnOnce(&mut M, &[Vec<T>]) -> R) -> R {
         update(&mut self.replicas[0], &self.grads[0])
     }
@@ -203,6 +356,23 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// The first error in replica order is returned, after every replica has finished;
     /// a panicking replica is an error naming it. The master's gradients are then
     /// unspecified until the next successful step.
+    ///
+    /// ```
+    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// #[derive(Clone)]
+    /// struct Scale { w: Vec<f32> }
+    /// impl Replica<f32> for Scale {
+    ///     fn params(&self) -> Vec<&[f32]> { vec![&self.w] }
+    ///     fn params_mut(&mut self) -> Vec<&mut [f32]> { vec![&mut self.w] }
+    /// }
+    /// let mut dp = DataParallel::new(Scale { w: vec![0.0] }, 2)?;
+    /// let losses = dp.step(&[1.0f32, 3.0], |model, shard, grads| {
+    ///     grads.set(0, &[model.w[0] - shard[0]])?;
+    ///     Ok::<f32, DdpError>(shard[0])
+    /// })?;
+    /// assert_eq!(losses, vec![1.0, 3.0]); // one per replica, in replica order
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn step<B, L, E>(
         &mut self,
         batch: &[B],

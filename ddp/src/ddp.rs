@@ -101,6 +101,26 @@ impl<T: GradElement> DistributedDataParallel<T> {
     ///
     /// `comm` is usually `&pg` for a `ringccl::ProcessGroup`, which DDP clones (a cheap
     /// handle on the same group); an `Arc` of a communicator works too.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let specs = [ParamSpec::new("w", 3, DType::F32), ParamSpec::new("b", 1, DType::F32)];
+    /// let ddp = DistributedDataParallel::<f32>::new(&Solo, &specs, DdpConfig::default())?;
+    /// assert_eq!(ddp.params().len(), 2);
+    /// let wrong = [ParamSpec::new("w", 3, DType::F64)];
+    /// assert!(DistributedDataParallel::<f32>::new(&Solo, &wrong, DdpConfig::default()).is_err());
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn new(
         comm: impl ToCommunicator,
         params: &[ParamSpec],
@@ -181,21 +201,96 @@ impl<T: GradElement> DistributedDataParallel<T> {
 
     /// Replaces the communication hook (default [`AllReduceHook`]). Every rank must use
     /// the same hook.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 4)], DdpConfig::default())?;
+    /// ddp.register_comm_hook(Fp16CompressHook); // all-reduce in f16, half the bytes
+    /// ddp.mark_grad_ready(0, &[1.0, 2.0, 3.0, 4.0])?;
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.grad(0)?, &[1.0, 2.0, 3.0, 4.0]); // exact in f16
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn register_comm_hook(&mut self, hook: impl CommHook<T> + 'static) {
         self.hook = Box::new(hook);
     }
 
     /// The registered parameters.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let ddp = DistributedDataParallel::<f64>::with_params(&Solo, [("w", 2)], DdpConfig::default())?;
+    /// assert_eq!(ddp.params()[0], ParamSpec::new("w", 2, DType::F64));
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn params(&self) -> &[ParamSpec] {
         &self.params
     }
 
     /// The current buckets, as parameter indices, in launch order.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// // 4-byte gradients, first bucket capped at 8 bytes: [c, b] then [a].
+    /// let config = DdpConfig::default().first_bucket_bytes(8);
+    /// let ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("a", 2), ("b", 1), ("c", 1)], config)?;
+    /// assert_eq!(ddp.bucket_layout(), vec![vec![2, 1], vec![0]]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
         self.buckets.iter().map(|b| b.params.clone()).collect()
     }
 
     /// Steps finished so far (each `finish` counts, `no_sync` ones included).
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 1)], DdpConfig::default())?;
+    /// ddp.mark_grad_ready(0, &[1.0])?;
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.steps(), 1);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn steps(&self) -> u64 {
         self.step
     }
@@ -430,6 +525,27 @@ impl<T: GradElement> DistributedDataParallel<T> {
     }
 
     /// Hands DDP the gradient of parameter `index` for this step; see the type's docs.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 2), ("b", 1)], DdpConfig::default())?;
+    /// ddp.mark_grad_ready(1, &[0.5])?; // backward produces the last layer first
+    /// ddp.mark_grad_ready(0, &[1.0, 2.0])?;
+    /// assert!(ddp.mark_grad_ready(0, &[1.0]).is_err()); // wrong length
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.grad(1)?, &[0.5]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn mark_grad_ready(&mut self, index: usize, grad: &[T]) -> Result<(), DdpError> {
         self.check_usable()?;
         self.check_index(index, Some(grad.len()))?;
@@ -461,6 +577,27 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// call [`mark_grad_ready_in_view`](Self::mark_grad_ready_in_view). It holds the
     /// averaged gradient after `finish`; zero it yourself before accumulating a new one
     /// if your trainer accumulates into gradients.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let config = DdpConfig::default().gradient_as_bucket_view(true);
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 3)], config)?;
+    /// ddp.grad_view_mut(0)?.copy_from_slice(&[1.0, 2.0, 3.0]); // backward writes in place
+    /// ddp.mark_grad_ready_in_view(0)?;
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.grad(0)?, &[1.0, 2.0, 3.0]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn grad_view_mut(&mut self, index: usize) -> Result<&mut [T], DdpError> {
         self.check_usable()?;
         if !self.config.gradient_as_bucket_view {
@@ -484,6 +621,27 @@ impl<T: GradElement> DistributedDataParallel<T> {
 
     /// With [`DdpConfig::gradient_as_bucket_view`]: the gradient of parameter `index` has
     /// been written into its view.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let config = DdpConfig::default().gradient_as_bucket_view(true);
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 1)], config)?;
+    /// ddp.grad_view_mut(0)?[0] = 4.0;
+    /// ddp.mark_grad_ready_in_view(0)?;
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.grad(0)?, &[4.0]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn mark_grad_ready_in_view(&mut self, index: usize) -> Result<(), DdpError> {
         self.check_usable()?;
         if !self.config.gradient_as_bucket_view {
@@ -546,6 +704,24 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// Ends the step: launches what is left, waits for every bucket, and makes the
     /// averaged gradients readable through [`grad`](Self::grad). Under `no_sync` it only
     /// closes the step (nothing is communicated; gradients keep accumulating).
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 1), ("b", 1)], DdpConfig::default())?;
+    /// ddp.mark_grad_ready(1, &[1.0])?;
+    /// assert!(ddp.finish().is_err()); // "w" never got a gradient
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn finish(&mut self) -> Result<(), DdpError> {
         self.check_usable()?;
         if self.marked == 0 && std::mem::take(&mut self.closed_without_finish) {
@@ -829,6 +1005,26 @@ impl<T: GradElement> DistributedDataParallel<T> {
     }
 
     /// Copies every averaged gradient out, in parameter order (errors as [`grad`](Self::grad)).
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 2), ("b", 1)], DdpConfig::default())?;
+    /// ddp.mark_grad_ready(1, &[3.0])?;
+    /// ddp.mark_grad_ready(0, &[1.0, 2.0])?;
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.grads()?, vec![vec![1.0, 2.0], vec![3.0]]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn grads(&self) -> Result<Vec<Vec<T>>, DdpError> {
         (0..self.params.len())
             .map(|i| self.grad(i).map(<[T]>::to_vec))
@@ -837,6 +1033,25 @@ impl<T: GradElement> DistributedDataParallel<T> {
 
     /// Copies rank 0's parameter values into every rank's `params` (in registration
     /// order), so that all replicas start identical.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{DType, Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 2)], DdpConfig::default())?;
+    /// let mut w = vec![0.1f32, 0.2];
+    /// ddp.broadcast_parameters(&mut [&mut w])?; // every rank now holds rank 0's values
+    /// assert!(ddp.broadcast_parameters(&mut []).is_err()); // one slice per parameter
+    /// # Ok::<(), DdpError>(())
+    /// ```
     pub fn broadcast_parameters(&self, params: &mut [&mut [T]]) -> Result<(), DdpError> {
         self.check_usable()?;
         if params.len() != self.params.len() {

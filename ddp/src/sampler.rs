@@ -43,6 +43,14 @@ pub struct DistributedSampler {
 impl DistributedSampler {
     /// A sampler over a dataset of `len` items for rank `rank` of `num_replicas`, with
     /// shuffling on, seed 0 and padding.
+    ///
+    /// ```
+    /// use ringccl_ddp::DistributedSampler;
+    /// let sampler = DistributedSampler::new(10, 3, 2)?;
+    /// assert_eq!(sampler.num_samples(), 4); // padded to 12
+    /// assert!(DistributedSampler::new(10, 3, 3).is_err());
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn new(len: usize, num_replicas: usize, rank: usize) -> Result<Self, DdpError> {
         if num_replicas == 0 || rank >= num_replicas {
             return Err(DdpError::InvalidArgument(format!(
@@ -61,18 +69,38 @@ impl DistributedSampler {
     }
 
     /// Whether to shuffle (default true).
+    ///
+    /// ```
+    /// let sampler = ringccl_ddp::DistributedSampler::new(6, 2, 0)?.shuffle(false);
+    /// assert_eq!(sampler.indices(), vec![0, 2, 4]);
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn shuffle(mut self, shuffle: bool) -> Self {
         self.shuffle = shuffle;
         self
     }
 
     /// The shuffling seed; every rank must use the same one (default 0).
+    ///
+    /// ```
+    /// use ringccl_ddp::DistributedSampler;
+    /// let a = DistributedSampler::new(100, 2, 0)?.seed(1).indices();
+    /// let b = DistributedSampler::new(100, 2, 0)?.seed(2).indices();
+    /// assert_ne!(a, b);
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
         self
     }
 
     /// Drop the tail instead of padding (default false).
+    ///
+    /// ```
+    /// let sampler = ringccl_ddp::DistributedSampler::new(10, 3, 0)?.drop_last(true);
+    /// assert_eq!(sampler.num_samples(), 3); // 10 / 3, the last item dropped
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn drop_last(mut self, drop_last: bool) -> Self {
         self.drop_last = drop_last;
         self
@@ -80,11 +108,24 @@ impl DistributedSampler {
 
     /// Sets the epoch, which changes the shuffled order. Call it at the start of every
     /// epoch on every rank.
+    ///
+    /// ```
+    /// let mut sampler = ringccl_ddp::DistributedSampler::new(100, 2, 0)?;
+    /// let first = sampler.indices();
+    /// sampler.set_epoch(1);
+    /// assert_ne!(sampler.indices(), first);
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn set_epoch(&mut self, epoch: u64) {
         self.epoch = epoch;
     }
 
     /// The indices each rank visits per epoch.
+    ///
+    /// ```
+    /// assert_eq!(ringccl_ddp::DistributedSampler::new(10, 4, 0)?.num_samples(), 3);
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn num_samples(&self) -> usize {
         let n = self.num_replicas;
         if self.drop_last {
@@ -95,11 +136,27 @@ impl DistributedSampler {
     }
 
     /// `num_samples() * num_replicas`: the padded (or trimmed) epoch length.
+    ///
+    /// ```
+    /// assert_eq!(ringccl_ddp::DistributedSampler::new(10, 4, 0)?.total_size(), 12);
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn total_size(&self) -> usize {
         self.num_samples() * self.num_replicas
     }
 
     /// This rank's indices for the current epoch, in visiting order.
+    ///
+    /// ```
+    /// use ringccl_ddp::DistributedSampler;
+    /// let all: Vec<usize> = (0..2)
+    ///     .flat_map(|rank| DistributedSampler::new(8, 2, rank).unwrap().seed(3).indices())
+    ///     .collect();
+    /// let mut sorted = all.clone();
+    /// sorted.sort();
+    /// assert_eq!(sorted, (0..8).collect::<Vec<_>>()); // every item once across the ranks
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
     pub fn indices(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
         if self.shuffle {
