@@ -394,7 +394,10 @@ impl State {
             snapshot.put(&format!("momentum.{name}"), v);
         }
         if !bucket_order.is_empty() {
-            let order: Vec<i64> = bucket_order.iter().map(|&i| i as i64).collect();
+            let order: Vec<i64> = bucket_order
+                .iter()
+                .map(|&i| i64::try_from(i).unwrap_or(-1))
+                .collect();
             snapshot.put(BUCKET_ORDER, &order);
         }
         snapshot.save(dir, 2)?;
@@ -438,7 +441,15 @@ impl State {
         self.position = snapshot.position();
         if snapshot.names().any(|name| name == BUCKET_ORDER) {
             let order = snapshot.get::<i64>(BUCKET_ORDER)?;
-            self.bucket_order = order.iter().map(|&i| i as usize).collect();
+            self.bucket_order = order
+                .iter()
+                .map(|&i| usize::try_from(i))
+                .collect::<Result<_, _>>()
+                .map_err(|_| {
+                    DdpError::Checkpoint(format!(
+                        "{BUCKET_ORDER} holds a negative index: {order:?}"
+                    ))
+                })?;
         }
         Ok(())
     }
@@ -489,7 +500,7 @@ fn peak_rss_mb() -> f64 {
 }
 
 fn print_loss(args: &Args, step: u64, loss: f32) {
-    if step % args.print_every == 0 || step + 1 == args.steps {
+    if step.checked_rem(args.print_every) == Some(0) || step + 1 == args.steps {
         println!("step {step:4} loss {loss:.6}");
     }
 }
@@ -584,7 +595,7 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
         }
         state.step += 1;
         state.position = batches.position();
-        if rank == 0 {
+        if rank == 0 && args.checkpoint.is_some() {
             State::snapshot(
                 args,
                 &state.model,

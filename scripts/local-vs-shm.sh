@@ -15,8 +15,13 @@ for _ in $(seq "$reps"); do
   for n in 2 4; do
     for transport in memory shm; do
       for size in 8 1K 64K 1M 16M 64M; do
-        "$bench" --np "$n" --transport "$transport" -b "$size" -e "$size" 2>/dev/null |
-          awk -v n="$n" -v t="$transport" '$1 ~ /^[0-9]+$/ { print n, t, $1, $6 }'
+        if ! "$bench" --np "$n" --transport "$transport" -b "$size" -e "$size" \
+          >"$out/run" 2>"$out/err"; then
+          echo "local-vs-shm: ringccl-bench --np $n --transport $transport -b $size failed:" >&2
+          cat "$out/err" >&2
+          exit 1
+        fi
+        awk -v n="$n" -v t="$transport" '$1 ~ /^[0-9]+$/ { print n, t, $1, $6 }' "$out/run"
       done
     done
   done

@@ -95,6 +95,9 @@ pub(crate) fn host_config(opts: &InitOptions) -> Result<HostConfig, Error> {
     if let Some(bytes) = opts.mid_all_reduce_max_bytes {
         config.mid_all_reduce_max_bytes = bytes;
     }
+    if let Some(bytes) = opts.peer_memory_min_bytes {
+        config.peer_memory_min_bytes = bytes;
+    }
     Ok(config)
 }
 

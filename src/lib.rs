@@ -28,8 +28,9 @@
 //!   missing.
 //!
 //! Ranks of one group can also live in one process, one per thread:
-//! [`local_groups`] connects them in memory, with no rendezvous and no sockets, and the
-//! same guarantees (deadlines, aborts, mismatch detection, bit-identical results).
+//! [`local_groups`] connects them in memory (under `"gloo"` with no rendezvous and no
+//! sockets; under `"nccl"` one GPU each), with the same guarantees (deadlines, aborts,
+//! mismatch detection, bit-identical results).
 
 #![deny(unsafe_code)]
 

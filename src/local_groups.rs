@@ -1,5 +1,5 @@
-//! Groups whose ranks live in one process, one per thread: no rendezvous, no sockets,
-//! no `/dev/shm` files. The ranks are connected by the shared-memory transport's rings
+//! Groups whose ranks live in one process, one per thread. Under `"gloo"`: no
+//! rendezvous, no sockets, no `/dev/shm` files. The ranks are connected by the shared-memory transport's rings
 //! in anonymous memory ([`InProcessTransport`]), each with its own control thread, so
 //! they keep every guarantee of a group of processes: deadlines, abort of the whole
 //! group, mismatch detection, bit-identical results.
@@ -28,8 +28,7 @@ const LOCAL: &str = "memory";
 /// communicators are created together, one per thread through one unique id (what
 /// `ncclCommInitAll` does), over a store on a loopback port of this process, which also
 /// carries the ranks' liveness and control connections. Each rank's collectives may run
-/// on any thread: the engine binds its GPU's context on every call. `"nccl"` is not available here
-/// yet (it would be one communicator per local GPU, created together).
+/// on any thread: the engine binds its GPU's context on every call.
 ///
 /// ```
 /// use std::thread;
@@ -166,8 +165,7 @@ fn local_nccl(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
         .map(|rank| opts.for_local_rank(rank, n, &master))
         .collect();
     if let Some(first) = per_rank.first_mut() {
-        let mine = std::mem::replace(first, InitOptions::new(0, n, &master));
-        *first = mine.store_listener(listener);
+        *first = opts.for_local_rank(0, n, &master).store_listener(listener);
     }
     // Every rank joins on its own thread, as NCCL needs all of them in the init at once.
     let joined: Vec<Result<ProcessGroup, Error>> = std::thread::scope(|scope| {
@@ -187,5 +185,19 @@ fn local_nccl(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
             })
             .collect()
     });
-    joined.into_iter().collect()
+    // One rank's failure makes the others fail too (a lost peer, a timeout): report
+    // the first error that is not such a consequence.
+    let consequence = |e: &Error| matches!(e, Error::PeerLost { .. } | Error::Timeout { .. });
+    let cause = joined
+        .iter()
+        .position(|r| r.as_ref().is_err_and(|e| !consequence(e)));
+    match cause {
+        Some(i) => match joined.into_iter().nth(i) {
+            Some(Err(e)) => Err(e),
+            _ => Err(Error::InvalidArgument(
+                "a local NCCL rank failed to start".into(),
+            )),
+        },
+        None => joined.into_iter().collect(),
+    }
 }

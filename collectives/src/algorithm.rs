@@ -15,6 +15,9 @@ use crate::Error;
 pub enum AllReduceAlgo {
     /// Recursive doubling up to `HostConfig::small_all_reduce_max_bytes`, halving-doubling
     /// up to `HostConfig::mid_all_reduce_max_bytes` (with four ranks or more), ring above.
+    /// Between ranks of one process, from `HostConfig::peer_memory_min_bytes` on, the
+    /// ranks read each other's buffers instead (the host engine decides that, as only it
+    /// knows the transport).
     #[default]
     Auto,
     /// Always the pipelined ring (bandwidth-optimal).
@@ -92,6 +95,8 @@ impl AllReduceAlgo {
     /// assert_eq!(auto.pick_on_hosts(500, 4, 100, 1000, true), Algorithm::Hierarchical);
     /// assert_eq!(auto.pick_on_hosts(500, 4, 100, 1000, false), Algorithm::HalvingDoubling);
     /// assert_eq!(auto.pick_on_hosts(16 << 10, 4, 32 << 10, 1 << 22, true), Algorithm::Hierarchical);
+    /// let pm = AllReduceAlgo::PeerMemory; // across hosts: what Auto picks
+    /// assert_eq!(pm.pick_on_hosts(500, 4, 100, 1000, true), Algorithm::Hierarchical);
     /// ```
     pub fn pick_on_hosts(
         self,
@@ -101,14 +106,19 @@ impl AllReduceAlgo {
         mid_max_bytes: usize,
         spans_hosts: bool,
     ) -> Algorithm {
-        match self {
+        // Peer memory needs ranks in one process; anywhere else it is Auto.
+        let this = match self {
+            AllReduceAlgo::PeerMemory => AllReduceAlgo::Auto,
+            other => other,
+        };
+        match this {
             AllReduceAlgo::Hierarchical if spans_hosts => Algorithm::Hierarchical,
             AllReduceAlgo::Auto
                 if spans_hosts && bytes > small_max_bytes.min(ACROSS_HOSTS_SMALL_MAX_BYTES) =>
             {
                 Algorithm::Hierarchical
             }
-            _ => self.pick(bytes, ranks, small_max_bytes, mid_max_bytes),
+            _ => this.pick(bytes, ranks, small_max_bytes, mid_max_bytes),
         }
     }
 }

@@ -44,7 +44,8 @@ impl Default for MemoryConfig {
 /// [`io::ErrorKind::BrokenPipe`]. [`Transport::wait`] looks for its spin window
 /// ([`set_spin`](Self::set_spin); none by default), then sleeps on a condition variable
 /// until a pipe waited on is ready, its peer is gone, or the deadline passes; a writer
-/// rings the condition variable only while someone sleeps on it. Dropping an endpoint closes all its pipes; the others see it in
+/// rings the condition variable only while someone sleeps on it. Dropping an endpoint
+/// closes all its pipes; the others see it in
 /// [`Transport::failed_peers`]. A peer that is out of range, or this rank itself, is an
 /// [`io::ErrorKind::NotConnected`] error.
 ///

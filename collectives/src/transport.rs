@@ -78,6 +78,13 @@ pub trait Transport: Send + fmt::Debug {
     /// The buffers of the group's ranks, when they all live in this process and may read
     /// each other's (see [`crate::peer_memory`]), with how its waits spin. `None` (the
     /// default) for ranks in separate processes.
+    ///
+    /// ```
+    /// use ringccl_collectives::{MemoryConfig, MemoryTransport, Transport};
+    /// // The test transport keeps to byte streams: no peer memory.
+    /// let ranks = MemoryTransport::mesh(2, MemoryConfig::default());
+    /// assert!(ranks[0].peer_memory().is_none());
+    /// ```
     fn peer_memory(&self) -> Option<PeerAccess<'_>> {
         None
     }
@@ -85,6 +92,16 @@ pub trait Transport: Send + fmt::Debug {
 
 /// What [`Transport::peer_memory`] gives: the shared state, and the transport's spin
 /// window for the waits.
+///
+/// ```
+/// use ringccl_collectives::peer_memory::PeerMemory;
+/// use ringccl_collectives::spin::Spin;
+/// use ringccl_collectives::PeerAccess;
+///
+/// let memory = PeerMemory::new(2);
+/// let access = PeerAccess { memory: &memory, spin: Spin::NONE };
+/// assert_eq!(access.memory.world_size(), 2);
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct PeerAccess<'a> {
     /// The group's shared buffers.

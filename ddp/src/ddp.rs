@@ -1144,8 +1144,6 @@ impl<T: GradElement> Drop for NoSync<'_, T> {
     }
 }
 
-/// Every rank compares its parameter list with rank 0's; all ranks learn the first
-/// difference any rank found.
 /// Whether `order` names each of `0..n` exactly once.
 fn is_permutation(order: &[i64], n: usize) -> bool {
     let mut seen = vec![false; n];
@@ -1158,6 +1156,8 @@ fn is_permutation(order: &[i64], n: usize) -> bool {
         })
 }
 
+/// Every rank compares its parameter list with rank 0's; all ranks learn the first
+/// difference any rank found.
 fn check_same_params(comm: &dyn Communicator, params: &[ParamSpec]) -> Result<(), DdpError> {
     let rank = comm.rank();
     let mine = describe(params);

@@ -60,6 +60,9 @@ pub struct InitOptions {
     /// Largest all-reduce that auto runs with halving-doubling (four ranks or more), if
     /// overridden.
     pub mid_all_reduce_max_bytes: Option<usize>,
+    /// Smallest all-reduce that ranks of one process run through each other's buffers
+    /// under auto, if overridden.
+    pub peer_memory_min_bytes: Option<usize>,
     /// The transport chosen in code; `None` defers to `RINGCCL_TRANSPORT`, then auto.
     pub transport: Option<TransportKind>,
     /// The CUDA device override of the `"nccl"` backend.
@@ -105,6 +108,7 @@ impl InitOptions {
             all_reduce_algo: None,
             small_all_reduce_max_bytes: None,
             mid_all_reduce_max_bytes: None,
+            peer_memory_min_bytes: None,
             transport: None,
             device: None,
             auth_token: None,
@@ -260,6 +264,19 @@ impl InitOptions {
     /// ```
     pub fn mid_all_reduce_max_bytes(mut self, bytes: usize) -> InitOptions {
         self.mid_all_reduce_max_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets the smallest all-reduce that [`AllReduceAlgo::Auto`] runs through the other
+    /// ranks' buffers when the ranks share this process ([`crate::local_groups`];
+    /// default 1 MiB). Every rank must use the same value.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "h:1").peer_memory_min_bytes(4 << 20);
+    /// assert_eq!(opts.peer_memory_min_bytes, Some(4 << 20));
+    /// ```
+    pub fn peer_memory_min_bytes(mut self, bytes: usize) -> InitOptions {
+        self.peer_memory_min_bytes = Some(bytes);
         self
     }
 
@@ -535,6 +552,7 @@ impl InitOptions {
             all_reduce_algo: self.all_reduce_algo,
             small_all_reduce_max_bytes: self.small_all_reduce_max_bytes,
             mid_all_reduce_max_bytes: self.mid_all_reduce_max_bytes,
+            peer_memory_min_bytes: self.peer_memory_min_bytes,
             transport: self.transport,
             device: Some(rank),
             auth_token: self.auth_token.clone(),

@@ -15,7 +15,7 @@
 //! - [`discover_hosts`]: where every rank runs ([`HostMap`]), for shared-memory set-up
 //!   and for the topology-aware collectives over TCP.
 //! - [`poll`]: sleeping until a socket is ready.
-//! - The spin window both transports share (`RINGCCL_SPIN_US`) is
+//! - The spin window every transport shares (`RINGCCL_SPIN_US`) is
 //!   `ringccl_collectives::spin`: spin between looks while every rank has a core, yield
 //!   the core when they outnumber it.
 //! - [`liveness`]: is a peer's process still there?
@@ -33,8 +33,9 @@ mod peer_watch;
 pub mod poll;
 mod setup_store;
 pub mod shm;
-use ringccl_collectives::spin;
 mod tcp;
+
+use ringccl_collectives::spin;
 
 pub use control_link::ControlLink;
 pub use host_map::{discover_hosts, HostMap};

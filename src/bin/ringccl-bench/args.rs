@@ -65,7 +65,8 @@ pub(crate) struct Args {
     /// all_to_all, all_reduce_bucketed, all_reduce_separate, all_reduce_async.
     #[arg(long, default_value = "all_reduce")]
     pub(crate) coll: String,
-    /// All-reduce algorithm: auto, ring, rd (recursive doubling) or hd (halving-doubling).
+    /// All-reduce algorithm: auto, ring, rd (recursive doubling), hd (halving-doubling),
+    /// hier (hierarchical) or pm (peer memory, with --transport memory).
     #[arg(long)]
     pub(crate) algo: Option<String>,
     /// Transport of the gloo backend: tcp, shm (one host), or memory (the ranks on

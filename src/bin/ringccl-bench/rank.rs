@@ -32,9 +32,11 @@ pub(crate) fn run_threads(args: &Args, n: usize) -> Result<(), String> {
     let opts = tuned(args, InitOptions::new(0, n, "127.0.0.1:0"))?;
     let groups = local_groups_with(&args.backend, n, opts).map_err(|e| e.to_string())?;
     let outcomes: Vec<Result<(), String>> = thread::scope(|scope| {
+        // Each thread owns its rank: one that fails drops its group, so the others
+        // fail at once instead of at their deadline.
         let handles: Vec<_> = groups
-            .iter()
-            .map(|pg| scope.spawn(move || measure_on(args, pg, false)))
+            .into_iter()
+            .map(|pg| scope.spawn(move || measure_on(args, &pg, false)))
             .collect();
         handles
             .into_iter()

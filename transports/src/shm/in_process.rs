@@ -240,10 +240,12 @@ impl Transport for InProcessTransport {
     fn read_some(&mut self, peer: usize, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         self.check_peer(peer)?;
         self.open()?;
+        // The flag first: a peer publishes its last bytes before it closes, so if it was
+        // closed before this read, an empty ring really is the end of its stream.
+        let peer_closed = self.closed.is(peer);
         let (read, _) = self.rings.read(self.rank, peer, bufs);
         match read {
-            // The peer closed and its ring is drained: end of stream.
-            0 if self.closed.is(peer) => Ok(0),
+            0 if peer_closed => Ok(0),
             0 if bufs.iter().any(|b| !b.is_empty()) => Err(io::ErrorKind::WouldBlock.into()),
             read => Ok(read),
         }
@@ -367,6 +369,36 @@ mod tests {
         writer.join().unwrap().unwrap();
         assert_eq!(got, expected);
         assert_eq!(one.failed_peers(), vec![0]);
+    }
+
+    /// A peer that writes its last bytes and closes at once: the reader always gets
+    /// every byte before the end of the stream.
+    #[test]
+    fn the_last_bytes_before_a_close_are_never_lost() {
+        for round in 0..2000u32 {
+            let mut ranks = InProcessTransport::mesh(2, 4096).unwrap();
+            let mut one = ranks.pop().unwrap();
+            let mut zero = ranks.pop().unwrap();
+            let writer = thread::spawn(move || {
+                let sent = zero.write_some(1, &[IoSlice::new(&round.to_le_bytes())]);
+                assert_eq!(sent.unwrap(), 4);
+                drop(zero); // closes at once
+            });
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mut got = Vec::new();
+            loop {
+                match read(&mut one, 0, 8) {
+                    Ok(bytes) if bytes.is_empty() => break,
+                    Ok(bytes) => got.extend(bytes),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        one.wait(None, Some(0), deadline).unwrap();
+                    }
+                    Err(e) => panic!("round {round}: {e}"),
+                }
+            }
+            writer.join().unwrap();
+            assert_eq!(got, round.to_le_bytes(), "round {round}");
+        }
     }
 
     #[test]

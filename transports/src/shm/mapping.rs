@@ -49,8 +49,9 @@ impl Mapping {
         Ok(Mapping { base, len })
     }
 
-    /// `len` bytes of fresh zeroed memory, shared by the threads of this process only
-    /// (no file: the ranks of one process need no name to find it).
+    /// `len` bytes of fresh zeroed anonymous memory, for the threads of this process
+    /// (no file: the ranks of one process need no name to find it). Shared, not
+    /// private, so that the futex words in it behave as in a file mapping.
     pub(crate) fn anonymous(len: usize) -> io::Result<Mapping> {
         // SAFETY: a fresh anonymous mapping; the kernel picks the address.
         let ptr = unsafe {
