@@ -34,7 +34,6 @@
 
 use std::error::Error as StdError;
 use std::path::PathBuf;
-use std::thread;
 use std::time::Instant;
 
 use clap::Parser;
@@ -42,7 +41,9 @@ use ringccl::ddp::{
     BatchPosition, Bf16CompressHook, Checkpoint, DataParallel, DdpConfig, DdpError,
     DistributedDataParallel, DistributedSampler, Fp16CompressHook, Replica,
 };
-use ringccl::{init_process_group, local_groups, InitOptions, ProcessGroup, ReduceOp};
+use ringccl::{
+    init_process_group, local_groups, run_local_ranks, InitOptions, ProcessGroup, ReduceOp,
+};
 
 type Failure = Box<dyn StdError + Send + Sync>;
 
@@ -713,23 +714,10 @@ fn train_dp(args: &Args, replicas: usize) -> Result<(), Failure> {
 
 /// DDP with `replicas` ranks on threads of this process, over `local_groups`.
 fn train_ddp_threads(args: &Args, replicas: usize) -> Result<(), Failure> {
-    let groups = local_groups(&args.backend, replicas)?;
-    let outcomes: Vec<Result<(), String>> = thread::scope(|scope| {
-        let handles: Vec<_> = groups
-            .into_iter()
-            .map(|pg| scope.spawn(move || train_ddp(args, &pg, true).map_err(|e| e.to_string())))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
-            })
-            .collect()
-    });
-    for (rank, outcome) in outcomes.into_iter().enumerate() {
-        outcome.map_err(|e| format!("rank {rank}: {e}"))?;
-    }
+    let ranks = local_groups(&args.backend, replicas)?;
+    run_local_ranks(ranks, |pg| {
+        train_ddp(args, &pg, true).map_err(|e| e.to_string())
+    })?;
     Ok(())
 }
 

@@ -54,7 +54,7 @@ mod worker;
 
 pub use error::{Error, Result};
 pub use init::{init_process_group, BACKENDS};
-pub use local_groups::{local_groups, local_groups_with};
+pub use local_groups::{local_groups, local_groups_with, run_local_ranks, LocalRankFailure};
 pub use options::{InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT};
 pub use process_group::ProcessGroup;
 /// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the

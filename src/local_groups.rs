@@ -201,3 +201,89 @@ fn local_nccl(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
         None => joined.into_iter().collect(),
     }
 }
+
+/// How [`run_local_ranks`] failed: the first rank, in rank order, whose body returned an
+/// error or panicked.
+#[derive(Debug)]
+pub enum LocalRankFailure<E> {
+    /// Rank `rank`'s body returned `error`.
+    Failed {
+        /// The rank.
+        rank: usize,
+        /// What its body returned.
+        error: E,
+    },
+    /// Rank `rank`'s body panicked with `message`.
+    Panicked {
+        /// The rank.
+        rank: usize,
+        /// The panic's message, when it was a string.
+        message: String,
+    },
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for LocalRankFailure<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LocalRankFailure::Failed { rank, error } => write!(f, "rank {rank}: {error}"),
+            LocalRankFailure::Panicked { rank, message } => {
+                write!(f, "rank {rank}'s thread panicked: {message}")
+            }
+        }
+    }
+}
+
+impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for LocalRankFailure<E> {}
+
+/// Runs `body` on every rank of `ranks` (from [`local_groups`]), each on its own thread,
+/// and returns what each returned, in rank order; or the first failure in rank order.
+/// Each thread owns its rank, so a rank whose body fails or panics drops its group and
+/// the others fail at once, not at their deadline.
+///
+/// ```
+/// use ringccl::ReduceOp;
+///
+/// let ranks = ringccl::local_groups("gloo", 3)?;
+/// let sums = ringccl::run_local_ranks(ranks, |pg| {
+///     let mut x = [pg.rank() as i64];
+///     pg.all_reduce(&mut x, ReduceOp::Sum).map(|()| x[0])
+/// })?;
+/// assert_eq!(sums, vec![3, 3, 3]);
+///
+/// let ranks = ringccl::local_groups("gloo", 2)?;
+/// let failed = ringccl::run_local_ranks(ranks, |pg| match pg.rank() {
+///     1 => Err("no data"),
+///     _ => Ok(()),
+/// });
+/// assert_eq!(failed.unwrap_err().to_string(), "rank 1: no data");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn run_local_ranks<R: Send, E: Send>(
+    ranks: Vec<ProcessGroup>,
+    body: impl Fn(ProcessGroup) -> Result<R, E> + Sync,
+) -> Result<Vec<R>, LocalRankFailure<E>> {
+    let body = &body;
+    let outcomes: Vec<std::thread::Result<Result<R, E>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|pg| scope.spawn(move || body(pg)))
+            .collect();
+        handles.into_iter().map(|h| h.join()).collect()
+    });
+    let mut values = Vec::with_capacity(outcomes.len());
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            Ok(Ok(value)) => values.push(value),
+            Ok(Err(error)) => return Err(LocalRankFailure::Failed { rank, error }),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(not a string)".into());
+                return Err(LocalRankFailure::Panicked { rank, message });
+            }
+        }
+    }
+    Ok(values)
+}

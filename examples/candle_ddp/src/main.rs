@@ -25,7 +25,6 @@
 //! and DataParallel average the per-replica mean-loss gradients, which gives the gradient
 //! of the mean over all 64.
 
-use std::thread;
 use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var};
@@ -33,7 +32,9 @@ use clap::Parser;
 use ringccl::ddp::{
     DataParallel, DdpConfig, DistributedDataParallel, DistributedSampler, Grads, Replica,
 };
-use ringccl::{init_process_group, local_groups, InitOptions, ProcessGroup, ReduceOp};
+use ringccl::{
+    init_process_group, local_groups, run_local_ranks, InitOptions, ProcessGroup, ReduceOp,
+};
 
 /// Any error of candle, ringccl or the arguments, from any thread.
 type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -378,23 +379,10 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
 
 /// DDP with `replicas` ranks on threads of this process, over `local_groups`.
 fn train_ddp_threads(args: &Args, replicas: usize) -> Result<(), Failure> {
-    let groups = local_groups("gloo", replicas)?;
-    let outcomes: Vec<Result<(), String>> = thread::scope(|scope| {
-        let handles: Vec<_> = groups
-            .into_iter()
-            .map(|pg| scope.spawn(move || train_ddp(args, &pg, true).map_err(|e| e.to_string())))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
-            })
-            .collect()
-    });
-    for (rank, outcome) in outcomes.into_iter().enumerate() {
-        outcome.map_err(|e| format!("rank {rank}: {e}"))?;
-    }
+    let ranks = local_groups("gloo", replicas)?;
+    run_local_ranks(ranks, |pg| {
+        train_ddp(args, &pg, true).map_err(|e| e.to_string())
+    })?;
     Ok(())
 }
 

@@ -1,12 +1,11 @@
 //! One rank's run: join the group, then measure what the command line asks for. Or, with
 //! `--transport memory`, every rank on a thread of this process (`ringccl::local_groups`).
 
-use std::thread;
 use std::time::Duration;
 
 use ringccl::{
-    init_process_group, local_groups_with, Error, InitOptions, ProcessGroup, ReduceOp,
-    StoreListener,
+    init_process_group, local_groups_with, run_local_ranks, Error, InitOptions, ProcessGroup,
+    ReduceOp, StoreListener,
 };
 
 use super::args::{parse_ops, Args};
@@ -31,24 +30,7 @@ pub(crate) fn run_rank(args: &Args, own_launcher: bool) -> Result<(), String> {
 pub(crate) fn run_threads(args: &Args, n: usize) -> Result<(), String> {
     let opts = tuned(args, InitOptions::new(0, n, "127.0.0.1:0"))?;
     let groups = local_groups_with(&args.backend, n, opts).map_err(|e| e.to_string())?;
-    let outcomes: Vec<Result<(), String>> = thread::scope(|scope| {
-        // Each thread owns its rank: one that fails drops its group, so the others
-        // fail at once instead of at their deadline.
-        let handles: Vec<_> = groups
-            .into_iter()
-            .map(|pg| scope.spawn(move || measure_on(args, &pg, false)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err("a rank's thread panicked".into()))
-            })
-            .collect()
-    });
-    for (rank, outcome) in outcomes.into_iter().enumerate() {
-        outcome.map_err(|e| format!("rank {rank}: {e}"))?;
-    }
+    run_local_ranks(groups, |pg| measure_on(args, &pg, false)).map_err(|e| e.to_string())?;
     Ok(())
 }
 
