@@ -161,12 +161,9 @@ fn local_nccl(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
             source,
         })?
         .to_string();
-    let mut per_rank: Vec<InitOptions> = (0..n)
-        .map(|rank| opts.for_local_rank(rank, n, &master))
-        .collect();
-    if let Some(first) = per_rank.first_mut() {
-        *first = opts.for_local_rank(0, n, &master).store_listener(listener);
-    }
+    // Rank 0 serves the store.
+    let mut per_rank = vec![opts.for_local_rank(0, n, &master).store_listener(listener)];
+    per_rank.extend((1..n).map(|rank| opts.for_local_rank(rank, n, &master)));
     // Every rank joins on its own thread, as NCCL needs all of them in the init at once.
     let joined: Vec<Result<ProcessGroup, Error>> = std::thread::scope(|scope| {
         let handles: Vec<_> = per_rank

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::control::GroupControl;
+use crate::control::{Activity, GroupControl};
 use crate::executor::{execute, Call};
 use crate::flight::FlightRecorder;
 use crate::group::{Deadline, Engine, GroupRunner, Request};
@@ -182,21 +182,18 @@ impl<T: Transport> HostEngine<T> {
         reduce: (DType, ReduceOp),
         deadline: Deadline,
     ) -> Result<(), Error> {
-        let rank = self.transport.rank();
-        let activity = self.control.as_deref().map(GroupControl::activity);
-        if let Some(activity) = activity {
-            activity.begin(*op, Algorithm::PeerMemory);
-        }
-        if let Some(flight) = self.flight.as_deref() {
-            flight.running(*op, Algorithm::PeerMemory);
-        }
-        let started = self.trace.is_some().then(Instant::now);
-        let flight = self.flight.as_deref();
+        let (rank, world_size) = (self.transport.rank(), self.transport.world_size());
+        let call = Announced::begin(
+            self.control.as_deref(),
+            self.flight.as_deref(),
+            self.trace.is_some(),
+            (*op, Algorithm::PeerMemory),
+        );
         let blocked = |peer: usize| {
-            if let Some(activity) = activity {
+            if let Some(activity) = call.activity {
                 activity.blocked_on(peer, 0);
             }
-            if let Some(flight) = flight {
+            if let Some(flight) = call.flight {
                 flight.blocked_on(peer);
             }
         };
@@ -214,25 +211,23 @@ impl<T: Transport> HostEngine<T> {
                 "rank {rank}: the peer-memory all-reduce needs ranks in one process"
             ))),
         };
-        if let Some(activity) = activity {
-            activity.end();
-        }
-        if let (Some(trace), Some(started)) = (&self.trace, started) {
-            trace.record(timeline::Call {
-                op,
-                algorithm: Some(Algorithm::PeerMemory),
-                rank,
-                world_size: self.transport.world_size(),
-                traffic: PeerTraffic::default(),
-                deadline,
-                started,
-                result: &result,
-            });
-        }
+        call.end(
+            self.trace.as_ref(),
+            (rank, world_size),
+            deadline,
+            PeerTraffic::default,
+            &result,
+        );
         result
     }
 
     fn run(&mut self, op: &OpDesc, job: Job<'_>, deadline: Deadline) -> Result<(), Error> {
+        let announced = Announced::begin(
+            self.control.as_deref(),
+            self.flight.as_deref(),
+            self.trace.is_some(),
+            (*op, job.algorithm),
+        );
         let call = Call {
             rank: self.transport.rank(),
             world_size: self.transport.world_size(),
@@ -242,16 +237,9 @@ impl<T: Transport> HostEngine<T> {
             reduce: job.reduce,
             deadline: deadline.at(),
             timeout: deadline.timeout(),
-            activity: self.control.as_deref().map(GroupControl::activity),
-            flight: self.flight.as_deref(),
+            activity: announced.activity,
+            flight: announced.flight,
         };
-        if let Some(activity) = call.activity {
-            activity.begin(call.op, call.algorithm);
-        }
-        if let Some(flight) = call.flight {
-            flight.running(call.op, call.algorithm);
-        }
-        let started = self.trace.is_some().then(Instant::now);
         let result = execute(
             &mut self.transport,
             &job.schedule,
@@ -260,28 +248,81 @@ impl<T: Transport> HostEngine<T> {
             job.send_from,
             &mut self.scratch,
         );
-        if let Some(activity) = call.activity {
+        // The schedule moves into the span: its bytes per peer are totalled on the
+        // writer thread, not here.
+        let traffic = || match result {
+            Ok(()) => PeerTraffic::planned(job.schedule, job.elem_size),
+            Err(_) => PeerTraffic::default(),
+        };
+        announced.end(
+            self.trace.as_ref(),
+            (call.rank, call.world_size),
+            deadline,
+            traffic,
+            &result,
+        );
+        result
+    }
+}
+
+/// What every call does around its work, whatever runs it: it says what it runs (to a
+/// peer that asks, and to the flight recorder), and, when tracing, records its span.
+struct Announced<'a> {
+    activity: Option<&'a Activity>,
+    flight: Option<&'a FlightRecorder>,
+    op: OpDesc,
+    algorithm: Algorithm,
+    /// When it started, if tracing.
+    started: Option<Instant>,
+}
+
+impl<'a> Announced<'a> {
+    fn begin(
+        control: Option<&'a GroupControl>,
+        flight: Option<&'a FlightRecorder>,
+        tracing: bool,
+        (op, algorithm): (OpDesc, Algorithm),
+    ) -> Announced<'a> {
+        let activity = control.map(GroupControl::activity);
+        if let Some(activity) = activity {
+            activity.begin(op, algorithm);
+        }
+        if let Some(flight) = flight {
+            flight.running(op, algorithm);
+        }
+        Announced {
+            activity,
+            flight,
+            op,
+            algorithm,
+            started: tracing.then(Instant::now),
+        }
+    }
+
+    /// The call is over with `result`; `traffic` is asked only when tracing.
+    fn end(
+        self,
+        trace: Option<&CollectiveTrace>,
+        (rank, world_size): (usize, usize),
+        deadline: Deadline,
+        traffic: impl FnOnce() -> PeerTraffic,
+        result: &Result<(), Error>,
+    ) {
+        if let Some(activity) = self.activity {
             activity.end();
         }
-        if let (Some(trace), Some(started)) = (&self.trace, started) {
-            // The schedule moves into the span: its bytes per peer are totalled on the
-            // writer thread, not here.
-            let traffic = match result {
-                Ok(()) => PeerTraffic::planned(job.schedule, job.elem_size),
-                Err(_) => PeerTraffic::default(),
-            };
+        if let (Some(trace), Some(started)) = (trace, self.started) {
             trace.record(timeline::Call {
-                op,
-                algorithm: Some(job.algorithm),
-                rank: call.rank,
-                world_size: call.world_size,
-                traffic,
+                op: &self.op,
+                algorithm: Some(self.algorithm),
+                rank,
+                world_size,
+                traffic: traffic(),
                 deadline,
                 started,
-                result: &result,
+                result,
             });
         }
-        result
     }
 }
 
