@@ -4,13 +4,13 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::doorbell::Doorbell;
 use crate::spin::{host_cores, Spin};
-use crate::transport::{Closer, Readiness, Transport};
+use crate::transport::{check_peer, endpoint_closed, Closer, Readiness, Transport};
 
 /// Shape of the pipes of a [`MemoryTransport`] mesh.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,9 +113,6 @@ struct Mesh {
     config: MemoryConfig,
     /// `pipes[from * world_size + to]` carries bytes from `from` to `to`.
     pipes: Vec<Mutex<Pipe>>,
-    /// `levels[i]` mirrors `pipes[i]`'s fill and ends, for waits to look at without
-    /// taking the pipe's lock (which a writer holds while it copies).
-    levels: Vec<PipeLevel>,
     /// One per rank: rung whenever something that rank may wait for changes.
     doorbells: Vec<Doorbell>,
     /// One per rank: its endpoint was closed ([`Transport::closer`], or dropped).
@@ -131,21 +128,16 @@ impl Mesh {
         }
         let n = self.world_size;
         for peer in (0..n).filter(|&p| p != rank) {
-            let outgoing = rank * n + peer;
-            if let (Some(pipe), Some(level)) = (self.pipes.get(outgoing), self.levels.get(outgoing))
-            {
-                let mut pipe = pipe.lock().unwrap_or_else(PoisonError::into_inner);
-                pipe.writer_gone = true;
-                level.update(&pipe);
+            if let Some(pipe) = self.pipes.get(rank * n + peer) {
+                pipe.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .writer_gone = true;
             }
-            let incoming = peer * n + rank;
-            if let (Some(pipe), Some(level)) = (self.pipes.get(incoming), self.levels.get(incoming))
-            {
+            if let Some(pipe) = self.pipes.get(peer * n + rank) {
                 let mut pipe = pipe.lock().unwrap_or_else(PoisonError::into_inner);
                 pipe.reader_gone = true;
                 // Nobody will read these bytes: free them now.
                 pipe.bytes = VecDeque::new();
-                level.update(&pipe);
             }
             if let Some(bell) = self.doorbells.get(peer) {
                 bell.ring();
@@ -182,22 +174,6 @@ struct Pipe {
     reader_gone: bool,
 }
 
-/// A [`Pipe`]'s state as atomics, updated under the pipe's lock after every change.
-#[derive(Default)]
-struct PipeLevel {
-    queued: AtomicUsize,
-    writer_gone: AtomicBool,
-    reader_gone: AtomicBool,
-}
-
-impl PipeLevel {
-    fn update(&self, pipe: &Pipe) {
-        self.writer_gone.store(pipe.writer_gone, Ordering::Release);
-        self.reader_gone.store(pipe.reader_gone, Ordering::Release);
-        self.queued.store(pipe.bytes.len(), Ordering::Release);
-    }
-}
-
 fn poisoned<T>(_: PoisonError<T>) -> io::Error {
     io::Error::other("memory transport: a thread panicked while holding a pipe lock")
 }
@@ -219,9 +195,6 @@ impl MemoryTransport {
             config,
             pipes: (0..world_size * world_size)
                 .map(|_| Mutex::default())
-                .collect(),
-            levels: (0..world_size * world_size)
-                .map(|_| PipeLevel::default())
                 .collect(),
             doorbells: (0..world_size).map(|_| Doorbell::default()).collect(),
             closed: (0..world_size).map(|_| AtomicBool::new(false)).collect(),
@@ -271,37 +244,20 @@ impl MemoryTransport {
         self.mesh.config
     }
 
-    /// The pipe from `from` to `to` and its level, where one of them is this rank and the other a peer.
-    fn pipe(&self, from: usize, to: usize) -> io::Result<(&Mutex<Pipe>, &PipeLevel)> {
+    /// The pipe from `from` to `to`, where one of them is this rank and the other a peer.
+    fn pipe(&self, from: usize, to: usize) -> io::Result<&Mutex<Pipe>> {
         let peer = if from == self.rank { to } else { from };
-        if peer == self.rank || peer >= self.mesh.world_size {
-            return Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!(
-                    "rank {} has no connection to rank {peer} (world size {})",
-                    self.rank, self.mesh.world_size
-                ),
-            ));
-        }
-        let index = from * self.mesh.world_size + to;
-        match (self.mesh.pipes.get(index), self.mesh.levels.get(index)) {
-            (Some(pipe), Some(level)) => Ok((pipe, level)),
-            _ => Err(io::Error::other(
-                "memory transport: pipe index out of range",
-            )),
-        }
+        check_peer(self.rank, peer, self.mesh.world_size)?;
+        self.mesh
+            .pipes
+            .get(from * self.mesh.world_size + to)
+            .ok_or_else(|| io::Error::other("memory transport: pipe index out of range"))
     }
 
     /// Fails once this endpoint was closed.
     fn open(&self) -> io::Result<()> {
         if self.mesh.is_closed(self.rank) {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                format!(
-                    "rank {}'s connections were closed (the group was aborted)",
-                    self.rank
-                ),
-            ));
+            return Err(endpoint_closed(self.rank));
         }
         Ok(())
     }
@@ -323,17 +279,14 @@ impl MemoryTransport {
             return Ok(true);
         }
         if let Some(peer) = writable {
-            let (_, level) = self.pipe(self.rank, peer)?;
-            if level.reader_gone.load(Ordering::Acquire)
-                || level.queued.load(Ordering::Acquire) < self.mesh.config.capacity
-            {
+            let pipe = Self::lock(self.pipe(self.rank, peer)?)?;
+            if pipe.reader_gone || pipe.bytes.len() < self.mesh.config.capacity {
                 return Ok(true);
             }
         }
         if let Some(peer) = readable {
-            let (_, level) = self.pipe(peer, self.rank)?;
-            if level.writer_gone.load(Ordering::Acquire) || level.queued.load(Ordering::Acquire) > 0
-            {
+            let pipe = Self::lock(self.pipe(peer, self.rank)?)?;
+            if pipe.writer_gone || !pipe.bytes.is_empty() {
                 return Ok(true);
             }
         }
@@ -352,8 +305,7 @@ impl Transport for MemoryTransport {
 
     fn write_some(&mut self, peer: usize, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.open()?;
-        let (pipe, level) = self.pipe(self.rank, peer)?;
-        let mut pipe = Self::lock(pipe)?;
+        let mut pipe = Self::lock(self.pipe(self.rank, peer)?)?;
         if pipe.reader_gone {
             return Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
@@ -379,7 +331,6 @@ impl Transport for MemoryTransport {
                 break;
             }
         }
-        level.update(&pipe);
         drop(pipe);
         self.ring(peer);
         Ok(taken)
@@ -387,8 +338,7 @@ impl Transport for MemoryTransport {
 
     fn read_some(&mut self, peer: usize, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         self.open()?;
-        let (pipe, level) = self.pipe(peer, self.rank)?;
-        let mut pipe = Self::lock(pipe)?;
+        let mut pipe = Self::lock(self.pipe(peer, self.rank)?)?;
         if pipe.bytes.is_empty() {
             return if pipe.writer_gone {
                 Ok(0)
@@ -412,7 +362,6 @@ impl Transport for MemoryTransport {
                 break;
             }
         }
-        level.update(&pipe);
         drop(pipe);
         if taken > 0 {
             self.ring(peer);
@@ -451,8 +400,11 @@ impl Transport for MemoryTransport {
         (0..self.mesh.world_size)
             .filter(|&peer| peer != self.rank)
             .filter(|&peer| {
-                self.pipe(peer, self.rank)
-                    .is_ok_and(|(_, level)| level.writer_gone.load(Ordering::Acquire))
+                self.pipe(peer, self.rank).is_ok_and(|pipe| {
+                    pipe.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .writer_gone
+                })
             })
             .collect()
     }

@@ -90,6 +90,40 @@ pub trait Transport: Send + fmt::Debug {
     }
 }
 
+/// Fails with [`io::ErrorKind::NotConnected`] unless `peer` is another rank of a group of
+/// `world_size`: what every transport answers for a peer it has no connection to.
+///
+/// ```
+/// use ringccl_collectives::check_peer;
+/// assert!(check_peer(0, 1, 2).is_ok());
+/// assert_eq!(check_peer(0, 0, 2).unwrap_err().kind(), std::io::ErrorKind::NotConnected);
+/// assert!(check_peer(0, 2, 2).is_err());
+/// ```
+pub fn check_peer(rank: usize, peer: usize, world_size: usize) -> io::Result<()> {
+    if peer >= world_size || peer == rank {
+        return Err(io::Error::new(
+            io::ErrorKind::NotConnected,
+            format!("rank {rank} has no connection to rank {peer} (world size {world_size})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The error of every call on an endpoint that was closed, because its group was
+/// aborted ([`io::ErrorKind::ConnectionAborted`]).
+///
+/// ```
+/// let e = ringccl_collectives::endpoint_closed(3);
+/// assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted);
+/// assert!(e.to_string().contains("rank 3"));
+/// ```
+pub fn endpoint_closed(rank: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        format!("rank {rank}'s connections were closed (the group was aborted)"),
+    )
+}
+
 /// What [`Transport::peer_memory`] gives: the shared state, and the transport's spin
 /// window for the waits.
 ///

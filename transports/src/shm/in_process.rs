@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ringccl_collectives::peer_memory::PeerMemory;
 use ringccl_collectives::spin::{host_cores, Spin};
-use ringccl_collectives::{Closer, PeerAccess, Readiness, Transport};
+use ringccl_collectives::{check_peer, endpoint_closed, Closer, PeerAccess, Readiness, Transport};
 
 use super::mapping::{futex_wake, Mapping};
 use super::ring::{inbox_len, Rings};
@@ -172,28 +172,12 @@ impl InProcessTransport {
     }
 
     fn check_peer(&self, peer: usize) -> io::Result<()> {
-        if peer >= self.rings.inboxes.len() || peer == self.rank {
-            return Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!(
-                    "rank {} has no connection to rank {peer} (world size {})",
-                    self.rank,
-                    self.rings.inboxes.len()
-                ),
-            ));
-        }
-        Ok(())
+        check_peer(self.rank, peer, self.rings.inboxes.len())
     }
 
     fn open(&self) -> io::Result<()> {
         if self.closed.is(self.rank) {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                format!(
-                    "rank {}'s connections were closed (the group was aborted)",
-                    self.rank
-                ),
-            ));
+            return Err(endpoint_closed(self.rank));
         }
         Ok(())
     }

@@ -78,7 +78,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::{Closer, Readiness, Transport};
+use ringccl_collectives::{check_peer, Closer, Readiness, Transport};
 
 use crate::poll::{ready_now, wait_any};
 use crate::spin::{host_cores, Spin};
@@ -189,13 +189,7 @@ impl ShmTransport {
     }
 
     fn check_peer(&self, peer: usize) -> io::Result<()> {
-        if peer >= self.rings.inboxes.len() || peer == self.tcp.rank() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!("no ring to rank {peer}"),
-            ));
-        }
-        Ok(())
+        check_peer(self.tcp.rank(), peer, self.rings.inboxes.len())
     }
 
     /// Finishes waking the peer a ring change was for: a byte, if it sleeps in `poll`.
