@@ -694,34 +694,43 @@ mod tests {
         eprintln!("{ok} rank-calls succeeded, {failed} failed");
     }
 
-    /// A rank that posts and then leaves never joins: the ranks that joined fail at once,
-    /// naming it, instead of waiting for their deadline.
+    /// A rank that leaves (its group closed) while the others wait for it releases them
+    /// at once, naming it, instead of at their deadline.
     #[test]
-    fn a_rank_that_leaves_after_posting_releases_the_others_at_once() {
-        let n = 3;
-        let memory = PeerMemory::new(n);
-        let values: Vec<Vec<f32>> = (0..n).map(|_| vec![1.0; 64]).collect();
+    fn a_rank_that_leaves_releases_the_waiting_others_at_once() {
+        let memory = PeerMemory::new(3);
         let started = Instant::now();
-        let results = thread::scope(|s| {
-            let closer = s.spawn(|| {
-                thread::sleep(Duration::from_millis(100));
-                memory.close(2);
-            });
-            let deadlines = [
-                Duration::from_secs(60),
-                Duration::from_secs(60),
-                Duration::ZERO,
-            ];
-            let results = round(&memory, 7, &values, &deadlines, Spin::NONE);
-            closer.join().unwrap();
-            results
+        let results: Vec<Result<(), Error>> = thread::scope(|s| {
+            let waiting: Vec<_> = (0..2)
+                .map(|me| {
+                    let memory = &memory;
+                    s.spawn(move || {
+                        let mut buf = vec![1.0f32; 64];
+                        let op = OpDesc::all_reduce(7, DType::F32, buf.len(), ReduceOp::Sum);
+                        let after = Duration::from_secs(60);
+                        memory.all_reduce(
+                            me,
+                            &op,
+                            bytemuck::cast_slice_mut::<f32, u8>(&mut buf),
+                            (DType::F32, ReduceOp::Sum),
+                            Spin::NONE,
+                            (Instant::now() + after, after),
+                            &|_| {},
+                        )
+                    })
+                })
+                .collect();
+            // Rank 2 never calls; its group is closed a moment later.
+            thread::sleep(Duration::from_millis(100));
+            memory.close(2);
+            waiting.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "{:?}",
             started.elapsed()
         );
-        for (rank, result) in results.iter().enumerate().take(2) {
+        for (rank, result) in results.iter().enumerate() {
             let text = result.as_ref().expect_err("rank 2 left").to_string();
             assert!(text.contains("rank 2"), "rank {rank}: {text}");
         }
