@@ -21,11 +21,13 @@ pub const MAX_SPIN: Duration = Duration::from_millis(10);
 /// use ringccl_collectives::spin::Spin;
 ///
 /// // Three ranks on two cores: they yield between looks.
-/// let spin = Spin::new(Duration::from_micros(50), 3, 2);
+/// let spin = Spin::new(Duration::from_millis(5), 3, 2);
 /// assert!(spin.yields);
-/// let mut looks = 0;
 /// let deadline = Instant::now() + Duration::from_secs(5);
-/// assert!(spin.look(deadline, 32, || { looks += 1; Ok(looks == 3) })?);
+/// assert!(spin.look(deadline, 32, || Ok(true))?); // there at the first look
+/// let started = Instant::now();
+/// assert!(!spin.look(deadline, 32, || Ok(false))?); // never there: the window passes
+/// assert!(started.elapsed() >= Duration::from_millis(5));
 /// # Ok::<(), std::io::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
