@@ -1,4 +1,4 @@
-//! Choosing the all-reduce algorithm.
+//! Choosing the all-reduce and barrier algorithms.
 
 use std::fmt;
 use std::str::FromStr;
@@ -120,6 +120,33 @@ impl AllReduceAlgo {
             }
             _ => this.pick(bytes, ranks, small_max_bytes, mid_max_bytes),
         }
+    }
+}
+
+/// The most ranks the gather-release barrier serves: rank 0 handles every signal in
+/// turn, so beyond this the dissemination barrier's `⌈log2 N⌉` rounds are kept (eight
+/// is the largest group measured, `docs/benchmarks.md`).
+pub const GATHER_RELEASE_MAX_RANKS: usize = 8;
+
+/// The barrier for `ranks` ranks that all run on one machine or not (`one_machine`,
+/// which every rank of a group answers alike): gather-release for 3 to
+/// [`GATHER_RELEASE_MAX_RANKS`] ranks of one machine, where its two hops and single
+/// message per rank beat dissemination's rounds both over shared memory with the ranks
+/// taking turns on the cores and over TCP; dissemination otherwise (two ranks exchange
+/// one signal each way at once, and across hosts each round is one network hop).
+///
+/// ```
+/// use ringccl_collectives::{barrier_algorithm, wire::Algorithm};
+/// assert_eq!(barrier_algorithm(4, true), Algorithm::GatherRelease);
+/// assert_eq!(barrier_algorithm(2, true), Algorithm::Dissemination);
+/// assert_eq!(barrier_algorithm(4, false), Algorithm::Dissemination);
+/// assert_eq!(barrier_algorithm(64, true), Algorithm::Dissemination);
+/// ```
+pub fn barrier_algorithm(ranks: usize, one_machine: bool) -> Algorithm {
+    if one_machine && (3..=GATHER_RELEASE_MAX_RANKS).contains(&ranks) {
+        Algorithm::GatherRelease
+    } else {
+        Algorithm::Dissemination
     }
 }
 

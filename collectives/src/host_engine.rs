@@ -10,16 +10,16 @@ use crate::executor::{execute, Call};
 use crate::flight::FlightRecorder;
 use crate::group::{Deadline, Engine, GroupRunner, Request};
 use crate::schedule::{
-    binomial_tree_broadcast, chain_broadcast, dissemination_barrier, halving_doubling_all_reduce,
-    hierarchical_all_reduce, hierarchical_barrier, hierarchical_broadcast, pairwise_all_to_all,
-    recursive_doubling_all_reduce, recv_from, ring_order, ring_over, ring_reduce, segment, send_to,
-    RingCollective, Schedule,
+    binomial_tree_broadcast, chain_broadcast, dissemination_barrier, gather_release_barrier,
+    halving_doubling_all_reduce, hierarchical_all_reduce, hierarchical_barrier,
+    hierarchical_broadcast, pairwise_all_to_all, recursive_doubling_all_reduce, recv_from,
+    ring_order, ring_over, ring_reduce, segment, send_to, RingCollective, Schedule,
 };
 use crate::schedule_cache::{ScheduleCache, ScheduleKey};
 use crate::timeline::{self, CollectiveTrace, PeerTraffic};
 use crate::transport::Transport;
 use crate::wire::{Algorithm, MAX_FRAME_PAYLOAD};
-use crate::{AllReduceAlgo, DType, Error, OpDesc, ReduceOp};
+use crate::{barrier_algorithm, AllReduceAlgo, DType, Error, OpDesc, ReduceOp};
 
 /// Tuning knobs of the host engine. Every rank must use the same values.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -450,12 +450,21 @@ impl<T: Transport> Engine for HostEngine<T> {
                         });
                         plain(Algorithm::Hierarchical, schedule, DType::U8, &mut [])
                     }
-                    None => {
-                        let schedule = self
-                            .schedules
-                            .get(ScheduleKey::Barrier, || dissemination_barrier(rank, n));
-                        plain(Algorithm::Dissemination, schedule, DType::U8, &mut [])
-                    }
+                    None => match barrier_algorithm(n, self.transport.one_machine()) {
+                        Algorithm::GatherRelease => {
+                            let schedule =
+                                self.schedules.get(ScheduleKey::GatherReleaseBarrier, || {
+                                    gather_release_barrier(rank, n)
+                                });
+                            plain(Algorithm::GatherRelease, schedule, DType::U8, &mut [])
+                        }
+                        _ => {
+                            let schedule = self
+                                .schedules
+                                .get(ScheduleKey::Barrier, || dissemination_barrier(rank, n));
+                            plain(Algorithm::Dissemination, schedule, DType::U8, &mut [])
+                        }
+                    },
                 };
                 self.run(op, job, deadline)
             }

@@ -34,7 +34,9 @@ pub mod timeline;
 mod transport;
 pub mod wire;
 
-pub use algorithm::{AllReduceAlgo, ACROSS_HOSTS_SMALL_MAX_BYTES};
+pub use algorithm::{
+    barrier_algorithm, AllReduceAlgo, ACROSS_HOSTS_SMALL_MAX_BYTES, GATHER_RELEASE_MAX_RANKS,
+};
 pub use backend::{validate_blocks, validate_reduce, validate_root, Backend};
 pub use buffer::{BufferMut, BufferRef};
 pub use dtype::{DType, Element};

@@ -303,6 +303,10 @@ impl Transport for MemoryTransport {
         self.mesh.world_size
     }
 
+    fn one_machine(&self) -> bool {
+        true
+    }
+
     fn write_some(&mut self, peer: usize, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         self.open()?;
         let mut pipe = Self::lock(self.pipe(self.rank, peer)?)?;

@@ -42,6 +42,7 @@ pub(crate) enum ScheduleKey {
         elem_size: usize,
     },
     Barrier,
+    GatherReleaseBarrier,
     HierarchicalBroadcast {
         root: usize,
         count: usize,

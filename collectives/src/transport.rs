@@ -75,6 +75,19 @@ pub trait Transport: Send + fmt::Debug {
         None
     }
 
+    /// Whether every rank of the group runs on this machine. Every rank of a group must
+    /// answer alike (it picks the barrier algorithm); `false` (the default) is always
+    /// safe.
+    ///
+    /// ```
+    /// use ringccl_collectives::{MemoryConfig, MemoryTransport, Transport};
+    /// let ranks = MemoryTransport::mesh(2, MemoryConfig::default());
+    /// assert!(ranks[0].one_machine());
+    /// ```
+    fn one_machine(&self) -> bool {
+        false
+    }
+
     /// The buffers of the group's ranks, when they all live in this process and may read
     /// each other's (see [`crate::peer_memory`]), with how its waits spin. `None` (the
     /// default) for ranks in separate processes.

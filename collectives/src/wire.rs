@@ -68,10 +68,12 @@ pub enum Algorithm {
     /// Ranks of one process reading each other's buffers (`peer_memory.rs`); never in a
     /// frame, only in what a rank tells a peer that asks what it is doing.
     PeerMemory,
+    /// Gather-release barrier: every rank signals rank 0, which releases them all.
+    GatherRelease,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 11] = [
+    const ALL: [Algorithm; 12] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::BinomialTree,
@@ -83,6 +85,7 @@ impl Algorithm {
         Algorithm::HalvingDoubling,
         Algorithm::Hierarchical,
         Algorithm::PeerMemory,
+        Algorithm::GatherRelease,
     ];
 
     /// Stable one-byte code used on the wire.
@@ -99,6 +102,7 @@ impl Algorithm {
             Algorithm::HalvingDoubling => 8,
             Algorithm::Hierarchical => 9,
             Algorithm::PeerMemory => 10,
+            Algorithm::GatherRelease => 11,
         }
     }
 
@@ -121,6 +125,7 @@ impl Algorithm {
             Algorithm::HalvingDoubling => "halving-doubling",
             Algorithm::Hierarchical => "hierarchical",
             Algorithm::PeerMemory => "peer memory",
+            Algorithm::GatherRelease => "gather-release",
         }
     }
 }

@@ -248,6 +248,12 @@ impl Transport for TcpTransport {
         self.hosts.as_deref()
     }
 
+    /// All ranks on this machine, as the host map every rank shares says (or, without
+    /// one, as [`TcpTransport::ranks_on_this_machine`] assumes).
+    fn one_machine(&self) -> bool {
+        self.ranks_on_this_machine() == self.world_size
+    }
+
     fn failed_peers(&mut self) -> Vec<usize> {
         (0..self.world_size)
             .filter(|&p| p != self.rank && self.peer_gone(p))

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::schedule::{
-    binomial_tree_broadcast, chain_broadcast, dissemination_barrier, halving_doubling_all_reduce,
-    pairwise_all_to_all, recursive_doubling_all_reduce, recv_from, ring_all_gather,
-    ring_all_reduce, ring_reduce, ring_reduce_scatter, segment, send_to, SendStep,
+    binomial_tree_broadcast, chain_broadcast, dissemination_barrier, gather_release_barrier,
+    halving_doubling_all_reduce, pairwise_all_to_all, recursive_doubling_all_reduce, recv_from,
+    ring_all_gather, ring_all_reduce, ring_reduce, ring_reduce_scatter, segment, send_to, SendStep,
 };
 use crate::{CollectiveKind, MemoryConfig, MemoryTransport};
 
@@ -219,6 +219,18 @@ fn every_collective(me: &mut Rank, count: usize) -> Results {
         LONG,
     )
     .unwrap_or_else(|e| panic!("barrier: {e}"));
+
+    me.seq += 1;
+    let schedule = gather_release_barrier(rank, n);
+    me.run(
+        OpDesc::barrier(me.seq),
+        Algorithm::GatherRelease,
+        &schedule,
+        &mut [],
+        None,
+        LONG,
+    )
+    .unwrap_or_else(|e| panic!("gather-release barrier: {e}"));
 
     let mut buf = inputs(rank, count, exact);
     let desc = me.next_op(

@@ -99,6 +99,7 @@ pub fn algorithm_label(algorithm: Algorithm) -> &'static str {
         Algorithm::HalvingDoubling => "halving_doubling",
         Algorithm::Hierarchical => "hierarchical",
         Algorithm::PeerMemory => "peer_memory",
+        Algorithm::GatherRelease => "gather_release",
     }
 }
 

@@ -22,7 +22,7 @@ mod ring;
 mod sim;
 
 pub use all_to_all::pairwise_all_to_all;
-pub use barrier::dissemination_barrier;
+pub use barrier::{dissemination_barrier, gather_release_barrier};
 pub use broadcast::{binomial_tree_broadcast, chain_broadcast};
 pub use halving_doubling::halving_doubling_all_reduce;
 pub use hierarchical::{

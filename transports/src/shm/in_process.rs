@@ -276,6 +276,10 @@ impl Transport for InProcessTransport {
         }))
     }
 
+    fn one_machine(&self) -> bool {
+        true
+    }
+
     fn peer_memory(&self) -> Option<PeerAccess<'_>> {
         Some(PeerAccess {
             memory: &self.closed.peer_memory,

@@ -308,6 +308,10 @@ impl Transport for ShmTransport {
         self.tcp.hosts()
     }
 
+    fn one_machine(&self) -> bool {
+        self.tcp.one_machine()
+    }
+
     fn peer_host(&self, peer: usize) -> Option<String> {
         self.tcp.peer_host(peer)
     }
