@@ -35,6 +35,8 @@ pub struct TcpTransport {
     map: Option<HostMap>,
     /// Every rank's host, when the group spans hosts with several ranks on one.
     hosts: Option<Vec<usize>>,
+    /// How many ranks run on this machine (all, until the map says otherwise).
+    ranks_here: usize,
 }
 
 impl TcpTransport {
@@ -69,6 +71,7 @@ impl TcpTransport {
             spin: Spin::new(DEFAULT_SPIN, world_size, host_cores()),
             map: None,
             hosts: None,
+            ranks_here: world_size,
         })
     }
 
@@ -85,8 +88,9 @@ impl TcpTransport {
     /// ```
     pub fn with_hosts(mut self, map: &HostMap) -> TcpTransport {
         self.hosts = spans_hosts(&map.hosts).then(|| map.hosts.clone());
+        self.ranks_here = map.ranks_on_machine_of(self.rank);
         self.map = Some(map.clone());
-        self.spin = Spin::new(self.spin.window, self.ranks_on_this_machine(), host_cores());
+        self.spin = Spin::new(self.spin.window, self.ranks_here, host_cores());
         self
     }
 
@@ -99,9 +103,7 @@ impl TcpTransport {
     /// # }
     /// ```
     pub fn ranks_on_this_machine(&self) -> usize {
-        self.map
-            .as_ref()
-            .map_or(self.world_size, |map| map.ranks_on_machine_of(self.rank))
+        self.ranks_here
     }
 
     /// Sets how long a wait busy-polls its sockets (a `poll(2)` with no timeout, over
