@@ -103,10 +103,14 @@ fn a_recv_against_an_all_reduce_is_named_over_shared_memory() {
 
 #[test]
 fn a_recv_against_a_barrier_is_named_over_tcp() {
+    // Rank 1 waits for a message from rank 0, the barrier's root on one machine
+    // (gather-release): rank 0 waits for rank 1's arrival first and sends nothing before
+    // everyone has arrived, so the two wait on each other. (A barrier rank that sent
+    // rank 1 a signal first would be named at once instead, as a frame from another call.)
     let outcomes = run(3, TransportKind::Tcp, |pg| {
         let mut buf = vec![0u8; 4];
-        if pg.rank() == 0 {
-            pg.recv(&mut buf, 1, 7)
+        if pg.rank() == 1 {
+            pg.recv(&mut buf, 0, 7)
         } else {
             pg.barrier()
         }
@@ -114,7 +118,7 @@ fn a_recv_against_a_barrier_is_named_over_tcp() {
     assert_named(
         "recv against barrier over Tcp",
         &outcomes,
-        &["recv(from rank 1, msg #1, tag=7, 4 x u8)", "op #1 barrier"],
+        &["recv(from rank 0, msg #1, tag=7, 4 x u8)", "op #1 barrier"],
     );
 }
 
