@@ -161,3 +161,86 @@ fn rank_0_leaving_right_after_start_up_does_not_break_anyone_elses_start_up() {
         assert_eq!(joined, vec![0, 1, 2, 3]);
     }
 }
+
+/// Where every pair of ranks shares memory, the barrier runs in it (`shared_counters`):
+/// a late rank holds everyone, a rank that leaves before it arrives is named, and a rank
+/// in another call is named as a mismatch (from the frame it sends, or by the control
+/// plane when it sends none), all well before the deadline.
+#[test]
+fn the_barrier_in_shared_memory_holds_names_a_lost_rank_and_a_rank_in_another_call() {
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        eprintln!("skipped: no /dev/shm on this machine");
+        return;
+    }
+    let _guard = heavy_lock();
+    let late = Duration::from_millis(300);
+    let times = run_threads_with(3, TIMEOUT, shm, |pg| {
+        pg.barrier().unwrap();
+        if pg.rank() == 1 {
+            std::thread::sleep(late);
+        }
+        let entered = Instant::now();
+        pg.barrier().unwrap();
+        let left = Instant::now();
+        let flight = pg.flight_recorder().expect("flight recorder on by default");
+        let snapshot = flight.snapshot("requested");
+        let algorithms: Vec<_> = snapshot
+            .entries
+            .iter()
+            .map(|e| e.algorithm.clone().unwrap_or_default())
+            .collect();
+        (entered, left, algorithms)
+    });
+    for (rank, (_, left, algorithms)) in times.iter().enumerate() {
+        assert!(
+            *left >= times[1].0,
+            "rank {rank} left before rank 1 entered"
+        );
+        assert_eq!(
+            algorithms,
+            &["shared_counters", "shared_counters"],
+            "rank {rank}"
+        );
+    }
+
+    let lost = run_threads_with(3, TIMEOUT, shm, |pg| {
+        if pg.rank() == 2 {
+            drop(pg);
+            return None;
+        }
+        let started = Instant::now();
+        Some((pg.barrier().unwrap_err(), started.elapsed()))
+    });
+    for (rank, outcome) in lost.iter().enumerate().take(2) {
+        let (error, took) = outcome.as_ref().unwrap();
+        eprintln!("lost rank: rank {rank} after {took:?}: {error}");
+        assert!(*took < PROMPT, "rank {rank} took {took:?}: {error}");
+        assert!(error.to_string().contains("rank 2"), "rank {rank}: {error}");
+    }
+
+    // Two ranks: the all-reduce's first frame reaches the rank in the barrier at once.
+    for (n, other) in [(3, "broadcast"), (3, "all_reduce"), (2, "all_reduce")] {
+        let outcomes = run_threads_with(n, TIMEOUT, shm, |pg| {
+            let started = Instant::now();
+            let mut buf = [1.0f32; 4];
+            let result = match (pg.rank(), other) {
+                (0, _) => pg.barrier(),
+                (_, "broadcast") => pg.broadcast(&mut buf, 0),
+                _ => pg.all_reduce(&mut buf, ReduceOp::Sum),
+            };
+            (result, started.elapsed())
+        });
+        for (rank, (result, took)) in outcomes.iter().enumerate() {
+            let text = match result {
+                Ok(()) => panic!("{other}: rank {rank} finished a call that cannot"),
+                Err(e) => e.to_string(),
+            };
+            eprintln!("{n} ranks, {other}: rank {rank} after {took:?}: {text}");
+            assert!(*took < PROMPT, "{other}: rank {rank} took {took:?}: {text}");
+            assert!(
+                text.contains("barrier") && text.contains(other),
+                "{other}: rank {rank} must name both calls: {text}"
+            );
+        }
+    }
+}

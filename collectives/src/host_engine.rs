@@ -9,6 +9,7 @@ use crate::control::{Activity, GroupControl};
 use crate::executor::{execute, Call};
 use crate::flight::FlightRecorder;
 use crate::group::{Deadline, Engine, GroupRunner, Request};
+use crate::memory_barrier::{self, Observers};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, gather_release_barrier,
     halving_doubling_all_reduce, hierarchical_all_reduce, hierarchical_barrier,
@@ -211,6 +212,35 @@ impl<T: Transport> HostEngine<T> {
                 "rank {rank}: the peer-memory all-reduce needs ranks in one process"
             ))),
         };
+        call.end(
+            self.trace.as_ref(),
+            (rank, world_size),
+            deadline,
+            PeerTraffic::default,
+            &result,
+        );
+        result
+    }
+
+    /// The barrier in memory every rank shares (`memory_barrier.rs`).
+    fn run_memory_barrier(&mut self, op: &OpDesc, deadline: Deadline) -> Result<(), Error> {
+        let (rank, world_size) = (self.transport.rank(), self.transport.world_size());
+        let call = Announced::begin(
+            self.control.as_deref(),
+            self.flight.as_deref(),
+            self.trace.is_some(),
+            (*op, Algorithm::SharedCounters),
+        );
+        let observers = Observers {
+            activity: call.activity,
+            flight: call.flight,
+        };
+        let result = memory_barrier::run(
+            &mut self.transport,
+            op,
+            (deadline.at(), deadline.timeout()),
+            observers,
+        );
         call.end(
             self.trace.as_ref(),
             (rank, world_size),
@@ -441,6 +471,9 @@ impl<T: Transport> Engine for HostEngine<T> {
                     plain(Algorithm::Chain, schedule, dtype, buf.bytes_mut())
                 };
                 self.run(op, job, deadline)
+            }
+            Request::Barrier if self.transport.memory_barrier().is_some() => {
+                self.run_memory_barrier(op, deadline)
             }
             Request::Barrier => {
                 let job = match self.transport.hosts() {

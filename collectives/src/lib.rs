@@ -22,6 +22,7 @@ pub mod fusion;
 mod group;
 mod host_engine;
 mod kernels;
+pub mod memory_barrier;
 mod memory_transport;
 mod op;
 mod op_desc;

@@ -6,6 +6,8 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::memory_barrier::MemoryBarrier;
+
 /// Whether a [`Transport::wait`] returned because a peer became ready or because the
 /// deadline passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +88,19 @@ pub trait Transport: Send + fmt::Debug {
     /// ```
     fn one_machine(&self) -> bool {
         false
+    }
+
+    /// The barrier in memory shared with every rank of the group (see
+    /// [`crate::memory_barrier`]), when this transport has such memory: every rank of a
+    /// group must answer alike. `None` (the default): barriers are messages.
+    ///
+    /// ```
+    /// use ringccl_collectives::{MemoryConfig, MemoryTransport, Transport};
+    /// let mut ranks = MemoryTransport::mesh(2, MemoryConfig::default());
+    /// assert!(ranks[0].memory_barrier().is_none());
+    /// ```
+    fn memory_barrier(&mut self) -> Option<&mut dyn MemoryBarrier> {
+        None
     }
 
     /// The buffers of the group's ranks, when they all live in this process and may read

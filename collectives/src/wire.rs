@@ -70,10 +70,14 @@ pub enum Algorithm {
     PeerMemory,
     /// Gather-release barrier: every rank signals rank 0, which releases them all.
     GatherRelease,
+    /// Barrier in memory the group shares (`memory_barrier.rs`): each rank publishes the
+    /// number of the latest barrier it has arrived at. Never in a frame, only in what a
+    /// rank tells a peer that asks what it is doing.
+    SharedCounters,
 }
 
 impl Algorithm {
-    const ALL: [Algorithm; 12] = [
+    const ALL: [Algorithm; 13] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::BinomialTree,
@@ -86,6 +90,7 @@ impl Algorithm {
         Algorithm::Hierarchical,
         Algorithm::PeerMemory,
         Algorithm::GatherRelease,
+        Algorithm::SharedCounters,
     ];
 
     /// Stable one-byte code used on the wire.
@@ -103,6 +108,7 @@ impl Algorithm {
             Algorithm::Hierarchical => 9,
             Algorithm::PeerMemory => 10,
             Algorithm::GatherRelease => 11,
+            Algorithm::SharedCounters => 12,
         }
     }
 
@@ -126,6 +132,7 @@ impl Algorithm {
             Algorithm::Hierarchical => "hierarchical",
             Algorithm::PeerMemory => "peer memory",
             Algorithm::GatherRelease => "gather-release",
+            Algorithm::SharedCounters => "shared counters",
         }
     }
 }

@@ -100,6 +100,7 @@ pub fn algorithm_label(algorithm: Algorithm) -> &'static str {
         Algorithm::Hierarchical => "hierarchical",
         Algorithm::PeerMemory => "peer_memory",
         Algorithm::GatherRelease => "gather_release",
+        Algorithm::SharedCounters => "shared_counters",
     }
 }
 

@@ -78,6 +78,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ringccl_collectives::memory_barrier::{Arrivals, MemoryBarrier};
 use ringccl_collectives::{check_peer, Closer, Readiness, Transport};
 
 use crate::poll::{ready_now, wait_any};
@@ -108,6 +109,8 @@ pub struct ShmTransport {
     spin: Spin,
     /// When `wait` last looked at the peers' liveness.
     last_look: Instant,
+    /// Every pair of the group's ranks shares memory: barriers run in it.
+    memory_barrier: bool,
 }
 
 impl ShmTransport {
@@ -116,7 +119,11 @@ impl ShmTransport {
     /// [`ShmTransport::with_spin`]).
     pub fn new(rings: SharedRings, tcp: TcpTransport) -> ShmTransport {
         let n = tcp.world_size();
-        let SharedRings { rings, map } = rings;
+        let SharedRings {
+            rings,
+            map,
+            with_every_rank,
+        } = rings;
         let tcp = tcp.with_hosts(&map);
         ShmTransport {
             spin: Spin::new(DEFAULT_SPIN, tcp.ranks_on_this_machine(), host_cores()),
@@ -124,6 +131,7 @@ impl ShmTransport {
             rings,
             gone: vec![false; n],
             last_look: Instant::now(),
+            memory_barrier: with_every_rank,
         }
     }
 
@@ -186,6 +194,22 @@ impl ShmTransport {
             }
         }
         peers.into_iter().flatten().any(|peer| self.gone[peer])
+    }
+
+    /// The first rank that has not arrived at barrier `seq` and whose connection is gone,
+    /// looking at the connections at most every [`LIVENESS_EVERY`]. A rank that arrived
+    /// and then left (its last barrier before it exits) is not one.
+    fn first_gone_missing(&mut self, seq: u64, now: Instant) -> Option<usize> {
+        let me = self.rank();
+        if now.duration_since(self.last_look) >= LIVENESS_EVERY {
+            self.last_look = now;
+            for peer in (0..self.gone.len()).filter(|&p| p != me) {
+                if !self.gone[peer] && !self.rings.arrived(peer, seq) && self.tcp.peer_gone(peer) {
+                    self.gone[peer] = true;
+                }
+            }
+        }
+        (0..self.gone.len()).find(|&p| self.gone[p] && !self.rings.arrived(p, seq))
     }
 
     fn check_peer(&self, peer: usize) -> io::Result<()> {
@@ -312,6 +336,14 @@ impl Transport for ShmTransport {
         self.tcp.one_machine()
     }
 
+    fn memory_barrier(&mut self) -> Option<&mut dyn MemoryBarrier> {
+        if self.memory_barrier {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
     fn peer_host(&self, peer: usize) -> Option<String> {
         self.tcp.peer_host(peer)
     }
@@ -360,6 +392,65 @@ impl Transport for ShmTransport {
             }
         }
     }
+}
+
+impl MemoryBarrier for ShmTransport {
+    fn arrive(&mut self, seq: u64) {
+        let tcp = &self.tcp;
+        self.rings
+            .arrive(self.tcp.rank(), seq, |peer| tcp.send_wake_up(peer));
+    }
+
+    fn first_missing(&self, seq: u64) -> Option<usize> {
+        self.rings.first_missing(self.rank(), seq)
+    }
+
+    fn wait_all_arrived(&mut self, seq: u64, until: Instant) -> io::Result<Arrivals> {
+        let me = self.rank();
+        let spin = self.spin;
+        let rings = &self.rings;
+        // Spinning looks at the arrivals only; a frame from a rank in another call is
+        // noticed once the window has passed.
+        if spin.look(until, LOOKS_PER_CLOCK, || {
+            Ok(rings.first_missing(me, seq).is_none())
+        })? {
+            return Ok(Arrivals::All);
+        }
+        loop {
+            let seen = self.rings.bell(me).map_or(0, |b| b.load(Ordering::Acquire));
+            if let Some(arrivals) = settled(&self.rings, me, seq) {
+                return Ok(arrivals);
+            }
+            let now = Instant::now();
+            if let Some(peer) = self.first_gone_missing(seq, now) {
+                return Ok(Arrivals::Gone(peer));
+            }
+            if now >= until {
+                return Ok(match self.rings.first_missing(me, seq) {
+                    Some(peer) => Arrivals::Missing(peer),
+                    None => Arrivals::All,
+                });
+            }
+            let slice = (until - now).min(LIVENESS_SLICE);
+            let rings = &self.rings;
+            rings.sleep(me, seen, slice, || settled(rings, me, seq).is_some());
+        }
+    }
+}
+
+/// Where rank `me`'s wait in barrier `seq` stands, if it is over: every rank arrived, or
+/// bytes came from a rank instead (a rank in another call: the barrier sends none).
+fn settled(rings: &Rings, me: usize, seq: u64) -> Option<Arrivals> {
+    if rings.first_missing(me, seq).is_none() {
+        return Some(Arrivals::All);
+    }
+    let from = rings.first_sender(me)?;
+    // The bytes may be the next call's, from a rank that saw everyone arrive after the
+    // look above; what it saw is visible here now, so look again.
+    Some(match rings.first_missing(me, seq) {
+        None => Arrivals::All,
+        Some(_) => Arrivals::Frame(from),
+    })
 }
 
 /// Whether what rank `me` waits for is there: bytes to read from `readable`, room to

@@ -51,6 +51,9 @@ const BELL: usize = 0;
 const SLEEPING: usize = 64;
 /// In the `SLEEPING` word: asleep on the bell (a futex).
 pub(super) const SLEEPING_ON_BELL: u32 = 1;
+/// The number of the latest barrier the inbox's owner has arrived at (the barrier in
+/// memory): written by the owner only, read by every local rank.
+const ARRIVED: usize = 128;
 
 /// In the `SLEEPING` word: asleep in `poll(2)` until local rank `peer` writes or reads,
 /// woken by a byte on the connection from `peer`.
@@ -118,6 +121,11 @@ impl Rings {
     /// `poll(2)` waiting for `me`, says so: the caller sends it a byte.
     fn ring_bell(&self, me: usize, rank: usize) -> Ring {
         fence(Ordering::SeqCst);
+        self.wake_if_sleeping(me, rank)
+    }
+
+    /// [`Rings::ring_bell`] once the caller has published its change and fenced.
+    fn wake_if_sleeping(&self, me: usize, rank: usize) -> Ring {
         let Some(inbox) = self.inbox(rank) else {
             return Ring::Done;
         };
@@ -133,6 +141,39 @@ impl Rings {
             // In `poll(2)` for another peer: this change is not what it waits for.
             _ => Ring::Done,
         }
+    }
+
+    /// Publishes that `me` has arrived at barrier `seq` and rings the bell of every rank
+    /// it shares memory with (one fence for all; no syscall for a rank that is awake),
+    /// calling `byte_needed` for each that sleeps in `poll(2)` waiting for `me`.
+    pub(super) fn arrive(&self, me: usize, seq: u64, mut byte_needed: impl FnMut(usize)) {
+        if let Some(inbox) = self.inbox(me) {
+            inbox.atomic_u64(ARRIVED).store(seq, Ordering::Release);
+        }
+        fence(Ordering::SeqCst);
+        for peer in (0..self.inboxes.len()).filter(|&p| p != me) {
+            if self.wake_if_sleeping(me, peer) == Ring::ByteNeeded {
+                byte_needed(peer);
+            }
+        }
+    }
+
+    /// Whether `rank` has arrived at barrier `seq` (a rank this one shares no memory
+    /// with never has).
+    pub(super) fn arrived(&self, rank: usize, seq: u64) -> bool {
+        self.inbox(rank)
+            .is_some_and(|inbox| inbox.atomic_u64(ARRIVED).load(Ordering::Acquire) >= seq)
+    }
+
+    /// The first rank other than `me`, in rank order, that has not arrived at barrier
+    /// `seq`; `None` once all have.
+    pub(super) fn first_missing(&self, me: usize, seq: u64) -> Option<usize> {
+        (0..self.inboxes.len()).find(|&p| p != me && !self.arrived(p, seq))
+    }
+
+    /// The first rank, in rank order, whose ring to `me` holds bytes.
+    pub(super) fn first_sender(&self, me: usize) -> Option<usize> {
+        (0..self.inboxes.len()).find(|&p| p != me && self.used(p, me) > 0)
     }
 
     /// Raises `me`'s flag (`how`: [`SLEEPING_ON_BELL`] or [`in_poll_for`]) and
@@ -370,6 +411,61 @@ mod tests {
         );
         assert!(elapsed < Duration::from_secs(90), "took {elapsed:?}");
         eprintln!("{ROUNDS} round trips, all sleeping, in {elapsed:?}; longest sleep {longest:?}");
+    }
+
+    /// Barriers in memory, both ranks sleeping whenever the other has not arrived: every
+    /// arrival wakes the sleeper (the same flag protocol as a write), and a rank sees
+    /// the other's number only once it has been published.
+    #[test]
+    fn no_arrival_is_missed_by_a_sleeping_rank() {
+        let Some(rings) = two_rings() else { return };
+        const BARRIERS: u64 = 5_000;
+        let lost = Duration::from_secs(5);
+        let give_up = Instant::now() + Duration::from_secs(120);
+        let wait = |me: usize, seq: u64| {
+            let mut longest = Duration::ZERO;
+            loop {
+                let seen = rings.bell(me).map_or(0, |b| b.load(Ordering::Acquire));
+                if rings.first_missing(me, seq).is_none() {
+                    return longest;
+                }
+                assert!(
+                    Instant::now() < give_up,
+                    "rank {me} never saw barrier {seq} end"
+                );
+                let started = Instant::now();
+                rings.sleep(me, seen, lost, || rings.first_missing(me, seq).is_none());
+                longest = longest.max(started.elapsed());
+            }
+        };
+        assert_eq!(rings.first_missing(0, 1), Some(1));
+        assert_eq!(rings.first_sender(0), None);
+        let longest = std::thread::scope(|s| {
+            let other = s.spawn(|| {
+                let mut longest = Duration::ZERO;
+                for seq in 1..=BARRIERS {
+                    rings.arrive(1, seq, |_| panic!("nobody sleeps in poll"));
+                    longest = longest.max(wait(1, seq));
+                    // Rank 0 may have gone on to the next barrier, not beyond.
+                    assert!(!rings.arrived(0, seq + 2));
+                }
+                longest
+            });
+            let mut longest = Duration::ZERO;
+            for seq in 1..=BARRIERS {
+                rings.arrive(0, seq, |_| panic!("nobody sleeps in poll"));
+                longest = longest.max(wait(0, seq));
+                assert!(!rings.arrived(1, seq + 2));
+            }
+            longest.max(other.join().unwrap())
+        });
+        assert!(
+            longest < Duration::from_secs(2),
+            "a sleep lasted {longest:?}: an arrival was missed"
+        );
+        // A frame waiting for rank 0 names its sender.
+        assert_eq!(rings.write(1, 0, &[IoSlice::new(b"z")]).0, 1);
+        assert_eq!(rings.first_sender(0), Some(1));
     }
 
     /// The writer works from the tail it last loaded, and loads it again only when the

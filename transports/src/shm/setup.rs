@@ -36,6 +36,9 @@ pub struct SharedRings {
     pub(super) rings: Rings,
     /// Where every rank runs.
     pub(super) map: HostMap,
+    /// Every pair of the group's ranks shares memory, as every rank learnt alike from
+    /// what each published: the barrier in memory is for this group.
+    pub(super) with_every_rank: bool,
 }
 
 impl SharedRings {
@@ -49,6 +52,7 @@ impl SharedRings {
                 tails_seen: (0..n).map(|_| AtomicU64::new(0)).collect(),
             },
             map,
+            with_every_rank: false,
         }
     }
 
@@ -61,6 +65,20 @@ impl SharedRings {
     /// ```
     pub fn shares_memory_with(&self, peer: usize) -> bool {
         self.rings.has(peer)
+    }
+
+    /// Whether every pair of the group's ranks shares memory (the same answer on every
+    /// rank, from what each rank published at set-up).
+    ///
+    /// ```
+    /// # fn f(rings: ringccl_transports::shm::SharedRings) {
+    /// if rings.shared_by_every_pair() {
+    ///     assert!(rings.shares_memory_with(1));
+    /// }
+    /// # }
+    /// ```
+    pub fn shared_by_every_pair(&self) -> bool {
+        self.with_every_rank
     }
 }
 
@@ -308,7 +326,13 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
             *slot = Some(position);
         }
     }
+    // Every rank reads the same published lists, so every rank reaches the same answer.
+    let with_every_rank = local.len() == n
+        && local
+            .iter()
+            .all(|&a| local.iter().all(|&b| a == b || maps(a, b)));
     Ok(Some(SharedRings {
+        with_every_rank,
         rings: Rings {
             ring_bytes,
             inboxes,
