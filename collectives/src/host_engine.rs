@@ -183,64 +183,66 @@ impl<T: Transport> HostEngine<T> {
         reduce: (DType, ReduceOp),
         deadline: Deadline,
     ) -> Result<(), Error> {
-        let (rank, world_size) = (self.transport.rank(), self.transport.world_size());
-        let call = Announced::begin(
-            self.control.as_deref(),
-            self.flight.as_deref(),
-            self.trace.is_some(),
-            (*op, Algorithm::PeerMemory),
-        );
-        let blocked = |peer: usize| {
-            if let Some(activity) = call.activity {
-                activity.blocked_on(peer, 0);
-            }
-            if let Some(flight) = call.flight {
-                flight.blocked_on(peer);
-            }
-        };
-        let result = match self.transport.peer_memory() {
-            Some(access) => access.memory.all_reduce(
-                rank,
-                op,
-                buf,
-                reduce,
-                access.spin,
-                (deadline.at(), deadline.timeout()),
-                &blocked,
-            ),
-            None => Err(Error::InvalidArgument(format!(
-                "rank {rank}: the peer-memory all-reduce needs ranks in one process"
-            ))),
-        };
-        call.end(
-            self.trace.as_ref(),
-            (rank, world_size),
+        let rank = self.transport.rank();
+        self.run_unscheduled(
+            op,
+            Algorithm::PeerMemory,
             deadline,
-            PeerTraffic::default,
-            &result,
-        );
-        result
+            |transport, observers| match transport.peer_memory() {
+                Some(access) => access.memory.all_reduce(
+                    rank,
+                    op,
+                    buf,
+                    reduce,
+                    access.spin,
+                    (deadline.at(), deadline.timeout()),
+                    &|peer| observers.blocked_on(peer),
+                ),
+                None => Err(Error::InvalidArgument(format!(
+                    "rank {rank}: the peer-memory all-reduce needs ranks in one process"
+                ))),
+            },
+        )
     }
 
     /// The barrier in memory every rank shares (`memory_barrier.rs`).
     fn run_memory_barrier(&mut self, op: &OpDesc, deadline: Deadline) -> Result<(), Error> {
+        self.run_unscheduled(
+            op,
+            Algorithm::SharedCounters,
+            deadline,
+            |transport, observers| {
+                memory_barrier::run(
+                    transport,
+                    op,
+                    (deadline.at(), deadline.timeout()),
+                    observers,
+                )
+            },
+        )
+    }
+
+    /// Runs `body`, a call that follows no schedule, announced and recorded as `op` run
+    /// by `algorithm` like every other call.
+    fn run_unscheduled(
+        &mut self,
+        op: &OpDesc,
+        algorithm: Algorithm,
+        deadline: Deadline,
+        body: impl FnOnce(&mut T, Observers<'_>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let (rank, world_size) = (self.transport.rank(), self.transport.world_size());
         let call = Announced::begin(
             self.control.as_deref(),
             self.flight.as_deref(),
             self.trace.is_some(),
-            (*op, Algorithm::SharedCounters),
+            (*op, algorithm),
         );
         let observers = Observers {
             activity: call.activity,
             flight: call.flight,
         };
-        let result = memory_barrier::run(
-            &mut self.transport,
-            op,
-            (deadline.at(), deadline.timeout()),
-            observers,
-        );
+        let result = body(&mut self.transport, observers);
         call.end(
             self.trace.as_ref(),
             (rank, world_size),

@@ -56,7 +56,7 @@ pub trait MemoryBarrier {
     fn wait_all_arrived(&mut self, seq: u64, until: Instant) -> io::Result<Arrivals>;
 }
 
-/// Where a barrier in memory records what it waits for.
+/// Where a call that follows no schedule records the rank it waits for.
 #[derive(Clone, Copy)]
 pub(crate) struct Observers<'a> {
     pub(crate) activity: Option<&'a Activity>,
@@ -64,7 +64,7 @@ pub(crate) struct Observers<'a> {
 }
 
 impl Observers<'_> {
-    fn blocked_on(&self, peer: usize) {
+    pub(crate) fn blocked_on(&self, peer: usize) {
         if let Some(activity) = self.activity {
             activity.blocked_on(peer, 0);
         }
