@@ -11,20 +11,25 @@
 //!
 //! Errors stay what the barriers of messages give:
 //! - a rank that does not arrive is named at the deadline ([`Error::Timeout`]), and the
-//!   control plane's checks see this rank blocked on it meanwhile (a peer in another call
-//!   numbered like this one is named as a mismatch by the sentinel);
-//! - a frame that arrives instead comes from a rank in another call: its header names
-//!   that call ([`Error::CollectiveMismatch`]);
-//! - a rank whose connection is gone before it arrived is named ([`Error::PeerLost`]).
+//!   control plane's checks see this rank blocked on it meanwhile: a peer in another call
+//!   numbered like this one is named as a mismatch by the sentinel;
+//! - a rank whose connection is gone before it arrived is named ([`Error::PeerLost`]);
+//! - once every rank has arrived, a frame of a collective numbered like this barrier or
+//!   earlier, still waiting from a peer, comes from a call this rank never ran (a peer's
+//!   broadcast from itself finishes without this rank, and the peer's next barrier then
+//!   counts as an arrival): its header names that call ([`Error::CollectiveMismatch`]).
+//!   The frame is looked at, not taken. The check runs after the arrivals, which the
+//!   peer published after its frame, so its outcome does not depend on timing.
+//!   Point-to-point frames are left for the receive they belong to.
 
-use std::io::{self, IoSliceMut};
+use std::io;
 use std::time::Instant;
 
 use crate::control::{Activity, RETRY_EVERY};
 use crate::flight::FlightRecorder;
-use crate::transport::{Readiness, Transport};
+use crate::transport::Transport;
 use crate::wire::{same_call, Algorithm, FrameHeader, FRAME_HEADER_LEN};
-use crate::{Error, OpDesc};
+use crate::{CollectiveKind, Error, OpDesc};
 
 /// Where a wait for the other ranks' arrival ended ([`MemoryBarrier::wait_all_arrived`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,8 +38,6 @@ pub enum Arrivals {
     All,
     /// The time given passed first; this rank is the first (in rank order) still missing.
     Missing(usize),
-    /// Bytes arrived from this rank instead: it runs another call.
-    Frame(usize),
     /// This rank's connection is gone, and it had not arrived.
     Gone(usize),
 }
@@ -51,9 +54,13 @@ pub trait MemoryBarrier {
     /// `None` once every rank has.
     fn first_missing(&self, seq: u64) -> Option<usize>;
 
-    /// Waits until every rank has arrived at barrier `seq`, a frame from a peer arrives
-    /// instead, a peer that has not arrived is gone, or `until` passes.
+    /// Waits until every rank has arrived at barrier `seq`, a peer that has not arrived
+    /// is gone, or `until` passes.
     fn wait_all_arrived(&mut self, seq: u64, until: Instant) -> io::Result<Arrivals>;
+
+    /// Copies the first bytes waiting from `peer` into `buf` without taking them;
+    /// returns how many (0 when none wait).
+    fn peek(&self, peer: usize, buf: &mut [u8]) -> usize;
 }
 
 /// Where a call that follows no schedule records the rank it waits for.
@@ -84,7 +91,7 @@ pub(crate) fn run<T: Transport + ?Sized>(
     (deadline, timeout): (Instant, std::time::Duration),
     observers: Observers<'_>,
 ) -> Result<(), Error> {
-    let rank = transport.rank();
+    let (rank, world_size) = (transport.rank(), transport.world_size());
     let io_error = |e: io::Error| Error::Io {
         rank,
         context: format!("waiting in {op}"),
@@ -96,17 +103,15 @@ pub(crate) fn run<T: Transport + ?Sized>(
         )));
     };
     barrier.arrive(op.seq);
-    let Some(first) = barrier.first_missing(op.seq) else {
-        return Ok(());
-    };
-    observers.blocked_on(first);
-    let outcome = loop {
-        let until = Instant::now()
-            .checked_add(RETRY_EVERY)
-            .map_or(deadline, |retry| retry.min(deadline));
-        match barrier.wait_all_arrived(op.seq, until).map_err(io_error)? {
-            Arrivals::Missing(peer) => {
-                if until >= deadline {
+    if let Some(first) = barrier.first_missing(op.seq) {
+        observers.blocked_on(first);
+        loop {
+            let until = Instant::now()
+                .checked_add(RETRY_EVERY)
+                .map_or(deadline, |retry| retry.min(deadline));
+            match barrier.wait_all_arrived(op.seq, until).map_err(io_error)? {
+                Arrivals::All => break,
+                Arrivals::Missing(peer) if until >= deadline => {
                     return Err(Error::Timeout {
                         rank,
                         peer,
@@ -115,85 +120,67 @@ pub(crate) fn run<T: Transport + ?Sized>(
                         expected: 0,
                         timeout,
                         gone: Vec::new(),
+                    })
+                }
+                Arrivals::Missing(peer) => observers.blocked_on(peer),
+                Arrivals::Gone(peer) => {
+                    let reason = match transport.peer_host(peer) {
+                        Some(host) => format!(
+                            "its connection closed before it reached the barrier; rank {peer} ran on {host}"
+                        ),
+                        None => "its connection closed before it reached the barrier".into(),
+                    };
+                    return Err(Error::PeerLost {
+                        rank: peer,
+                        observer: rank,
+                        op: *op,
+                        reason,
+                        gone: Vec::new(),
                     });
                 }
-                observers.blocked_on(peer);
             }
-            done => break done,
         }
-    };
-    match outcome {
-        Arrivals::All => Ok(()),
-        Arrivals::Frame(peer) => Err(frame_instead(transport, op, peer, deadline)),
-        Arrivals::Gone(peer) => Err(Error::PeerLost {
-            rank: peer,
-            observer: rank,
-            op: *op,
-            reason: match transport.peer_host(peer) {
-                Some(host) => format!(
-                    "its connection closed before it reached the barrier; rank {peer} ran on {host}"
-                ),
-                None => "its connection closed before it reached the barrier".into(),
-            },
-            gone: Vec::new(),
-        }),
-        Arrivals::Missing(_) => unreachable_missing(rank, op),
     }
+    let Some(barrier) = transport.memory_barrier() else {
+        return Ok(());
+    };
+    frames_left_behind(barrier, (rank, world_size), op)
 }
 
-/// The loop above only breaks on the other outcomes.
-fn unreachable_missing(rank: usize, op: &OpDesc) -> Result<(), Error> {
-    Err(Error::InvalidArgument(format!(
-        "rank {rank}: {op}: the barrier in memory stopped waiting with a rank missing"
-    )))
-}
-
-/// The error for a frame from `peer` that arrived while this rank waited in barrier `op`:
-/// its header names the call `peer` is in.
-fn frame_instead<T: Transport + ?Sized>(
-    transport: &mut T,
+/// Once every rank has arrived at barrier `op`: a collective frame numbered like it or
+/// earlier, still waiting from a peer, belongs to a call this rank never ran (see the
+/// module documentation). Looked at, not taken.
+fn frames_left_behind(
+    barrier: &dyn MemoryBarrier,
+    (rank, world_size): (usize, usize),
     op: &OpDesc,
-    peer: usize,
-    deadline: Instant,
-) -> Error {
-    let rank = transport.rank();
-    let protocol = |reason: String| Error::Protocol {
-        rank,
-        peer,
-        op: *op,
-        reason,
-    };
+) -> Result<(), Error> {
     let mut raw = [0u8; FRAME_HEADER_LEN];
-    let mut got = 0;
-    while got < FRAME_HEADER_LEN {
-        let mut iov = [IoSliceMut::new(&mut raw[got..])];
-        match transport.read_some(peer, &mut iov) {
-            Ok(0) => return protocol("its connection closed in the middle of a frame".into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                match transport.wait(None, Some(peer), deadline) {
-                    Ok(Readiness::Ready) => {}
-                    Ok(Readiness::TimedOut) => {
-                        return protocol("it sent part of a frame and then nothing".into())
-                    }
-                    Err(e) => return protocol(format!("reading its frame: {e}")),
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return protocol(format!("reading its frame: {e}")),
+    for peer in (0..world_size).filter(|&p| p != rank) {
+        if barrier.peek(peer, &mut raw) < FRAME_HEADER_LEN {
+            continue;
+        }
+        let header = FrameHeader::decode(&raw).map_err(|e| Error::Protocol {
+            rank,
+            peer,
+            op: *op,
+            reason: e.to_string(),
+        })?;
+        let collective = header.op.kind != CollectiveKind::SendRecv;
+        if collective && header.op.seq <= op.seq {
+            same_call(
+                rank,
+                peer,
+                (*op, Algorithm::SharedCounters),
+                (header.op, header.algorithm),
+            )?;
+            return Err(Error::Protocol {
+                rank,
+                peer,
+                op: *op,
+                reason: "it sent a frame in a barrier that sends none".into(),
+            });
         }
     }
-    let header = match FrameHeader::decode(&raw) {
-        Ok(header) => header,
-        Err(e) => return protocol(e.to_string()),
-    };
-    match same_call(
-        rank,
-        peer,
-        (*op, Algorithm::SharedCounters),
-        (header.op, header.algorithm),
-    ) {
-        Err(error) => error,
-        Ok(()) => protocol("it sent a frame in a barrier that sends none".into()),
-    }
+    Ok(())
 }

@@ -409,8 +409,6 @@ impl MemoryBarrier for ShmTransport {
         let me = self.rank();
         let spin = self.spin;
         let rings = &self.rings;
-        // Spinning looks at the arrivals only; a frame from a rank in another call is
-        // noticed once the window has passed.
         if spin.look(until, LOOKS_PER_CLOCK, || {
             Ok(rings.first_missing(me, seq).is_none())
         })? {
@@ -418,8 +416,8 @@ impl MemoryBarrier for ShmTransport {
         }
         loop {
             let seen = self.rings.bell(me).map_or(0, |b| b.load(Ordering::Acquire));
-            if let Some(arrivals) = settled(&self.rings, me, seq) {
-                return Ok(arrivals);
+            if self.rings.first_missing(me, seq).is_none() {
+                return Ok(Arrivals::All);
             }
             let now = Instant::now();
             if let Some(peer) = self.first_gone_missing(seq, now) {
@@ -433,24 +431,13 @@ impl MemoryBarrier for ShmTransport {
             }
             let slice = (until - now).min(LIVENESS_SLICE);
             let rings = &self.rings;
-            rings.sleep(me, seen, slice, || settled(rings, me, seq).is_some());
+            rings.sleep(me, seen, slice, || rings.first_missing(me, seq).is_none());
         }
     }
-}
 
-/// Where rank `me`'s wait in barrier `seq` stands, if it is over: every rank arrived, or
-/// bytes came from a rank instead (a rank in another call: the barrier sends none).
-fn settled(rings: &Rings, me: usize, seq: u64) -> Option<Arrivals> {
-    if rings.first_missing(me, seq).is_none() {
-        return Some(Arrivals::All);
+    fn peek(&self, peer: usize, buf: &mut [u8]) -> usize {
+        self.rings.peek(self.rank(), peer, buf)
     }
-    let from = rings.first_sender(me)?;
-    // The bytes may be the next call's, from a rank that saw everyone arrive after the
-    // look above; what it saw is visible here now, so look again.
-    Some(match rings.first_missing(me, seq) {
-        None => Arrivals::All,
-        Some(_) => Arrivals::Frame(from),
-    })
 }
 
 /// Whether what rank `me` waits for is there: bytes to read from `readable`, room to

@@ -171,9 +171,24 @@ impl Rings {
         (0..self.inboxes.len()).find(|&p| p != me && !self.arrived(p, seq))
     }
 
-    /// The first rank, in rank order, whose ring to `me` holds bytes.
-    pub(super) fn first_sender(&self, me: usize) -> Option<usize> {
-        (0..self.inboxes.len()).find(|&p| p != me && self.used(p, me) > 0)
+    /// Copies the first bytes waiting in the ring `peer → me` into `buf` without taking
+    /// them (the tail stays); returns how many.
+    pub(super) fn peek(&self, me: usize, peer: usize, buf: &mut [u8]) -> usize {
+        let cap = self.ring_bytes;
+        let available = self.used(peer, me).min(buf.len());
+        let Some(((_, tail), (inbox, ring))) = self.counters(peer, me).zip(self.ring(peer, me))
+        else {
+            return 0;
+        };
+        let start = tail.load(Ordering::Relaxed) as usize;
+        let mut copied = 0;
+        while copied < available {
+            let at = (start + copied) % cap;
+            let n = (available - copied).min(cap - at);
+            inbox.read(ring + HEADER + at, &mut buf[copied..copied + n]);
+            copied += n;
+        }
+        copied
     }
 
     /// Raises `me`'s flag (`how`: [`SLEEPING_ON_BELL`] or [`in_poll_for`]) and
@@ -439,7 +454,7 @@ mod tests {
             }
         };
         assert_eq!(rings.first_missing(0, 1), Some(1));
-        assert_eq!(rings.first_sender(0), None);
+        assert_eq!(rings.peek(0, 1, &mut [0u8; 4]), 0);
         let longest = std::thread::scope(|s| {
             let other = s.spawn(|| {
                 let mut longest = Duration::ZERO;
@@ -463,9 +478,12 @@ mod tests {
             longest < Duration::from_secs(2),
             "a sleep lasted {longest:?}: an arrival was missed"
         );
-        // A frame waiting for rank 0 names its sender.
-        assert_eq!(rings.write(1, 0, &[IoSlice::new(b"z")]).0, 1);
-        assert_eq!(rings.first_sender(0), Some(1));
+        // Bytes waiting for rank 0 can be looked at without taking them.
+        assert_eq!(rings.write(1, 0, &[IoSlice::new(b"zw")]).0, 2);
+        let mut seen = [0u8; 4];
+        assert_eq!(rings.peek(0, 1, &mut seen), 2);
+        assert_eq!(&seen[..2], b"zw");
+        assert_eq!(rings.used(1, 0), 2, "a look takes nothing");
     }
 
     /// The writer works from the tail it last loaded, and loads it again only when the
