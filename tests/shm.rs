@@ -247,6 +247,24 @@ fn the_barrier_in_shared_memory_holds_names_a_lost_rank_and_a_rank_in_another_ca
         );
     }
 
+    // Small all-reduces run in memory too: two that disagree on the count are named
+    // from the headers beside the data, never folded together.
+    let outcomes = run_threads_with(2, TIMEOUT, shm, |pg| {
+        let mut buf = vec![1.0f32; 2 + 2 * pg.rank()];
+        pg.all_reduce(&mut buf, ReduceOp::Sum)
+    });
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        let text = match outcome {
+            Ok(()) => panic!("rank {rank}: all-reduces of 2 and 4 elements passed"),
+            Err(e) => e.to_string(),
+        };
+        eprintln!("all-reduces of 2 and 4 elements: rank {rank}: {text}");
+        assert!(
+            text.contains("all_reduce(sum, 2 x f32)") && text.contains("all_reduce(sum, 4 x f32)"),
+            "rank {rank}: {text}"
+        );
+    }
+
     for (n, other) in [(3, "broadcast"), (3, "all_reduce"), (2, "all_reduce")] {
         let outcomes = run_threads_with(n, TIMEOUT, shm, |pg| {
             let started = Instant::now();

@@ -9,7 +9,7 @@ use crate::control::{Activity, GroupControl};
 use crate::executor::{execute, Call};
 use crate::flight::FlightRecorder;
 use crate::group::{Deadline, Engine, GroupRunner, Request};
-use crate::memory_barrier::{self, Observers};
+use crate::memory_barrier::{self, Observers, Reduction, SLOT_DATA};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, gather_release_barrier,
     halving_doubling_all_reduce, hierarchical_all_reduce, hierarchical_barrier,
@@ -102,6 +102,9 @@ pub struct HostEngine<T> {
     trace: Option<CollectiveTrace>,
     /// The schedules of the last calls.
     schedules: ScheduleCache,
+    /// Calls run in memory so far (`memory_barrier.rs`): they alternate between two
+    /// slots.
+    memory_calls: u64,
 }
 
 /// What one call asks of the executor.
@@ -149,6 +152,7 @@ impl<T: Transport> HostEngine<T> {
             flight: None,
             trace: None,
             schedules: ScheduleCache::default(),
+            memory_calls: 0,
         }
     }
 
@@ -205,9 +209,24 @@ impl<T: Transport> HostEngine<T> {
         )
     }
 
-    /// The barrier in memory every rank shares (`memory_barrier.rs`).
-    fn run_memory_barrier(&mut self, op: &OpDesc, deadline: Deadline) -> Result<(), Error> {
-        self.run_unscheduled(
+    /// A barrier, or with `reduce` a small all-reduce of `buf`, in memory every rank
+    /// shares (`memory_barrier.rs`).
+    fn run_in_memory(
+        &mut self,
+        op: &OpDesc,
+        reduce: Option<(&mut [u8], DType, ReduceOp)>,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        let slot = (self.memory_calls % 2) as usize;
+        self.memory_calls += 1;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let reduction = reduce.map(|(buf, dtype, op)| Reduction {
+            buf,
+            dtype,
+            op,
+            scratch: &mut scratch,
+        });
+        let result = self.run_unscheduled(
             op,
             Algorithm::SharedCounters,
             deadline,
@@ -215,11 +234,14 @@ impl<T: Transport> HostEngine<T> {
                 memory_barrier::run(
                     transport,
                     op,
+                    (slot, reduction),
                     (deadline.at(), deadline.timeout()),
                     observers,
                 )
             },
-        )
+        );
+        self.scratch = scratch;
+        result
     }
 
     /// Runs `body`, a call that follows no schedule, announced and recorded as `op` run
@@ -391,6 +413,15 @@ impl<T: Transport> Engine for HostEngine<T> {
                 if peer_memory && self.transport.peer_memory().is_some() {
                     return self.run_peer_memory(op, buf.bytes_mut(), (dtype, reduce), deadline);
                 }
+                let in_memory =
+                    cfg.all_reduce_algo == AllReduceAlgo::Auto && n > 1 && count * es <= SLOT_DATA;
+                if in_memory && self.transport.memory_barrier().is_some() {
+                    return self.run_in_memory(
+                        op,
+                        Some((buf.bytes_mut(), dtype, reduce)),
+                        deadline,
+                    );
+                }
                 let hosts = self.transport.hosts();
                 let algorithm = cfg.all_reduce_algo.pick_on_hosts(
                     count * es,
@@ -475,7 +506,7 @@ impl<T: Transport> Engine for HostEngine<T> {
                 self.run(op, job, deadline)
             }
             Request::Barrier if self.transport.memory_barrier().is_some() => {
-                self.run_memory_barrier(op, deadline)
+                self.run_in_memory(op, None, deadline)
             }
             Request::Barrier => {
                 let job = match self.transport.hosts() {

@@ -5,6 +5,14 @@
 //! everyone at once. Where the ranks take turns on the cores, that saves the round trips
 //! through ranks that are not running which the barriers of messages wait on.
 //!
+//! The same arrivals carry small all-reduces (up to [`SLOT_DATA`] bytes): each rank
+//! writes its call's header and data into one of two slots beside its arrival word, and,
+//! once every rank has arrived, reads every rank's slot and folds them in rank order, so
+//! every rank computes the same expression and ends bit-identical. Barriers write their
+//! header too. Every rank checks every peer's header against its own call before it
+//! uses the slot: a peer in another call, or in another call in memory, is named
+//! ([`Error::CollectiveMismatch`]) instead of being taken as arrived.
+//!
 //! A transport offers it ([`Transport::memory_barrier`](crate::Transport::memory_barrier))
 //! only when it shares memory with every rank of the group, which every rank of the group
 //! knows alike: either every rank runs this barrier or none does.
@@ -27,9 +35,13 @@ use std::time::Instant;
 
 use crate::control::{Activity, RETRY_EVERY};
 use crate::flight::FlightRecorder;
+use crate::kernels::{self, Order};
 use crate::transport::Transport;
 use crate::wire::{same_call, Algorithm, FrameHeader, FRAME_HEADER_LEN};
-use crate::{CollectiveKind, Error, OpDesc};
+use crate::{CollectiveKind, DType, Error, OpDesc, ReduceOp};
+
+/// The most bytes an all-reduce in memory carries (one slot's data).
+pub const SLOT_DATA: usize = 1024;
 
 /// Where a wait for the other ranks' arrival ended ([`MemoryBarrier::wait_all_arrived`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,9 +58,20 @@ pub enum Arrivals {
 /// documentation). Barriers are numbered by the group's collective counter, the same on
 /// every rank, and only grow.
 pub trait MemoryBarrier {
-    /// Publishes that this rank has arrived at barrier `seq`, and wakes the ranks that
-    /// sleep waiting for arrivals.
-    fn arrive(&mut self, seq: u64);
+    /// Writes `header` and `data` (at most [`SLOT_DATA`] bytes) into this rank's slot
+    /// `slot` (0 or 1), publishes that this rank has arrived at call `seq`, and wakes the
+    /// ranks that sleep waiting for arrivals.
+    fn arrive(&mut self, seq: u64, slot: usize, header: &[u8; FRAME_HEADER_LEN], data: &[u8]);
+
+    /// Copies `peer`'s slot `slot`: its header, and its first `data.len()` data bytes.
+    /// `false` when this transport shares no memory with `peer`.
+    fn read_slot(
+        &self,
+        peer: usize,
+        slot: usize,
+        header: &mut [u8; FRAME_HEADER_LEN],
+        data: &mut [u8],
+    ) -> bool;
 
     /// The first rank (in rank order) that has not arrived at barrier `seq`, at a glance;
     /// `None` once every rank has.
@@ -81,13 +104,24 @@ impl Observers<'_> {
     }
 }
 
-/// Runs barrier `op` through `transport`'s memory barrier until `deadline` (its timeout
-/// `timeout`, for messages). Waits in slices of at most [`RETRY_EVERY`], recording the
+/// An all-reduce's part of a call in memory: the caller's buffer, its element type and
+/// operator, and room to fold in.
+pub(crate) struct Reduction<'a> {
+    pub(crate) buf: &'a mut [u8],
+    pub(crate) dtype: DType,
+    pub(crate) op: ReduceOp,
+    pub(crate) scratch: &'a mut Vec<u64>,
+}
+
+/// Runs `op` through `transport`'s memory barrier in slot `slot`, until `deadline` (its
+/// timeout `timeout`, for messages): a barrier, or with `reduction` an all-reduce of at
+/// most [`SLOT_DATA`] bytes. Waits in slices of at most [`RETRY_EVERY`], recording the
 /// rank it waits for after each, as the executor does, so that a peer that asks is told
 /// what this rank waits for.
 pub(crate) fn run<T: Transport + ?Sized>(
     transport: &mut T,
     op: &OpDesc,
+    (slot, mut reduction): (usize, Option<Reduction<'_>>),
     (deadline, timeout): (Instant, std::time::Duration),
     observers: Observers<'_>,
 ) -> Result<(), Error> {
@@ -97,12 +131,25 @@ pub(crate) fn run<T: Transport + ?Sized>(
         context: format!("waiting in {op}"),
         source: e,
     };
+    let data: &[u8] = reduction.as_ref().map_or(&[], |r| &*r.buf);
+    if data.len() > SLOT_DATA {
+        return Err(Error::InvalidArgument(format!(
+            "rank {rank}: {op}: {} bytes do not fit a slot of {SLOT_DATA}",
+            data.len()
+        )));
+    }
+    let header = FrameHeader {
+        op: *op,
+        algorithm: Algorithm::SharedCounters,
+        payload_len: data.len() as u32,
+    }
+    .encode();
     let Some(barrier) = transport.memory_barrier() else {
         return Err(Error::InvalidArgument(format!(
-            "rank {rank}: {op}: no memory shared with every rank for a barrier in memory"
+            "rank {rank}: {op}: no memory shared with every rank for a call in memory"
         )));
     };
-    barrier.arrive(op.seq);
+    barrier.arrive(op.seq, slot, &header, data);
     if let Some(first) = barrier.first_missing(op.seq) {
         observers.blocked_on(first);
         loop {
@@ -144,7 +191,108 @@ pub(crate) fn run<T: Transport + ?Sized>(
     let Some(barrier) = transport.memory_barrier() else {
         return Ok(());
     };
-    frames_left_behind(barrier, (rank, world_size), op)
+    match reduction.as_mut() {
+        // A frame left behind names the call it came from, which is more than the
+        // peer's slot says (its next call in memory).
+        None => {
+            frames_left_behind(barrier, (rank, world_size), op)?;
+            same_calls(barrier, (rank, world_size), op, slot, 0)
+        }
+        Some(reduction) => fold(barrier, (rank, world_size), op, slot, reduction),
+    }
+}
+
+/// Checks every peer's header in slot `slot` against this rank's call `op` (carrying
+/// `len` bytes): a peer in another call is a mismatch.
+fn same_calls(
+    barrier: &dyn MemoryBarrier,
+    (rank, world_size): (usize, usize),
+    op: &OpDesc,
+    slot: usize,
+    len: usize,
+) -> Result<(), Error> {
+    let mut raw = [0u8; FRAME_HEADER_LEN];
+    for peer in (0..world_size).filter(|&p| p != rank) {
+        barrier.read_slot(peer, slot, &mut raw, &mut []);
+        check_slot_header(rank, peer, op, &raw, len)?;
+    }
+    Ok(())
+}
+
+fn check_slot_header(
+    rank: usize,
+    peer: usize,
+    op: &OpDesc,
+    raw: &[u8; FRAME_HEADER_LEN],
+    len: usize,
+) -> Result<(), Error> {
+    let protocol = |reason: String| Error::Protocol {
+        rank,
+        peer,
+        op: *op,
+        reason,
+    };
+    let header = FrameHeader::decode(raw).map_err(|e| protocol(e.to_string()))?;
+    same_call(
+        rank,
+        peer,
+        (*op, Algorithm::SharedCounters),
+        (header.op, header.algorithm),
+    )?;
+    if header.payload_len as usize != len {
+        return Err(protocol(format!(
+            "it published {} bytes for this call, this rank {len}",
+            header.payload_len
+        )));
+    }
+    Ok(())
+}
+
+/// The all-reduce: every rank's slot folded in rank order into `reduction.buf`.
+fn fold(
+    barrier: &dyn MemoryBarrier,
+    (rank, world_size): (usize, usize),
+    op: &OpDesc,
+    slot: usize,
+    reduction: &mut Reduction<'_>,
+) -> Result<(), Error> {
+    let len = reduction.buf.len();
+    let words = len.div_ceil(8);
+    if reduction.scratch.len() < 2 * words {
+        reduction.scratch.resize(2 * words, 0);
+    }
+    let scratch: &mut [u8] = bytemuck::cast_slice_mut(reduction.scratch.as_mut_slice());
+    let (acc, operand) = scratch.split_at_mut(words * 8);
+    let (acc, operand) = (&mut acc[..len], &mut operand[..len]);
+    let mut raw = [0u8; FRAME_HEADER_LEN];
+    let fail =
+        |e: kernels::KernelError| Error::InvalidArgument(format!("rank {rank}: {op}: {}", e.0));
+    for peer in 0..world_size {
+        let source: &[u8] = if peer == rank {
+            &*reduction.buf
+        } else {
+            barrier.read_slot(peer, slot, &mut raw, operand);
+            check_slot_header(rank, peer, op, &raw, len)?;
+            &*operand
+        };
+        if peer == 0 {
+            acc.copy_from_slice(source);
+        } else {
+            kernels::reduce_bytes(
+                reduction.dtype,
+                reduction.op,
+                acc,
+                source,
+                Order::LocalFirst,
+            )
+            .map_err(fail)?;
+        }
+    }
+    if reduction.op == ReduceOp::Avg {
+        kernels::finalize_avg(reduction.dtype, acc, world_size).map_err(fail)?;
+    }
+    reduction.buf.copy_from_slice(acc);
+    Ok(())
 }
 
 /// Once every rank has arrived at barrier `op`: a collective frame numbered like it or

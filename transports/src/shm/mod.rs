@@ -79,6 +79,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringccl_collectives::memory_barrier::{Arrivals, MemoryBarrier};
+use ringccl_collectives::wire::FRAME_HEADER_LEN;
 use ringccl_collectives::{check_peer, Closer, Readiness, Transport};
 
 use crate::poll::{ready_now, wait_any};
@@ -395,10 +396,22 @@ impl Transport for ShmTransport {
 }
 
 impl MemoryBarrier for ShmTransport {
-    fn arrive(&mut self, seq: u64) {
+    fn arrive(&mut self, seq: u64, slot: usize, header: &[u8; FRAME_HEADER_LEN], data: &[u8]) {
         let tcp = &self.tcp;
         self.rings
-            .arrive(self.tcp.rank(), seq, |peer| tcp.send_wake_up(peer));
+            .arrive(self.tcp.rank(), seq, (slot, header, data), |peer| {
+                tcp.send_wake_up(peer)
+            });
+    }
+
+    fn read_slot(
+        &self,
+        peer: usize,
+        slot: usize,
+        header: &mut [u8; FRAME_HEADER_LEN],
+        data: &mut [u8],
+    ) -> bool {
+        self.rings.read_slot(peer, slot, header, data)
     }
 
     fn first_missing(&self, seq: u64) -> Option<usize> {

@@ -39,6 +39,9 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ringccl_collectives::memory_barrier::SLOT_DATA;
+use ringccl_collectives::wire::FRAME_HEADER_LEN;
+
 use super::mapping::{futex_wait, futex_wake, Mapping};
 
 /// Capacity of each ring (one per ordered pair of ranks).
@@ -54,6 +57,17 @@ pub(super) const SLEEPING_ON_BELL: u32 = 1;
 /// The number of the latest barrier the inbox's owner has arrived at (the barrier in
 /// memory): written by the owner only, read by every local rank.
 const ARRIVED: usize = 128;
+/// Two slots, each the header of the owner's latest call in memory and its data: the
+/// owner writes them before it publishes its arrival and never rewrites a slot a peer may
+/// still read (calls in memory alternate between the two, and a rank starts call `m + 2`
+/// only after every rank arrived at call `m + 1`, which each did after reading call `m`).
+const SLOTS: usize = 1024;
+/// One slot: a frame header, then up to [`SLOT_DATA`] bytes.
+const SLOT_LEN: usize = FRAME_HEADER_LEN + SLOT_DATA;
+const _: () = assert!(
+    SLOTS + 2 * SLOT_LEN <= HEADER,
+    "the slots fit the inbox header"
+);
 
 /// In the `SLEEPING` word: asleep in `poll(2)` until local rank `peer` writes or reads,
 /// woken by a byte on the connection from `peer`.
@@ -143,11 +157,22 @@ impl Rings {
         }
     }
 
-    /// Publishes that `me` has arrived at barrier `seq` and rings the bell of every rank
-    /// it shares memory with (one fence for all; no syscall for a rank that is awake),
-    /// calling `byte_needed` for each that sleeps in `poll(2)` waiting for `me`.
-    pub(super) fn arrive(&self, me: usize, seq: u64, mut byte_needed: impl FnMut(usize)) {
+    /// Writes `header` and `data` (at most [`SLOT_DATA`] bytes, the rest dropped) into
+    /// `me`'s slot `slot` (0 or 1), then publishes that `me` has arrived at call `seq`
+    /// and rings the bell of every rank it shares memory with (one fence for all; no
+    /// syscall for a rank that is awake), calling `byte_needed` for each that sleeps in
+    /// `poll(2)` waiting for `me`.
+    pub(super) fn arrive(
+        &self,
+        me: usize,
+        seq: u64,
+        (slot, header, data): (usize, &[u8; FRAME_HEADER_LEN], &[u8]),
+        mut byte_needed: impl FnMut(usize),
+    ) {
         if let Some(inbox) = self.inbox(me) {
+            let at = SLOTS + (slot % 2) * SLOT_LEN;
+            inbox.write(at, header);
+            inbox.write(at + FRAME_HEADER_LEN, &data[..data.len().min(SLOT_DATA)]);
             inbox.atomic_u64(ARRIVED).store(seq, Ordering::Release);
         }
         fence(Ordering::SeqCst);
@@ -156,6 +181,26 @@ impl Rings {
                 byte_needed(peer);
             }
         }
+    }
+
+    /// Copies `rank`'s slot `slot`: its header into `header` and its first `data.len()`
+    /// (at most [`SLOT_DATA`]) data bytes into `data`. `false` for a rank this one
+    /// shares no memory with.
+    pub(super) fn read_slot(
+        &self,
+        rank: usize,
+        slot: usize,
+        header: &mut [u8; FRAME_HEADER_LEN],
+        data: &mut [u8],
+    ) -> bool {
+        let Some(inbox) = self.inbox(rank) else {
+            return false;
+        };
+        let at = SLOTS + (slot % 2) * SLOT_LEN;
+        inbox.read(at, header);
+        let len = data.len().min(SLOT_DATA);
+        inbox.read(at + FRAME_HEADER_LEN, &mut data[..len]);
+        true
     }
 
     /// Whether `rank` has arrived at barrier `seq` (a rank this one shares no memory
@@ -459,7 +504,9 @@ mod tests {
             let other = s.spawn(|| {
                 let mut longest = Duration::ZERO;
                 for seq in 1..=BARRIERS {
-                    rings.arrive(1, seq, |_| panic!("nobody sleeps in poll"));
+                    rings.arrive(1, seq, (0, &[0; FRAME_HEADER_LEN], &[]), |_| {
+                        panic!("nobody sleeps in poll")
+                    });
                     longest = longest.max(wait(1, seq));
                     // Rank 0 may have gone on to the next barrier, not beyond.
                     assert!(!rings.arrived(0, seq + 2));
@@ -468,7 +515,9 @@ mod tests {
             });
             let mut longest = Duration::ZERO;
             for seq in 1..=BARRIERS {
-                rings.arrive(0, seq, |_| panic!("nobody sleeps in poll"));
+                rings.arrive(0, seq, (0, &[0; FRAME_HEADER_LEN], &[]), |_| {
+                    panic!("nobody sleeps in poll")
+                });
                 longest = longest.max(wait(0, seq));
                 assert!(!rings.arrived(1, seq + 2));
             }
