@@ -248,21 +248,27 @@ fn the_barrier_in_shared_memory_holds_names_a_lost_rank_and_a_rank_in_another_ca
     }
 
     // Small all-reduces run in memory too: two that disagree on the count are named
-    // from the headers beside the data, never folded together.
-    let outcomes = run_threads_with(2, TIMEOUT, shm, |pg| {
-        let mut buf = vec![1.0f32; 2 + 2 * pg.rank()];
-        pg.all_reduce(&mut buf, ReduceOp::Sum)
-    });
-    for (rank, outcome) in outcomes.iter().enumerate() {
-        let text = match outcome {
-            Ok(()) => panic!("rank {rank}: all-reduces of 2 and 4 elements passed"),
-            Err(e) => e.to_string(),
-        };
-        eprintln!("all-reduces of 2 and 4 elements: rank {rank}: {text}");
-        assert!(
-            text.contains("all_reduce(sum, 2 x f32)") && text.contains("all_reduce(sum, 4 x f32)"),
-            "rank {rank}: {text}"
-        );
+    // (from the headers beside the data, never folded together), and so are two on
+    // either side of the in-memory limit (one rank in memory, one sending frames: by the
+    // control plane), before the deadline.
+    for counts in [[2, 4], [256, 257]] {
+        let outcomes = run_threads_with(2, TIMEOUT, shm, |pg| {
+            let started = Instant::now();
+            let mut buf = vec![1.0f32; counts[pg.rank()]];
+            (pg.all_reduce(&mut buf, ReduceOp::Sum), started.elapsed())
+        });
+        for (rank, (outcome, took)) in outcomes.iter().enumerate() {
+            let text = match outcome {
+                Ok(()) => panic!("rank {rank}: all-reduces of {counts:?} elements passed"),
+                Err(e) => e.to_string(),
+            };
+            eprintln!("all-reduces of {counts:?} elements: rank {rank} after {took:?}: {text}");
+            assert!(*took < TIMEOUT, "rank {rank} took {took:?}: {text}");
+            for count in counts {
+                let call = format!("all_reduce(sum, {count} x f32)");
+                assert!(text.contains(&call), "rank {rank} must name {call}: {text}");
+            }
+        }
     }
 
     for (n, other) in [(3, "broadcast"), (3, "all_reduce"), (2, "all_reduce")] {

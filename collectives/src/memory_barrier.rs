@@ -173,9 +173,9 @@ pub(crate) fn run<T: Transport + ?Sized>(
                 Arrivals::Gone(peer) => {
                     let reason = match transport.peer_host(peer) {
                         Some(host) => format!(
-                            "its connection closed before it reached the barrier; rank {peer} ran on {host}"
+                            "its connection closed before it reached this call; rank {peer} ran on {host}"
                         ),
-                        None => "its connection closed before it reached the barrier".into(),
+                        None => "its connection closed before it reached this call".into(),
                     };
                     return Err(Error::PeerLost {
                         rank: peer,
@@ -191,13 +191,11 @@ pub(crate) fn run<T: Transport + ?Sized>(
     let Some(barrier) = transport.memory_barrier() else {
         return Ok(());
     };
+    // A frame left behind names the call it came from, which is more than the peer's
+    // slot says (its next call in memory).
+    frames_left_behind(barrier, (rank, world_size), op)?;
     match reduction.as_mut() {
-        // A frame left behind names the call it came from, which is more than the
-        // peer's slot says (its next call in memory).
-        None => {
-            frames_left_behind(barrier, (rank, world_size), op)?;
-            same_calls(barrier, (rank, world_size), op, slot, 0)
-        }
+        None => same_calls(barrier, (rank, world_size), op, slot, 0),
         Some(reduction) => fold(barrier, (rank, world_size), op, slot, reduction),
     }
 }
