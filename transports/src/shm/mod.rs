@@ -217,6 +217,45 @@ impl ShmTransport {
         check_peer(self.tcp.rank(), peer, self.rings.inboxes.len())
     }
 
+    /// The wait on the rings that `wait` and the barrier in memory share: looks with
+    /// `ready` through the spin window, then sleeps on this rank's bell in slices of at
+    /// most [`LIVENESS_SLICE`], asking `gone` (with the time) between them whether a
+    /// peer it waits for has gone, until `ready` holds, `gone` names one, or `until`
+    /// passes.
+    fn spin_then_sleep<G>(
+        &mut self,
+        until: Instant,
+        ready: impl Fn(&Rings) -> bool,
+        mut gone: impl FnMut(&mut ShmTransport, Instant) -> Option<G>,
+    ) -> io::Result<Waited<G>> {
+        let me = self.rank();
+        let rings = &self.rings;
+        if self
+            .spin
+            .look(until, LOOKS_PER_CLOCK, || Ok(ready(rings)))?
+        {
+            return Ok(Waited::Ready);
+        }
+        loop {
+            let seen = self.rings.bell(me).map_or(0, |b| b.load(Ordering::Acquire));
+            if ready(&self.rings) {
+                return Ok(Waited::Ready);
+            }
+            let now = Instant::now();
+            if let Some(which) = gone(self, now) {
+                return Ok(Waited::Gone(which));
+            }
+            if now >= until {
+                return Ok(Waited::TimedOut);
+            }
+            let slice = (until - now).min(LIVENESS_SLICE);
+            let rings = &self.rings;
+            if rings.sleep(me, seen, slice, || ready(rings)) {
+                return Ok(Waited::Ready);
+            }
+        }
+    }
+
     /// Finishes waking the peer a ring change was for: a byte, if it sleeps in `poll`.
     fn wake(&self, peer: usize, ring: Ring) {
         if ring == Ring::ByteNeeded {
@@ -367,31 +406,19 @@ impl Transport for ShmTransport {
             }
         }
         let me = self.rank();
-        let rings = &self.rings;
-        let looked = self.spin.look(deadline, LOOKS_PER_CLOCK, || {
-            Ok(ready(rings, me, writable, readable))
-        })?;
-        if looked {
-            return Ok(Readiness::Ready);
-        }
-        loop {
-            let seen = self.rings.bell(me).map_or(0, |b| b.load(Ordering::Acquire));
-            if ready(&self.rings, me, writable, readable) {
-                return Ok(Readiness::Ready);
-            }
-            let now = Instant::now();
-            if self.any_gone([readable, writable], now) {
-                return Ok(Readiness::Ready); // the next read or write reports it
-            }
-            if now >= deadline {
-                return Ok(Readiness::TimedOut);
-            }
-            let slice = (deadline - now).min(LIVENESS_SLICE);
-            let rings = &self.rings;
-            if rings.sleep(me, seen, slice, || ready(rings, me, writable, readable)) {
-                return Ok(Readiness::Ready);
-            }
-        }
+        let waited = self.spin_then_sleep(
+            deadline,
+            |rings| ready(rings, me, writable, readable),
+            |transport, now| {
+                let peers = [readable, writable];
+                transport.any_gone(peers, now).then_some(())
+            },
+        )?;
+        Ok(match waited {
+            // A gone peer: the next read or write reports it.
+            Waited::Ready | Waited::Gone(()) => Readiness::Ready,
+            Waited::TimedOut => Readiness::TimedOut,
+        })
     }
 }
 
@@ -420,37 +447,32 @@ impl MemoryBarrier for ShmTransport {
 
     fn wait_all_arrived(&mut self, seq: u64, until: Instant) -> io::Result<Arrivals> {
         let me = self.rank();
-        let spin = self.spin;
-        let rings = &self.rings;
-        if spin.look(until, LOOKS_PER_CLOCK, || {
-            Ok(rings.first_missing(me, seq).is_none())
-        })? {
-            return Ok(Arrivals::All);
-        }
-        loop {
-            let seen = self.rings.bell(me).map_or(0, |b| b.load(Ordering::Acquire));
-            if self.rings.first_missing(me, seq).is_none() {
-                return Ok(Arrivals::All);
-            }
-            let now = Instant::now();
-            if let Some(peer) = self.first_gone_missing(seq, now) {
-                return Ok(Arrivals::Gone(peer));
-            }
-            if now >= until {
-                return Ok(match self.rings.first_missing(me, seq) {
-                    Some(peer) => Arrivals::Missing(peer),
-                    None => Arrivals::All,
-                });
-            }
-            let slice = (until - now).min(LIVENESS_SLICE);
-            let rings = &self.rings;
-            rings.sleep(me, seen, slice, || rings.first_missing(me, seq).is_none());
-        }
+        let waited = self.spin_then_sleep(
+            until,
+            |rings| rings.first_missing(me, seq).is_none(),
+            |transport, now| transport.first_gone_missing(seq, now),
+        )?;
+        Ok(match waited {
+            Waited::Ready => Arrivals::All,
+            Waited::Gone(peer) => Arrivals::Gone(peer),
+            Waited::TimedOut => match self.rings.first_missing(me, seq) {
+                Some(peer) => Arrivals::Missing(peer),
+                None => Arrivals::All,
+            },
+        })
     }
 
     fn peek(&self, peer: usize, buf: &mut [u8]) -> usize {
         self.rings.peek(self.rank(), peer, buf)
     }
+}
+
+/// How [`ShmTransport::spin_then_sleep`] ended.
+enum Waited<G> {
+    Ready,
+    /// A peer waited for has gone (what `gone` said of it).
+    Gone(G),
+    TimedOut,
 }
 
 /// Whether what rank `me` waits for is there: bytes to read from `readable`, room to
