@@ -13,8 +13,13 @@
 #      gloo with device buffers at 2, 3 and 4 ranks sharing the GPU; init failure paths;
 #      two NCCL ranks on one GPU fail cleanly (NCCL refuses that) or work.
 #   2. ringccl-bench --backend nccl (device memory, as nccl-tests), every dtype and op.
-#   3. ringccl-bench --backend gloo --memory device at 2 and 4 ranks.
-# and prints a summary; the exit status is non-zero if any step failed.
+#   3. ringccl-bench --backend nccl beside PyTorch's own NCCL all-reduce, both at world
+#      size 1 on this GPU in the same run, and the ratio of their per-call times.
+#   4. ringccl-bench --backend gloo --memory device at 2 and 4 ranks.
+# and prints a summary; the exit status is non-zero if any step failed. Each test and each
+# step runs on its own with a limit (GPU_CHECK_STEP_LIMIT, 150 s): a step still running
+# then has every thread's stack printed (cuda-gdb) and is killed. GPU_CHECK_SKIP, a
+# regular expression, skips the steps whose names it matches.
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,8 +36,10 @@ build() {
     [ -n "$test_bin" ] || { echo "gpu-check: could not build tests/nccl.rs" >&2; exit 1; }
     cp "$here/$test_bin" "$out/nccl-tests"
     cp "$here/target/release/ringccl-bench" "$out/ringccl-bench"
-    strip "$out/nccl-tests" "$out/ringccl-bench" 2>/dev/null || true
+    # Keep the symbols (names in the stacks of a hang), drop the debug info (size).
+    strip --strip-debug "$out/nccl-tests" "$out/ringccl-bench" 2>/dev/null || true
     cp "$0" "$out/gpu-check.sh"
+    cp "$here/scripts/torch_nccl_allreduce.py" "$out/"
     echo "gpu-check: built $(du -sh "$out" | cut -f1) into $out"
 }
 
@@ -71,20 +78,101 @@ EOF
 }
 
 summary=()
+# Each step gets at most this many seconds; one still running then has every thread's
+# stack printed (cuda-gdb, where the machine has it) and is killed, so a hang becomes a
+# diagnosis instead of a lost run.
+limit=${GPU_CHECK_STEP_LIMIT:-150}
+
+descendants() {
+    local child
+    for child in $(pgrep -P "$1" 2>/dev/null); do
+        echo "$child"
+        descendants "$child"
+    done
+}
+
+stacks() {
+    local gdb p
+    gdb=$(command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+    [ -n "$gdb" ] || { echo "gpu-check: no cuda-gdb here to print the stacks"; return; }
+    for p in "$@"; do
+        echo "--- stacks of process $p: $(tr '\0' ' ' </proc/"$p"/cmdline 2>/dev/null | cut -c1-160)"
+        timeout 60 "$gdb" -p "$p" -batch -ex 'set pagination off' -ex 'thread apply all bt 25' 2>&1 |
+            grep -E '^(Thread|#)' | head -300
+    done
+}
+
+bounded() {
+    "$@" &
+    local pid=$! waited=0 all
+    while kill -0 "$pid" 2>/dev/null; do
+        if [ "$waited" -ge "$limit" ]; then
+            echo "gpu-check: HANG: still running after ${limit}s: $*"
+            all="$pid $(descendants "$pid")"
+            # shellcheck disable=SC2086 # one word per process id
+            stacks $all
+            # shellcheck disable=SC2086
+            kill -9 $all 2>/dev/null
+            wait "$pid" 2>/dev/null
+            return 124
+        fi
+        sleep 1
+        waited=$((waited + 1))
+    done
+    wait "$pid"
+}
+
 step() {
     local name=$1
     shift
+    if [ -n "${GPU_CHECK_SKIP:-}" ] && [[ $name =~ $GPU_CHECK_SKIP ]]; then
+        summary+=("SKIP  $name (GPU_CHECK_SKIP)")
+        return
+    fi
     echo
     echo "=== $name: $*"
-    local log="$out/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').log"
-    if "$@" 2>&1 | tee "$log"; then
-        summary+=("PASS  $name")
+    local log started=$SECONDS
+    log="$out/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').log"
+    if bounded "$@" 2>&1 | tee "$log"; then
+        summary+=("PASS  $name ($((SECONDS - started)) s)")
     else
-        summary+=("FAIL  $name (log: $log)")
+        summary+=("FAIL  $name ($((SECONDS - started)) s; log: $log)")
     fi
-    # The lines worth pasting: skips, footers, oks.
-    grep -E 'skipped|Out of bounds|Avg bus bandwidth|test result|: ok|failed cleanly|backend nccl|backend gloo' "$log" |
+    # The lines worth pasting: skips, footers, oks, hangs, ratios.
+    grep -E 'skipped|Out of bounds|Avg bus bandwidth|test result|: ok|failed cleanly|backend nccl|backend gloo|HANG|ratio|panicked' "$log" |
         sed 's/^/    /' >>"$out/summary.txt"
+}
+
+# ringccl-bench --backend nccl and PyTorch's NCCL all-reduce, both at world size 1 on
+# this GPU, one after the other; prints the ratio of their per-call times per size.
+versus_torch() {
+    local py
+    py=$(command -v python3 || command -v python) || { echo "skipped: no python"; return 0; }
+    "$py" -c 'import torch' 2>/dev/null || { echo "skipped: no PyTorch"; return 0; }
+    "$py" "$out/torch_nccl_allreduce.py" --min 8 --max 67108864 --factor 8 >"$out/torch.txt" || return 1
+    rm -f "$out/ringccl.json"
+    "$out/ringccl-bench" --backend nccl --np 1 -b 8 -e 64M -f 8 --budget 0.3 \
+        --json "$out/ringccl.json" || return 1
+    cat "$out/torch.txt"
+    "$py" - "$out/torch.txt" "$out/ringccl.json" <<'EOF'
+import json, sys
+torch = {}
+for line in open(sys.argv[1]):
+    parts = line.split()
+    if parts and parts[0].isdigit():
+        torch[int(parts[0])] = (float(parts[1]), float(parts[2]))
+print(f"{'bytes':>12} {'ringccl us':>11} {'torch us':>9} {'ratio':>6}  (torch sync-each / ringccl; above 1: ringccl faster)")
+worst = None
+for line in open(sys.argv[2]):
+    row = json.loads(line)
+    t = torch.get(row["size"])
+    if t is None:
+        continue
+    ratio = t[0] / row["time_us"]
+    worst = ratio if worst is None else min(worst, ratio)
+    print(f"{row['size']:>12} {row['time_us']:>11.2f} {t[0]:>9.2f} {ratio:>6.2f}")
+print(f"ratio worst over sizes: {worst:.2f}" if worst else "ratio: no common sizes")
+EOF
 }
 
 run() {
@@ -93,14 +181,20 @@ run() {
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     find_nccl
     export RINGCCL_BENCH_BIN="$out/ringccl-bench"
-    step "nccl tests" "$out/nccl-tests" --test-threads=1 --nocapture
+    export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+    # One step per test, so that a hang costs one step, not the run.
+    local tests t
+    tests=$("$out/nccl-tests" --list 2>/dev/null | sed -n 's/: test$//p')
+    for t in $tests; do
+        step "test $t" "$out/nccl-tests" --exact "$t" --test-threads=1 --nocapture
+    done
     step "bench nccl all types and ops" "$out/ringccl-bench" --backend nccl --np 1 \
-        -b 8 -e 64M -f 8 -d all -o all -w 2 --budget 0.3
-    step "bench nccl float sum sweep" "$out/ringccl-bench" --backend nccl --np 1 -b 8 -e 256M -f 4
+        -b 8 -e 64M -f 64 -d all -o all -w 2 --budget 0.1
+    step "bench nccl versus torch" versus_torch
     step "bench gloo device memory 2 ranks" "$out/ringccl-bench" --backend gloo --memory device \
         --np 2 -b 8 -e 16M -f 16 --budget 0.3
     step "bench gloo device memory 4 ranks" "$out/ringccl-bench" --backend gloo --memory device \
-        --np 4 -b 8 -e 16M -f 16 -d all --budget 0.2
+        --np 4 -b 8 -e 16M -f 16 -d all --budget 0.1
     # NCCL calls on the timeline: one span per call, algorithm "device library".
     trace_dir="$out/trace"
     rm -rf "$trace_dir"

@@ -30,6 +30,10 @@ fn bench_bin() -> String {
     std::env::var("RINGCCL_BENCH_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ringccl-bench").into())
 }
+/// Every NCCL group here: a hang fails the test with NCCL's last words instead of
+/// waiting out the 30-minute default.
+const NCCL_TIMEOUT: Duration = Duration::from_secs(60);
+
 const OPS: [ReduceOp; 5] = [
     ReduceOp::Sum,
     ReduceOp::Product,
@@ -64,7 +68,10 @@ fn init_without_cuda_or_nccl_is_an_error_not_a_panic() {
     let _heavy = heavy_lock();
     let probe = NcclBackend::probe();
     let result = std::panic::catch_unwind(|| {
-        init_process_group("NCCL", InitOptions::new(0, 1, "127.0.0.1:0"))
+        init_process_group(
+            "NCCL",
+            InitOptions::new(0, 1, "127.0.0.1:0").timeout(NCCL_TIMEOUT),
+        )
     })
     .expect("init must not panic");
     match probe {
@@ -310,7 +317,8 @@ fn nccl_runs_every_op_and_type_on_host_and_device_buffers() {
     let _heavy = heavy_lock();
     // NCCL refuses two ranks on one GPU, so one rank: the data paths (staging, device
     // pointers, every dtype and op mapping) are what this checks.
-    let pg = init_process_group("nccl", InitOptions::new(0, 1, "127.0.0.1:0")).unwrap();
+    let opts = InitOptions::new(0, 1, "127.0.0.1:0").timeout(NCCL_TIMEOUT);
+    let pg = init_process_group("nccl", opts).unwrap();
     let stream = CudaContext::new(pg.cuda_device().unwrap())
         .unwrap()
         .new_stream()
@@ -355,7 +363,7 @@ fn two_nccl_ranks_on_one_gpu_fail_cleanly_or_work() {
     let results: Vec<Result<Vec<f32>, Error>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..2)
             .map(|rank| {
-                let mut opts = InitOptions::new(rank, 2, &addr).timeout(Duration::from_secs(60));
+                let mut opts = InitOptions::new(rank, 2, &addr).timeout(NCCL_TIMEOUT);
                 if rank == 0 {
                     opts = opts.store_listener(listener.take().unwrap());
                 }
@@ -397,7 +405,8 @@ fn local_nccl_ranks_one_per_gpu_reduce_together() {
         other => panic!("{} ranks on {devices} GPU(s): {other:?}", devices + 1),
     }
     let n = devices.min(2);
-    let ranks = ringccl::local_groups("nccl", n).expect("local NCCL ranks");
+    let opts = InitOptions::new(0, n, "127.0.0.1:0").timeout(NCCL_TIMEOUT);
+    let ranks = ringccl::local_groups_with("nccl", n, opts).expect("local NCCL ranks");
     assert_eq!(ranks.len(), n);
     let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
         let handles: Vec<_> = ranks

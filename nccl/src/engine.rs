@@ -154,7 +154,8 @@ impl NcclEngine {
         body: impl FnOnce(&mut NcclEngine) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let control = self.control.clone();
-        let checked = op.kind != CollectiveKind::SendRecv;
+        // A group of one has nobody to compare with.
+        let checked = op.kind != CollectiveKind::SendRecv && self.world_size > 1;
         if let Some(flight) = &self.flight {
             flight.running(*op, Algorithm::Device);
         }

@@ -191,8 +191,9 @@ impl GroupControl {
 
     /// Waits, until `deadline`, for the fingerprint of collective number `mine.seq` from
     /// `predecessor` (the previous rank in rank order) and compares it with `mine`: a
-    /// disagreement is [`Error::CollectiveMismatch`]. Without a control thread (a group
-    /// of one) there is nobody to compare with, and it agrees at once.
+    /// disagreement is [`Error::CollectiveMismatch`]. In a group of one (no control
+    /// thread, or this rank its own predecessor) there is nobody to compare with, and it
+    /// agrees at once.
     pub fn check_fingerprint(
         &self,
         mine: &OpDesc,
@@ -200,7 +201,7 @@ impl GroupControl {
         deadline: Deadline,
     ) -> Result<(), Error> {
         let mut state = self.lock();
-        if state.link.is_none() {
+        if state.link.is_none() || predecessor == self.rank {
             return Ok(());
         }
         loop {
@@ -262,5 +263,32 @@ impl fmt::Debug for GroupControl {
             .field("rank", &self.rank)
             .field("aborted", &self.aborted())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    /// A group of one with a control thread attached (the NCCL backend starts one at
+    /// every world size) is its own predecessor: it must not wait for itself. It did,
+    /// until the deadline, on the first real GPU (issue 17).
+    #[test]
+    fn a_group_of_one_does_not_wait_for_its_own_fingerprint() {
+        let control = GroupControl::new(0);
+        control.attach_link(Arc::new(|| {}));
+        let op = OpDesc::all_reduce(1, DType::F32, 1000, crate::ReduceOp::Sum);
+        control.post_fingerprint(op);
+        let started = Instant::now();
+        let deadline = Deadline::after(Duration::from_secs(5));
+        control.check_fingerprint(&op, 0, deadline).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // Two ranks: rank 1 does wait for rank 0's, and times out without it.
+        let control = GroupControl::new(1);
+        control.attach_link(Arc::new(|| {}));
+        let short = Deadline::after(Duration::from_millis(50));
+        let err = control.check_fingerprint(&op, 0, short).unwrap_err();
+        assert!(matches!(err, Error::Timeout { peer: 0, .. }), "{err:?}");
     }
 }
