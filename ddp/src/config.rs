@@ -126,4 +126,23 @@ impl DdpConfig {
         self.rebuild_buckets = on;
         self
     }
+
+    /// Whether gradients live in the buckets (see
+    /// [`gradient_as_bucket_view`](Self::gradient_as_bucket_view)).
+    ///
+    /// ```
+    /// assert!(!ringccl_ddp::DdpConfig::new().gradient_as_bucket_view_on());
+    /// ```
+    pub fn gradient_as_bucket_view_on(&self) -> bool {
+        self.gradient_as_bucket_view
+    }
+
+    /// The cap of every bucket but the first, in bytes.
+    ///
+    /// ```
+    /// assert_eq!(ringccl_ddp::DdpConfig::new().bucket_cap(), 25 << 20);
+    /// ```
+    pub fn bucket_cap(&self) -> usize {
+        self.bucket_cap_bytes
+    }
 }

@@ -1,7 +1,7 @@
 //! The reducer: gradients into buckets, buckets onto the wire while backward runs.
 
 use std::fmt;
-use std::ops::{Deref, DerefMut};
+use std::ops::{Deref, DerefMut, Range};
 use std::sync::Arc;
 
 use ringccl_collectives::timeline::{SpanGuard, Timeline};
@@ -12,7 +12,7 @@ use crate::communicator::{BucketLabel, Communicator, Pending, ToCommunicator};
 use crate::config::{DdpConfig, ParamSpec};
 use crate::element::GradElement;
 use crate::hooks::{AllReduceHook, CommHook};
-use crate::plan::plan_buckets;
+use crate::reducer::{is_permutation, FinishPlan, OldLayout, Reducer};
 use crate::DdpError;
 
 /// Data-parallel gradient averaging, PyTorch DDP's way, for a trainer that owns its own
@@ -55,43 +55,19 @@ use crate::DdpError;
 /// in the same struct as the group and the model.
 pub struct DistributedDataParallel<T: GradElement> {
     comm: Arc<dyn Communicator>,
-    params: Vec<ParamSpec>,
-    config: DdpConfig,
+    /// The bookkeeping: layout, marks, launches, passes.
+    reducer: Reducer,
     hook: Box<dyn CommHook<T>>,
+    /// The gradients, one flat buffer per bucket of the reducer's layout.
     buckets: Vec<Bucket<T>>,
-    /// Where each parameter's gradient lives: (bucket, offset).
-    slots: Vec<(usize, usize)>,
-    /// Marked ready in the current backward pass.
-    ready: Vec<bool>,
-    marked: usize,
-    /// Holds a gradient since the last synchronised step (no_sync accumulation).
-    has_data: Vec<bool>,
-    next_launch: usize,
-    no_sync: bool,
-    /// The current pass's first gradient was marked with synchronisation off: the pass
-    /// can be closed without `finish` (see `close_unsynced_pass`).
-    pass_unsynced: bool,
-    /// The last pass was closed without `finish`; a `finish` on the empty pass that
-    /// follows is accepted as that pass's (late) end.
-    closed_without_finish: bool,
-    step: u64,
-    /// Order of the first step's gradients, for the one-time rebuild.
-    arrival: Vec<usize>,
-    rebuilt: bool,
     broken: Option<String>,
     /// The timeline's `trainer` row, when the communicator traces.
     trainer: Option<Timeline>,
 }
 
-/// The buckets and slots being replaced by a rebuild.
-type OldLayout<'a, T> = (&'a [Bucket<T>], &'a [(usize, usize)]);
-
 struct Bucket<T> {
-    params: Vec<usize>,
-    len: usize,
     /// `None` while its all-reduce is in flight.
     data: Option<Vec<T>>,
-    waiting_for: usize,
     in_flight: Option<Pending<Vec<T>>>,
 }
 
@@ -137,28 +113,15 @@ impl<T: GradElement> DistributedDataParallel<T> {
             )));
         }
         check_same_params(&*comm, params)?;
-        let order: Vec<usize> = (0..params.len()).rev().collect();
         let mut ddp = DistributedDataParallel {
-            params: params.to_vec(),
-            config,
+            reducer: Reducer::new(comm.rank(), params, config),
             hook: Box::new(AllReduceHook),
             buckets: Vec::new(),
-            slots: Vec::new(),
-            ready: vec![false; params.len()],
-            marked: 0,
-            has_data: vec![false; params.len()],
-            next_launch: 0,
-            no_sync: false,
-            pass_unsynced: false,
-            closed_without_finish: false,
-            step: 0,
-            arrival: Vec::with_capacity(params.len()),
-            rebuilt: false,
             broken: None,
             trainer: comm.trace_file().map(|file| file.row("trainer")),
             comm,
         };
-        ddp.layout(&order, None);
+        ddp.store_layout(None);
         Ok(ddp)
     }
 
@@ -244,7 +207,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), DdpError>(())
     /// ```
     pub fn params(&self) -> &[ParamSpec] {
-        &self.params
+        self.reducer.params()
     }
 
     /// The current buckets, as parameter indices, in launch order.
@@ -268,7 +231,11 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), DdpError>(())
     /// ```
     pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
-        self.buckets.iter().map(|b| b.params.clone()).collect()
+        self.reducer
+            .buckets()
+            .iter()
+            .map(|b| b.params.clone())
+            .collect()
     }
 
     /// Steps finished so far (each `finish` counts, `no_sync` ones included).
@@ -292,48 +259,30 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), DdpError>(())
     /// ```
     pub fn steps(&self) -> u64 {
-        self.step
+        self.reducer.step()
     }
 
-    /// Lays the buckets out for `order`, copying the gradients of `old` (if any) so that
-    /// [`grad`](Self::grad) keeps answering.
-    fn layout(&mut self, order: &[usize], old: Option<OldLayout<'_, T>>) {
-        let numels: Vec<usize> = self.params.iter().map(|p| p.numel).collect();
-        let plan = plan_buckets(
-            order,
-            &numels,
-            T::DTYPE.size(),
-            self.config.first_bucket_bytes,
-            self.config.bucket_cap_bytes,
-        );
-        let mut slots = vec![(0, 0); self.params.len()];
-        let mut buckets = Vec::with_capacity(plan.len());
-        for (b, params) in plan.into_iter().enumerate() {
-            let mut len = 0;
-            for &p in &params {
-                slots[p] = (b, len);
-                len += numels[p];
-            }
-            let mut data = vec![T::default(); len];
-            if let Some((old_buckets, old_slots)) = old {
-                for &p in &params {
-                    let (ob, oo) = old_slots[p];
-                    if let Some(src) = &old_buckets[ob].data {
-                        let (_, at) = slots[p];
-                        data[at..at + numels[p]].copy_from_slice(&src[oo..oo + numels[p]]);
-                    }
+    /// Allocates a buffer per bucket of the reducer's layout, moving the gradients of
+    /// the `old` layout (if any) so that [`grad`](Self::grad) keeps answering.
+    fn store_layout(&mut self, old: Option<(Vec<Bucket<T>>, OldLayout)>) {
+        let mut buckets: Vec<Bucket<T>> = self
+            .reducer
+            .buckets()
+            .iter()
+            .map(|plan| Bucket {
+                data: Some(vec![T::default(); plan.len]),
+                in_flight: None,
+            })
+            .collect();
+        if let Some((old_buckets, (_, old_slots))) = old {
+            for (p, spec) in self.reducer.params().iter().enumerate() {
+                let ((ob, oo), (nb, no)) = (old_slots[p], self.reducer.slot(p));
+                if let (Some(src), Some(dst)) = (&old_buckets[ob].data, &mut buckets[nb].data) {
+                    dst[no..no + spec.numel].copy_from_slice(&src[oo..oo + spec.numel]);
                 }
             }
-            buckets.push(Bucket {
-                waiting_for: params.len(),
-                params,
-                len,
-                data: Some(data),
-                in_flight: None,
-            });
         }
         self.buckets = buckets;
-        self.slots = slots;
     }
 
     /// Times the trainer's backward pass on the timeline (the `trainer` row of this
@@ -429,10 +378,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), DdpError>(())
     /// ```
     pub fn set_no_sync(&mut self, off: bool) {
-        self.no_sync = off;
-        if !off {
-            self.close_unsynced_pass();
-        }
+        self.reducer.set_no_sync(off);
     }
 
     /// Gradient accumulation, torch's `with ddp.no_sync():`: synchronisation is off until
@@ -459,21 +405,8 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), DdpError>(())
     /// ```
     pub fn no_sync(&mut self) -> NoSync<'_, T> {
-        self.no_sync = true;
+        self.reducer.set_no_sync(true);
         NoSync { ddp: self }
-    }
-
-    /// Closes a pass that began with synchronisation off, if one is open and nothing of
-    /// it is in flight: its gradients stay accumulated, nothing is communicated.
-    fn close_unsynced_pass(&mut self) -> bool {
-        let idle = self.buckets.iter().all(|b| b.in_flight.is_none());
-        if !(self.pass_unsynced && self.marked > 0 && idle) {
-            return false;
-        }
-        self.reset_pass();
-        self.step += 1;
-        self.closed_without_finish = true;
-        true
     }
 
     fn check_usable(&self) -> Result<(), DdpError> {
@@ -481,47 +414,6 @@ impl<T: GradElement> DistributedDataParallel<T> {
             Some(cause) => Err(DdpError::Broken(cause.clone())),
             None => Ok(()),
         }
-    }
-
-    /// Checks a gradient about to be marked; a gradient marked again after a pass without
-    /// synchronisation closes that pass first.
-    fn check_index(&mut self, index: usize, len: Option<usize>) -> Result<(), DdpError> {
-        let Some(spec) = self.params.get(index) else {
-            return Err(DdpError::InvalidArgument(format!(
-                "parameter index {index} is out of range ({} parameters registered)",
-                self.params.len()
-            )));
-        };
-        if let Some(len) = len.filter(|&len| len != spec.numel) {
-            return Err(DdpError::InvalidArgument(format!(
-                "the gradient of parameter #{index} {:?} has {len} elements, but it was \
-                 registered with {}",
-                spec.name, spec.numel
-            )));
-        }
-        if self.ready[index] && self.close_unsynced_pass() {
-            return Ok(());
-        }
-        if self.ready[index] {
-            let name = self.params[index].name.clone();
-            let rank = self.comm.rank();
-            return Err(if self.marked == self.params.len() {
-                DdpError::StepNotFinished {
-                    rank,
-                    index,
-                    name,
-                    step: self.step,
-                }
-            } else {
-                DdpError::GradReadyTwice {
-                    rank,
-                    index,
-                    name,
-                    step: self.step,
-                }
-            });
-        }
-        Ok(())
     }
 
     /// Hands DDP the gradient of parameter `index` for this step; see the type's docs.
@@ -548,11 +440,11 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// ```
     pub fn mark_grad_ready(&mut self, index: usize, grad: &[T]) -> Result<(), DdpError> {
         self.check_usable()?;
-        self.check_index(index, Some(grad.len()))?;
+        self.reducer.check_mark(index, Some(grad.len()))?;
         let n = self.comm.world_size();
-        let divide = !self.config.gradient_as_bucket_view;
-        let accumulate = self.has_data[index];
-        let (b, at) = self.slots[index];
+        let divide = !self.reducer.config().gradient_as_bucket_view_on();
+        let accumulate = self.reducer.accumulates(index);
+        let (b, at) = self.reducer.slot(index);
         let Some(data) = self.buckets[b].data.as_mut() else {
             return Err(self.internal("bucket in flight while a gradient was written"));
         };
@@ -600,17 +492,18 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// ```
     pub fn grad_view_mut(&mut self, index: usize) -> Result<&mut [T], DdpError> {
         self.check_usable()?;
-        if !self.config.gradient_as_bucket_view {
+        if !self.reducer.config().gradient_as_bucket_view_on() {
             return Err(DdpError::InvalidArgument(
                 "grad_view_mut needs DdpConfig::gradient_as_bucket_view(true)".into(),
             ));
         }
         let numel = self
-            .params
+            .reducer
+            .params()
             .get(index)
             .map(|p| p.numel)
             .ok_or_else(|| DdpError::InvalidArgument(format!("no parameter #{index}")))?;
-        let (b, at) = self.slots[index];
+        let (b, at) = self.reducer.slot(index);
         match self.buckets[b].data.as_mut() {
             Some(data) => Ok(&mut data[at..at + numel]),
             None => Err(DdpError::InvalidArgument(format!(
@@ -644,59 +537,46 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// ```
     pub fn mark_grad_ready_in_view(&mut self, index: usize) -> Result<(), DdpError> {
         self.check_usable()?;
-        if !self.config.gradient_as_bucket_view {
+        if !self.reducer.config().gradient_as_bucket_view_on() {
             return Err(DdpError::InvalidArgument(
                 "mark_grad_ready_in_view needs DdpConfig::gradient_as_bucket_view(true)".into(),
             ));
         }
-        self.check_index(index, None)?;
+        self.reducer.check_mark(index, None)?;
         self.mark(index)
     }
 
     fn mark(&mut self, index: usize) -> Result<(), DdpError> {
-        if self.marked == 0 {
-            self.pass_unsynced = self.no_sync;
-            self.closed_without_finish = false;
-        }
-        self.ready[index] = true;
-        self.has_data[index] = true;
-        self.marked += 1;
-        if self.step == 0 && !self.rebuilt {
-            self.arrival.push(index);
-        }
-        let (b, _) = self.slots[index];
-        self.buckets[b].waiting_for -= 1;
-        if !self.no_sync {
-            self.launch_ready()?;
-        }
-        Ok(())
+        let launch = self.reducer.mark(index);
+        self.launch(launch)
     }
 
-    /// Starts every complete bucket whose predecessors have all started.
-    fn launch_ready(&mut self) -> Result<(), DdpError> {
-        while let Some(bucket) = self.buckets.get_mut(self.next_launch) {
-            if bucket.waiting_for > 0 {
-                break;
-            }
-            let Some(mut data) = bucket.data.take() else {
+    /// Starts the buckets the reducer says may start, in order.
+    fn launch(&mut self, buckets: Range<usize>) -> Result<(), DdpError> {
+        let n = self.comm.world_size();
+        let divide = self.reducer.config().gradient_as_bucket_view_on();
+        for b in buckets {
+            let Some(mut data) = self
+                .buckets
+                .get_mut(b)
+                .and_then(|bucket| bucket.data.take())
+            else {
                 return Err(self.internal("a bucket was launched twice"));
             };
-            if self.config.gradient_as_bucket_view {
-                let n = self.comm.world_size();
+            if divide {
                 data.iter_mut().for_each(|x| *x = x.div_count(n));
             }
             let comm = BucketComm {
                 comm: &*self.comm,
                 label: BucketLabel {
-                    bucket: self.next_launch,
-                    step: self.step,
+                    bucket: b,
+                    step: self.reducer.step(),
                 },
             };
             match self.hook.start(&comm, data) {
-                Ok(pending) => bucket.in_flight = Some(pending),
+                Ok(pending) => self.buckets[b].in_flight = Some(pending),
                 Err(e) => return Err(self.fail(e.into())),
             }
-            self.next_launch += 1;
         }
         Ok(())
     }
@@ -724,69 +604,43 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// ```
     pub fn finish(&mut self) -> Result<(), DdpError> {
         self.check_usable()?;
-        if self.marked == 0 && std::mem::take(&mut self.closed_without_finish) {
-            // The pass was already closed when synchronisation came back on.
-            return Ok(());
-        }
         let _waiting = self.trainer_span("ddp finish");
-        let missing: Vec<usize> = (0..self.params.len()).filter(|&i| !self.ready[i]).collect();
-        if !missing.is_empty() && !self.no_sync {
-            if !self.config.find_unused_parameters {
-                let error = DdpError::MissingGrads {
-                    rank: self.comm.rank(),
-                    step: self.step,
-                    missing: missing
-                        .iter()
-                        .map(|&i| (i, self.params[i].name.clone()))
-                        .collect(),
-                };
+        match self.reducer.begin_finish() {
+            FinishPlan::AlreadyClosed => return Ok(()),
+            FinishPlan::Missing(error) => {
                 // Buckets already started must still complete on every rank.
                 let _ = self.wait_all();
                 return Err(self.fail(error));
             }
-            for &i in &missing {
-                if !self.has_data[i] {
-                    let (b, at) = self.slots[i];
-                    let numel = self.params[i].numel;
+            FinishPlan::Reduce { zero, launch } => {
+                for i in zero {
+                    let (b, at) = self.reducer.slot(i);
+                    let numel = self.reducer.params()[i].numel;
                     if let Some(data) = self.buckets[b].data.as_mut() {
                         data[at..at + numel].fill(T::default());
                     }
                 }
-                self.ready[i] = true;
-                self.marked += 1;
-                let (b, _) = self.slots[i];
-                self.buckets[b].waiting_for -= 1;
+                self.launch(launch)?;
             }
-            self.launch_ready()?;
-        }
-        if self.no_sync {
-            // Buckets started before synchronisation was turned off must still land.
-            self.wait_all()?;
-            self.reset_pass();
-            self.step += 1;
-            return Ok(());
         }
         self.wait_all()?;
-        self.has_data.fill(false);
-        self.reset_pass();
-        if self.step == 0 && self.config.rebuild_buckets && !self.rebuilt {
+        if self.reducer.end_finish() {
             self.rebuild()?;
         }
-        self.step += 1;
         Ok(())
     }
 
     fn wait_all(&mut self) -> Result<(), DdpError> {
         let mut first = None;
-        for bucket in &mut self.buckets {
+        for (bucket, plan) in self.buckets.iter_mut().zip(self.reducer.buckets()) {
             if let Some(pending) = bucket.in_flight.take() {
                 match pending.wait() {
-                    Ok(data) if data.len() == bucket.len => bucket.data = Some(data),
+                    Ok(data) if data.len() == plan.len => bucket.data = Some(data),
                     Ok(data) => {
                         first.get_or_insert(DdpError::Comm(Error::InvalidArgument(format!(
                             "the communication hook returned {} values for a bucket of {}",
                             data.len(),
-                            bucket.len
+                            plan.len
                         ))));
                     }
                     Err(e) => {
@@ -795,19 +649,10 @@ impl<T: GradElement> DistributedDataParallel<T> {
                 }
             }
         }
+        self.reducer.landed();
         match first {
             Some(e) => Err(self.fail(e)),
             None => Ok(()),
-        }
-    }
-
-    fn reset_pass(&mut self) {
-        self.ready.fill(false);
-        self.marked = 0;
-        self.pass_unsynced = false;
-        self.next_launch = 0;
-        for bucket in &mut self.buckets {
-            bucket.waiting_for = bucket.params.len();
         }
     }
 
@@ -875,14 +720,14 @@ impl<T: GradElement> DistributedDataParallel<T> {
         if let Some(reason) = &self.broken {
             return Err(DdpError::Broken(reason.clone()));
         }
-        if self.marked > 0 || self.buckets.iter().any(|b| b.in_flight.is_some()) {
+        if self.reducer.pass_open() || self.reducer.any_in_flight() {
             return Err(DdpError::InvalidArgument(
                 "restore_bucket_order must be called between passes, not while gradients \
                  are being marked or reduced"
                     .into(),
             ));
         }
-        let n = self.params.len();
+        let n = self.reducer.params().len();
         // Rank 0 sends its order even when it is wrong, so that every rank fails alike.
         let mut wanted: Vec<i64> = match self.comm.rank() {
             0 if order.len() == n => order
@@ -904,53 +749,31 @@ impl<T: GradElement> DistributedDataParallel<T> {
                 }
             )));
         }
-        self.rebuilt = true;
-        self.arrival = Vec::new();
-        self.lay_out_in(&wanted);
-        Ok(())
+        self.lay_out_in(&wanted)
     }
 
     /// Lays the buckets out in `order` (a permutation of the parameter indices), keeping
     /// the gradients they hold.
-    fn lay_out_in(&mut self, order: &[i64]) {
-        let order: Vec<usize> = order
-            .iter()
-            .map(|&i| usize::try_from(i).unwrap_or(0))
-            .collect();
+    fn lay_out_in(&mut self, order: &[i64]) -> Result<(), DdpError> {
+        let old_layout = self.reducer.lay_out_in(order)?;
         let old_buckets = std::mem::take(&mut self.buckets);
-        let old_slots = std::mem::take(&mut self.slots);
-        self.layout(&order, Some((&old_buckets, &old_slots)));
+        self.store_layout(Some((old_buckets, old_layout)));
+        Ok(())
     }
 
     /// The one-time rebuild: rank 0's arrival order, broadcast, becomes every rank's
     /// bucket order.
     fn rebuild(&mut self) -> Result<(), DdpError> {
-        self.rebuilt = true;
-        let n = self.params.len();
-        let mut order: Vec<i64> = if self.arrival.len() == n {
-            self.arrival.iter().map(|&i| i as i64).collect()
-        } else {
-            // Some parameters were unused: keep the registration-reversed order for them.
-            let mut seen = vec![false; n];
-            let mut order: Vec<i64> = Vec::with_capacity(n);
-            for &i in &self.arrival {
-                seen[i] = true;
-                order.push(i as i64);
-            }
-            order.extend((0..n).rev().filter(|&i| !seen[i]).map(|i| i as i64));
-            order
-        };
-        self.arrival = Vec::new();
+        let mut order = self.reducer.rebuild_order();
         self.comm
             .broadcast(BufferMut::from_slice(&mut order), 0)
             .map_err(|e| self.fail(e.into()))?;
-        if !is_permutation(&order, n) {
+        if !is_permutation(&order, self.reducer.params().len()) {
             return Err(self.fail(DdpError::InvalidArgument(
                 "rank 0 broadcast an invalid gradient order".into(),
             )));
         }
-        self.lay_out_in(&order);
-        Ok(())
+        self.lay_out_in(&order)
     }
 
     /// The averaged gradient of parameter `index` after [`finish`](Self::finish) (a view
@@ -985,14 +808,14 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), DdpError>(())
     /// ```
     pub fn grad(&self, index: usize) -> Result<&[T], DdpError> {
-        let Some(spec) = self.params.get(index) else {
+        let Some(spec) = self.reducer.params().get(index) else {
             return Err(DdpError::InvalidArgument(format!(
                 "rank {}: grad({index}): there is no parameter #{index} ({} parameters registered)",
                 self.comm.rank(),
-                self.params.len()
+                self.reducer.params().len()
             )));
         };
-        let (b, at) = self.slots[index];
+        let (b, at) = self.reducer.slot(index);
         match &self.buckets[b].data {
             Some(data) => Ok(&data[at..at + spec.numel]),
             None => Err(DdpError::InvalidArgument(format!(
@@ -1026,7 +849,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), DdpError>(())
     /// ```
     pub fn grads(&self) -> Result<Vec<Vec<T>>, DdpError> {
-        (0..self.params.len())
+        (0..self.reducer.params().len())
             .map(|i| self.grad(i).map(<[T]>::to_vec))
             .collect()
     }
@@ -1054,14 +877,15 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// ```
     pub fn broadcast_parameters(&self, params: &mut [&mut [T]]) -> Result<(), DdpError> {
         self.check_usable()?;
-        if params.len() != self.params.len() {
+        let specs = self.reducer.params();
+        if params.len() != specs.len() {
             return Err(DdpError::InvalidArgument(format!(
                 "broadcast_parameters got {} tensors for {} registered parameters",
                 params.len(),
-                self.params.len()
+                specs.len()
             )));
         }
-        for (i, (p, spec)) in params.iter().zip(&self.params).enumerate() {
+        for (i, (p, spec)) in params.iter().zip(specs).enumerate() {
             if p.len() != spec.numel {
                 return Err(DdpError::InvalidArgument(format!(
                     "parameter #{i} {:?} has {} elements, registered with {}",
@@ -1072,7 +896,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
             }
         }
         // One broadcast per ~cap of parameters, not one per tensor.
-        let cap = (self.config.bucket_cap_bytes / T::DTYPE.size()).max(1);
+        let cap = (self.reducer.config().bucket_cap() / T::DTYPE.size()).max(1);
         let mut start = 0;
         while start < params.len() {
             let mut end = start;
@@ -1110,9 +934,9 @@ impl<T: GradElement> DistributedDataParallel<T> {
 impl<T: GradElement> fmt::Debug for DistributedDataParallel<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DistributedDataParallel")
-            .field("params", &self.params.len())
+            .field("params", &self.reducer.params().len())
             .field("buckets", &self.buckets.len())
-            .field("step", &self.step)
+            .field("step", &self.reducer.step())
             .field("hook", &self.hook)
             .finish_non_exhaustive()
     }
@@ -1142,18 +966,6 @@ impl<T: GradElement> Drop for NoSync<'_, T> {
     fn drop(&mut self) {
         self.ddp.set_no_sync(false);
     }
-}
-
-/// Whether `order` names each of `0..n` exactly once.
-fn is_permutation(order: &[i64], n: usize) -> bool {
-    let mut seen = vec![false; n];
-    order.len() == n
-        && order.iter().all(|&i| {
-            usize::try_from(i)
-                .ok()
-                .and_then(|i| seen.get_mut(i))
-                .is_some_and(|s| !std::mem::replace(s, true))
-        })
 }
 
 /// Every rank compares its parameter list with rank 0's; all ranks learn the first

@@ -13,6 +13,8 @@
 //!   [`Batches`] of it that know their epoch and step and resume mid-epoch.
 //! - [`Checkpoint`]: training snapshots written atomically, for restarts that resume.
 //! - [`plan_buckets`]: the pure bucket planner.
+//! - [`Reducer`]: DDP's bookkeeping without the gradients (what to start when), shared by
+//!   host buckets here and device buckets (`ringccl::DeviceDdp`).
 //!
 //! Use it through `ringccl::ddp`, which implements [`Communicator`] for
 //! `ringccl::ProcessGroup`.
@@ -30,6 +32,7 @@ mod element;
 mod error;
 mod hooks;
 mod plan;
+mod reducer;
 mod sampler;
 
 pub use batches::{Batch, BatchPosition, Batches};
@@ -42,4 +45,5 @@ pub use element::GradElement;
 pub use error::DdpError;
 pub use hooks::{AllReduceHook, Bf16CompressHook, CommHook, Fp16CompressHook};
 pub use plan::plan_buckets;
+pub use reducer::{BucketPlan, FinishPlan, OldLayout, Reducer};
 pub use sampler::DistributedSampler;

@@ -1,0 +1,564 @@
+//! DDP's bookkeeping without the gradients: which parameter lives where, which buckets
+//! may start, when a pass ends. Pure and storage-free, so the same rules drive host
+//! buckets ([`DistributedDataParallel`](crate::DistributedDataParallel)) and device
+//! buckets (`ringccl::DeviceDdp`), and are tested once.
+
+use std::ops::Range;
+
+use crate::config::{DdpConfig, ParamSpec};
+use crate::plan::plan_buckets;
+use crate::DdpError;
+
+/// One bucket's place in the pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketPlan {
+    /// Its parameters, in the order their gradients sit in it.
+    pub params: Vec<usize>,
+    /// Its length in elements.
+    pub len: usize,
+    waiting_for: usize,
+    in_flight: bool,
+}
+
+/// What [`Reducer::begin_finish`] asks the storage to do.
+#[derive(Debug)]
+pub enum FinishPlan {
+    /// The pass was already closed (synchronisation came back on): nothing to do.
+    AlreadyClosed,
+    /// Zero the gradients of `zero` (unused parameters), start the buckets in `launch`,
+    /// wait for every bucket in flight, then call [`Reducer::end_finish`].
+    Reduce {
+        /// Parameters with no gradient this step and none accumulated.
+        zero: Vec<usize>,
+        /// Buckets to start now, in order.
+        launch: Range<usize>,
+    },
+    /// Gradients are missing and unused parameters are not allowed: wait for the buckets
+    /// in flight (every rank must finish them), then return this error.
+    Missing(DdpError),
+}
+
+/// The state machine behind DDP: the trainer's events go in (a gradient is ready, the
+/// step ends, synchronisation turns off) and what the storage must do comes out (start
+/// these buckets, zero these gradients, rebuild the layout). It owns no gradient and
+/// does no I/O.
+///
+/// ```
+/// use ringccl_collectives::DType;
+/// use ringccl_ddp::{DdpConfig, FinishPlan, ParamSpec, Reducer};
+///
+/// let params = [ParamSpec::new("w", 2, DType::F32), ParamSpec::new("b", 1, DType::F32)];
+/// let mut reducer = Reducer::new(0, &params, DdpConfig::default().rebuild_buckets(false));
+/// assert_eq!(reducer.buckets().len(), 1); // both fit the first bucket
+/// reducer.check_mark(1, Some(1))?;
+/// assert!(reducer.mark(1).is_empty()); // the bucket still waits for "w"
+/// reducer.check_mark(0, Some(2))?;
+/// assert_eq!(reducer.mark(0), 0..1); // complete: start bucket 0
+/// let plan = reducer.begin_finish();
+/// assert!(matches!(plan, FinishPlan::Reduce { zero, launch } if zero.is_empty() && launch.is_empty()));
+/// assert!(!reducer.end_finish()); // no rebuild asked for
+/// assert_eq!(reducer.step(), 1);
+/// # Ok::<(), ringccl_ddp::DdpError>(())
+/// ```
+#[derive(Debug)]
+pub struct Reducer {
+    rank: usize,
+    params: Vec<ParamSpec>,
+    config: DdpConfig,
+    buckets: Vec<BucketPlan>,
+    /// Where each parameter's gradient lives: (bucket, offset).
+    slots: Vec<(usize, usize)>,
+    /// Marked ready in the current pass.
+    ready: Vec<bool>,
+    marked: usize,
+    /// Holds a gradient since the last synchronised step (no_sync accumulation).
+    has_data: Vec<bool>,
+    next_launch: usize,
+    no_sync: bool,
+    /// The current pass's first gradient was marked with synchronisation off: the pass
+    /// can be closed without `finish`.
+    pass_unsynced: bool,
+    /// The last pass was closed without `finish`; a `finish` on the empty pass that
+    /// follows is accepted as that pass's (late) end.
+    closed_without_finish: bool,
+    step: u64,
+    /// Order of the first step's gradients, for the one-time rebuild.
+    arrival: Vec<usize>,
+    rebuilt: bool,
+}
+
+impl Reducer {
+    /// Rank `rank`'s bookkeeping for `params`, laid out in reverse registration order
+    /// (backward produces the last layer's gradients first), torch's bucket caps from
+    /// `config`.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let params = [ParamSpec::new("a", 3, DType::F64), ParamSpec::new("b", 1, DType::F64)];
+    /// let reducer = Reducer::new(0, &params, DdpConfig::default());
+    /// assert_eq!(reducer.slot(0), (0, 1)); // "b" comes first in the bucket
+    /// ```
+    pub fn new(rank: usize, params: &[ParamSpec], config: DdpConfig) -> Reducer {
+        let order: Vec<usize> = (0..params.len()).rev().collect();
+        let mut reducer = Reducer {
+            rank,
+            params: params.to_vec(),
+            config,
+            buckets: Vec::new(),
+            slots: Vec::new(),
+            ready: vec![false; params.len()],
+            marked: 0,
+            has_data: vec![false; params.len()],
+            next_launch: 0,
+            no_sync: false,
+            pass_unsynced: false,
+            closed_without_finish: false,
+            step: 0,
+            arrival: Vec::with_capacity(params.len()),
+            rebuilt: false,
+        };
+        reducer.lay_out(&order);
+        reducer
+    }
+
+    /// The registered parameters.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 4, DType::F32)], DdpConfig::default());
+    /// assert_eq!(reducer.params()[0].numel, 4);
+    /// ```
+    pub fn params(&self) -> &[ParamSpec] {
+        &self.params
+    }
+
+    /// The configuration.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let config = DdpConfig::default().gradient_as_bucket_view(true);
+    /// assert!(Reducer::new(0, &[], config).config().gradient_as_bucket_view_on());
+    /// ```
+    pub fn config(&self) -> &DdpConfig {
+        &self.config
+    }
+
+    /// The buckets, in launch order.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 4, DType::F32)], DdpConfig::default());
+    /// assert_eq!(reducer.buckets()[0].len, 4);
+    /// ```
+    pub fn buckets(&self) -> &[BucketPlan] {
+        &self.buckets
+    }
+
+    /// Where parameter `index`'s gradient lives: (bucket, offset in elements). `index`
+    /// must be a registered parameter (see [`check_mark`](Self::check_mark)).
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 4, DType::F32)], DdpConfig::default());
+    /// assert_eq!(reducer.slot(0), (0, 0));
+    /// ```
+    pub fn slot(&self, index: usize) -> (usize, usize) {
+        self.slots[index]
+    }
+
+    /// Steps finished so far.
+    ///
+    /// ```
+    /// # use ringccl_ddp::{DdpConfig, Reducer};
+    /// assert_eq!(Reducer::new(0, &[], DdpConfig::default()).step(), 0);
+    /// ```
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Whether parameter `index` already holds a gradient to add to (accumulated under
+    /// `no_sync`) rather than to overwrite.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 1, DType::F32)], DdpConfig::default());
+    /// reducer.set_no_sync(true);
+    /// reducer.check_mark(0, None)?;
+    /// assert!(!reducer.accumulates(0));
+    /// reducer.mark(0);
+    /// reducer.check_mark(0, None)?; // the next micro-batch
+    /// assert!(reducer.accumulates(0));
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn accumulates(&self, index: usize) -> bool {
+        self.has_data.get(index).copied().unwrap_or(false)
+    }
+
+    /// Whether a bucket is being reduced.
+    ///
+    /// ```
+    /// # use ringccl_ddp::{DdpConfig, Reducer};
+    /// assert!(!Reducer::new(0, &[], DdpConfig::default()).any_in_flight());
+    /// ```
+    pub fn any_in_flight(&self) -> bool {
+        self.buckets.iter().any(|b| b.in_flight)
+    }
+
+    /// Whether a pass is under way (a gradient was marked since the last step ended).
+    ///
+    /// ```
+    /// # use ringccl_ddp::{DdpConfig, Reducer};
+    /// assert!(!Reducer::new(0, &[], DdpConfig::default()).pass_open());
+    /// ```
+    pub fn pass_open(&self) -> bool {
+        self.marked > 0
+    }
+
+    /// Turns synchronisation off or back on; turning it on closes a pass that ran
+    /// without it (see `DistributedDataParallel::set_no_sync`).
+    ///
+    /// ```
+    /// # use ringccl_ddp::{DdpConfig, Reducer};
+    /// let mut reducer = Reducer::new(0, &[], DdpConfig::default());
+    /// reducer.set_no_sync(true);
+    /// reducer.set_no_sync(false);
+    /// ```
+    pub fn set_no_sync(&mut self, off: bool) {
+        self.no_sync = off;
+        if !off {
+            self.close_unsynced_pass();
+        }
+    }
+
+    /// Closes a pass that began with synchronisation off, if one is open and nothing of
+    /// it is in flight: its gradients stay accumulated, nothing is communicated.
+    fn close_unsynced_pass(&mut self) -> bool {
+        if !(self.pass_unsynced && self.marked > 0 && !self.any_in_flight()) {
+            return false;
+        }
+        self.reset_pass();
+        self.step += 1;
+        self.closed_without_finish = true;
+        true
+    }
+
+    /// Checks a gradient about to be marked (its index, and its length when given); a
+    /// gradient marked again after a pass without synchronisation closes that pass
+    /// first.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
+    /// assert!(reducer.check_mark(1, None).is_err()); // no parameter #1
+    /// assert!(reducer.check_mark(0, Some(3)).is_err()); // wrong length
+    /// reducer.check_mark(0, Some(2))?;
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn check_mark(&mut self, index: usize, len: Option<usize>) -> Result<(), DdpError> {
+        let Some(spec) = self.params.get(index) else {
+            return Err(DdpError::InvalidArgument(format!(
+                "parameter index {index} is out of range ({} parameters registered)",
+                self.params.len()
+            )));
+        };
+        if let Some(len) = len.filter(|&len| len != spec.numel) {
+            return Err(DdpError::InvalidArgument(format!(
+                "the gradient of parameter #{index} {:?} has {len} elements, but it was \
+                 registered with {}",
+                spec.name, spec.numel
+            )));
+        }
+        if self.ready[index] && self.close_unsynced_pass() {
+            return Ok(());
+        }
+        if self.ready[index] {
+            let name = self.params[index].name.clone();
+            let (rank, step) = (self.rank, self.step);
+            return Err(if self.marked == self.params.len() {
+                DdpError::StepNotFinished {
+                    rank,
+                    index,
+                    name,
+                    step,
+                }
+            } else {
+                DdpError::GradReadyTwice {
+                    rank,
+                    index,
+                    name,
+                    step,
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Records that parameter `index`'s gradient is in its bucket (after
+    /// [`check_mark`](Self::check_mark)); returns the buckets to start now, in order
+    /// (complete, and every earlier one started), which are then counted in flight.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
+    /// reducer.check_mark(0, None)?;
+    /// assert_eq!(reducer.mark(0), 0..1);
+    /// assert!(reducer.any_in_flight());
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn mark(&mut self, index: usize) -> Range<usize> {
+        if self.marked == 0 {
+            self.pass_unsynced = self.no_sync;
+            self.closed_without_finish = false;
+        }
+        self.ready[index] = true;
+        self.has_data[index] = true;
+        self.marked += 1;
+        if self.step == 0 && !self.rebuilt {
+            self.arrival.push(index);
+        }
+        let (b, _) = self.slots[index];
+        self.buckets[b].waiting_for -= 1;
+        if self.no_sync {
+            return self.next_launch..self.next_launch;
+        }
+        self.launchable()
+    }
+
+    /// The complete buckets whose predecessors have all started, now counted in flight.
+    fn launchable(&mut self) -> Range<usize> {
+        let first = self.next_launch;
+        while let Some(bucket) = self.buckets.get_mut(self.next_launch) {
+            if bucket.waiting_for > 0 {
+                break;
+            }
+            bucket.in_flight = true;
+            self.next_launch += 1;
+        }
+        first..self.next_launch
+    }
+
+    /// Every bucket in flight has landed (the storage waited for them).
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
+    /// reducer.check_mark(0, None)?;
+    /// reducer.mark(0);
+    /// reducer.landed();
+    /// assert!(!reducer.any_in_flight());
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn landed(&mut self) {
+        for bucket in &mut self.buckets {
+            bucket.in_flight = false;
+        }
+    }
+
+    /// The step ends: what the storage must do before [`end_finish`](Self::end_finish).
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, FinishPlan, ParamSpec, Reducer};
+    /// let params = [ParamSpec::new("w", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
+    /// let config = DdpConfig::default().find_unused_parameters(true);
+    /// let mut reducer = Reducer::new(0, &params, config);
+    /// reducer.check_mark(1, None)?;
+    /// reducer.mark(1);
+    /// // "w" got no gradient: it is zeroed, and the bucket starts.
+    /// let plan = reducer.begin_finish();
+    /// assert!(matches!(plan, FinishPlan::Reduce { zero, launch } if zero == [0] && launch == (0..1)));
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn begin_finish(&mut self) -> FinishPlan {
+        if self.marked == 0 && std::mem::take(&mut self.closed_without_finish) {
+            return FinishPlan::AlreadyClosed;
+        }
+        let missing: Vec<usize> = (0..self.params.len()).filter(|&i| !self.ready[i]).collect();
+        if missing.is_empty() || self.no_sync {
+            return FinishPlan::Reduce {
+                zero: Vec::new(),
+                launch: self.next_launch..self.next_launch,
+            };
+        }
+        if !self.config.find_unused_parameters {
+            return FinishPlan::Missing(DdpError::MissingGrads {
+                rank: self.rank,
+                step: self.step,
+                missing: missing
+                    .iter()
+                    .map(|&i| (i, self.params[i].name.clone()))
+                    .collect(),
+            });
+        }
+        let mut zero = Vec::new();
+        for &i in &missing {
+            if !self.has_data[i] {
+                zero.push(i);
+            }
+            self.ready[i] = true;
+            self.marked += 1;
+            let (b, _) = self.slots[i];
+            self.buckets[b].waiting_for -= 1;
+        }
+        FinishPlan::Reduce {
+            zero,
+            launch: self.launchable(),
+        }
+    }
+
+    /// The buckets have landed: closes the step. Returns whether the one-time rebuild is
+    /// due now (then [`rebuild_order`](Self::rebuild_order), broadcast it from rank 0,
+    /// and [`lay_out_in`](Self::lay_out_in)).
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 1, DType::F32)], DdpConfig::default());
+    /// reducer.check_mark(0, None)?;
+    /// reducer.mark(0);
+    /// reducer.begin_finish();
+    /// assert!(reducer.end_finish()); // torch rebuilds once, after the first step
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn end_finish(&mut self) -> bool {
+        self.landed();
+        let synced = !self.no_sync;
+        if synced {
+            self.has_data.fill(false);
+        }
+        self.reset_pass();
+        let rebuild = synced && self.step == 0 && self.config.rebuild_buckets && !self.rebuilt;
+        self.step += 1;
+        rebuild
+    }
+
+    fn reset_pass(&mut self) {
+        self.ready.fill(false);
+        self.marked = 0;
+        self.pass_unsynced = false;
+        self.next_launch = 0;
+        for bucket in &mut self.buckets {
+            bucket.waiting_for = bucket.params.len();
+        }
+    }
+
+    /// The one-time rebuild's order: the first step's arrival order (parameters that
+    /// never arrived follow, in reverse registration order). Rank 0's becomes everyone's.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let params = [ParamSpec::new("a", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
+    /// let mut reducer = Reducer::new(0, &params, DdpConfig::default());
+    /// reducer.check_mark(0, None)?;
+    /// reducer.mark(0);
+    /// assert_eq!(reducer.rebuild_order(), vec![0, 1]);
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn rebuild_order(&mut self) -> Vec<i64> {
+        self.rebuilt = true;
+        let n = self.params.len();
+        let mut seen = vec![false; n];
+        let mut order: Vec<i64> = Vec::with_capacity(n);
+        for &i in &self.arrival {
+            seen[i] = true;
+            order.push(i as i64);
+        }
+        order.extend((0..n).rev().filter(|&i| !seen[i]).map(|i| i as i64));
+        self.arrival = Vec::new();
+        order
+    }
+
+    /// Lays the buckets out in `order` (rank 0's, after a broadcast), which must name
+    /// every parameter once; no rebuild happens after this. Returns the old buckets and
+    /// slots, for the storage to move the gradients it holds.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let params = [ParamSpec::new("a", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
+    /// let mut reducer = Reducer::new(0, &params, DdpConfig::default());
+    /// let (_, old_slots) = reducer.lay_out_in(&[0, 1])?;
+    /// assert_eq!(old_slots, vec![(0, 1), (0, 0)]);
+    /// assert_eq!(reducer.slot(0), (0, 0));
+    /// assert!(reducer.lay_out_in(&[0, 0]).is_err());
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn lay_out_in(&mut self, order: &[i64]) -> Result<OldLayout, DdpError> {
+        let n = self.params.len();
+        if !is_permutation(order, n) {
+            return Err(DdpError::InvalidArgument(format!(
+                "rank {}: the bucket order from rank 0 does not name each of the {n} \
+                 parameters once",
+                self.rank
+            )));
+        }
+        self.rebuilt = true;
+        self.arrival = Vec::new();
+        let order: Vec<usize> = order
+            .iter()
+            .map(|&i| usize::try_from(i).unwrap_or(0))
+            .collect();
+        let old = (
+            std::mem::take(&mut self.buckets),
+            std::mem::take(&mut self.slots),
+        );
+        self.lay_out(&order);
+        Ok(old)
+    }
+
+    fn lay_out(&mut self, order: &[usize]) {
+        let numels: Vec<usize> = self.params.iter().map(|p| p.numel).collect();
+        let elem_bytes = self.params.first().map_or(1, |p| p.dtype.size());
+        let plan = plan_buckets(
+            order,
+            &numels,
+            elem_bytes,
+            self.config.first_bucket_bytes,
+            self.config.bucket_cap_bytes,
+        );
+        let mut slots = vec![(0, 0); self.params.len()];
+        self.buckets = plan
+            .into_iter()
+            .enumerate()
+            .map(|(b, params)| {
+                let mut len = 0;
+                for &p in &params {
+                    slots[p] = (b, len);
+                    len += numels[p];
+                }
+                BucketPlan {
+                    waiting_for: params.len(),
+                    params,
+                    len,
+                    in_flight: false,
+                }
+            })
+            .collect();
+        self.slots = slots;
+    }
+}
+
+/// The buckets and slots a new layout replaced.
+pub type OldLayout = (Vec<BucketPlan>, Vec<(usize, usize)>);
+
+/// Whether `order` names each of `0..n` exactly once.
+pub(crate) fn is_permutation(order: &[i64], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order.iter().all(|&i| {
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| seen.get_mut(i))
+                .is_some_and(|s| !std::mem::replace(s, true))
+        })
+}
