@@ -9,7 +9,9 @@
 //! backend name passed to [`init_process_group`](crate::init_process_group) changes.
 
 use ringccl_collectives::{validate_reduce, BufferMut, ReduceOp};
-use ringccl_nccl::cudarc::driver::{CudaSlice, DriverError};
+use std::sync::Arc;
+
+use ringccl_nccl::cudarc::driver::{CudaSlice, CudaStream, DriverError};
 use ringccl_nccl::DeviceElement;
 
 use crate::{Error, ProcessGroup, Work};
@@ -69,6 +71,11 @@ impl ProcessGroup {
     /// backends). Device buffers handed to the `*_device` methods must live there.
     pub fn cuda_device(&self) -> Option<usize> {
         self.shared().nccl.as_ref().map(|nccl| nccl.device())
+    }
+
+    /// The stream NCCL runs this group's calls on (`None` under other backends).
+    pub(crate) fn nccl_stream(&self) -> Option<Arc<CudaStream>> {
+        self.shared().nccl.as_ref().map(|nccl| Arc::clone(nccl.stream()))
     }
 
     /// Like [`ProcessGroup::all_reduce`], on a buffer in GPU memory. Under `"nccl"` the

@@ -39,6 +39,8 @@ mod collectives;
 mod ddp_comm;
 #[cfg(feature = "nccl")]
 mod device;
+#[cfg(feature = "nccl")]
+mod device_ddp;
 mod error;
 mod fusion;
 mod init;
@@ -84,6 +86,8 @@ pub use ringccl_collectives::timeline;
 /// ranks. `ProcessGroup` implements [`ddp::Communicator`]. See docs/ddp.md.
 pub use ringccl_ddp as ddp;
 
+#[cfg(feature = "nccl")]
+pub use device_ddp::{DeviceCommHook, DeviceDdp, DeviceGrad};
 #[cfg(feature = "nccl")]
 pub use ringccl_nccl::{
     cuda_device_count, cudarc, DeviceElement, DeviceError, NcclBackend, NcclConfig,

@@ -969,8 +969,24 @@ impl<T: GradElement> Drop for NoSync<'_, T> {
 }
 
 /// Every rank compares its parameter list with rank 0's; all ranks learn the first
-/// difference any rank found.
-fn check_same_params(comm: &dyn Communicator, params: &[ParamSpec]) -> Result<(), DdpError> {
+/// difference any rank found (collective: every rank calls it). DDP does this when it
+/// is created; a DDP over other storage (device buckets) calls it too.
+///
+/// ```
+/// # use ringccl_collectives::{DType, Error, BufferMut};
+/// # use ringccl_ddp::*;
+/// # struct Solo;
+/// # impl Communicator for Solo {
+/// #     fn rank(&self) -> usize { 0 }
+/// #     fn world_size(&self) -> usize { 1 }
+/// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+/// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+/// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+/// # }
+/// check_same_params(&Solo, &[ParamSpec::new("w", 3, DType::F32)])?;
+/// # Ok::<(), DdpError>(())
+/// ```
+pub fn check_same_params(comm: &dyn Communicator, params: &[ParamSpec]) -> Result<(), DdpError> {
     let rank = comm.rank();
     let mine = describe(params);
     let mut len = [mine.len() as i64];

@@ -1,0 +1,231 @@
+//! The element-wise kernels of device DDP, compiled at run time by NVRTC (no CUDA
+//! compiler at build time): the division by the world size, the copy or accumulation
+//! of a gradient into its bucket, and the f16/bf16 narrowing of the compression hooks.
+//!
+//! Each computes exactly what the host DDP computes (`g / n` rounded once; f16 and bf16
+//! rounded to nearest even as the `half` crate does; no fused multiply-add), so device
+//! and host DDP agree bit for bit where the reduction itself does.
+
+// Kernel launches through cudarc's launch builder and the NVRTC library probe.
+#![allow(unsafe_code)]
+
+use std::sync::Arc;
+
+use ringccl_nccl::cudarc::driver::{
+    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError,
+    LaunchConfig, PushKernelArg,
+};
+use ringccl_nccl::cudarc::nvrtc::{self, CompileOptions};
+
+use super::DeviceGrad;
+
+const SOURCE: &str = r#"
+typedef unsigned long long u64;
+#define EACH(n) for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+
+#define ARITH(T) \
+extern "C" __global__ void div_##T(T* x, u64 n, T d) { EACH(n) x[i] = x[i] / d; } \
+extern "C" __global__ void copy_div_##T(T* dst, const T* src, u64 n, T d) { EACH(n) dst[i] = src[i] / d; } \
+extern "C" __global__ void add_div_##T(T* dst, const T* src, u64 n, T d) { EACH(n) dst[i] = dst[i] + src[i] / d; } \
+extern "C" __global__ void add_##T(T* dst, const T* src, u64 n) { EACH(n) dst[i] = dst[i] + src[i]; } \
+extern "C" __global__ void to_f16_##T(unsigned short* dst, const T* src, u64 n) { \
+    EACH(n) { float f = (float)src[i]; unsigned short h; \
+              asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); dst[i] = h; } } \
+extern "C" __global__ void from_f16_##T(T* dst, const unsigned short* src, u64 n) { \
+    EACH(n) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(src[i])); dst[i] = (T)f; } } \
+extern "C" __global__ void to_bf16_##T(unsigned short* dst, const T* src, u64 n) { \
+    EACH(n) { float f = (float)src[i]; unsigned int x = __float_as_uint(f); \
+              if ((x & 0x7fffffffu) > 0x7f800000u) { dst[i] = (unsigned short)((x >> 16) | 0x40u); } \
+              else if ((x & 0x8000u) != 0 && (x & 0x17fffu) != 0) { dst[i] = (unsigned short)((x >> 16) + 1); } \
+              else { dst[i] = (unsigned short)(x >> 16); } } } \
+extern "C" __global__ void from_bf16_##T(T* dst, const unsigned short* src, u64 n) { \
+    EACH(n) dst[i] = (T)__uint_as_float(((unsigned int)src[i]) << 16); }
+
+ARITH(float)
+ARITH(double)
+"#;
+
+/// The compiled kernels, loaded on one device.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    module: Arc<CudaModule>,
+}
+
+/// Why the kernels are not available.
+#[derive(Debug)]
+pub(crate) enum KernelError {
+    /// libnvrtc does not load.
+    NoNvrtc,
+    /// NVRTC rejected the source (a bug) or the driver the PTX.
+    Compile(String),
+    /// A launch failed.
+    Driver(DriverError),
+}
+
+impl std::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelError::NoNvrtc => f.write_str(
+                "libnvrtc (CUDA's run-time compiler, libnvrtc.so) cannot be loaded: install the \
+                 CUDA toolkit's NVRTC (or pip's nvidia-cuda-nvrtc) and add its directory to \
+                 LD_LIBRARY_PATH",
+            ),
+            KernelError::Compile(e) => write!(f, "compiling the DDP kernels: {e}"),
+            KernelError::Driver(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<DriverError> for KernelError {
+    fn from(e: DriverError) -> KernelError {
+        KernelError::Driver(e)
+    }
+}
+
+/// Threads per block, and at most this many blocks (the kernels stride over the rest).
+const THREADS: u32 = 256;
+const MAX_BLOCKS: u64 = 4096;
+
+fn config(n: usize) -> LaunchConfig {
+    let blocks = (n as u64).div_ceil(u64::from(THREADS)).clamp(1, MAX_BLOCKS);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Kernels {
+    /// Compiles the kernels for the device of `stream` and loads them there.
+    pub(crate) fn load(stream: &Arc<CudaStream>) -> Result<Kernels, KernelError> {
+        // SAFETY: only dlopens the candidate library names and closes them again.
+        if !unsafe { nvrtc::sys::is_culib_present() } {
+            return Err(KernelError::NoNvrtc);
+        }
+        let ctx = stream.context();
+        let (major, minor) = ctx.compute_capability()?;
+        let opts = CompileOptions {
+            // Bit-for-bit with the host: no contraction into fused multiply-adds, IEEE
+            // division, denormals kept.
+            fmad: Some(false),
+            prec_div: Some(true),
+            ftz: Some(false),
+            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+            ..Default::default()
+        };
+        let ptx = nvrtc::compile_ptx_with_opts(SOURCE, opts)
+            .map_err(|e| KernelError::Compile(format!("{e:?}")))?;
+        let module = ctx.load_module(ptx)?;
+        Ok(Kernels { module })
+    }
+
+    fn function<T: DeviceGrad>(&self, name: &str) -> Result<CudaFunction, KernelError> {
+        Ok(self
+            .module
+            .load_function(&format!("{name}_{}", T::C_TYPE))?)
+    }
+
+    /// `x[i] /= n` on `stream`.
+    pub(crate) fn divide<T: DeviceGrad>(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &mut CudaViewMut<'_, T>,
+        n: usize,
+    ) -> Result<(), KernelError> {
+        let f = self.function::<T>("div")?;
+        let (len, d) = (x.len() as u64, T::from_count(n));
+        // SAFETY: `div_T(T*, u64, T)` matches the arguments; the kernel touches
+        // elements below `len`, the length of the view it is given.
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(x)
+                .arg(&len)
+                .arg(&d)
+                .launch(config(len as usize))?
+        };
+        Ok(())
+    }
+
+    /// `dst[i] = src[i] / n` (`accumulate`: `dst[i] += src[i] / n`; with `n` = 1 the
+    /// division is skipped, as it changes nothing).
+    pub(crate) fn store<T: DeviceGrad>(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: &mut CudaViewMut<'_, T>,
+        src: &CudaView<'_, T>,
+        n: usize,
+        accumulate: bool,
+    ) -> Result<(), KernelError> {
+        let len = dst.len() as u64;
+        let d = T::from_count(n);
+        let name = match (accumulate, n) {
+            (false, 1) => {
+                stream.memcpy_dtod(src, dst)?;
+                return Ok(());
+            }
+            (true, 1) => "add",
+            (false, _) => "copy_div",
+            (true, _) => "add_div",
+        };
+        let f = self.function::<T>(name)?;
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(dst).arg(src).arg(&len);
+        if n != 1 {
+            launch.arg(&d);
+        }
+        // SAFETY: `copy_div_T`/`add_div_T(T*, const T*, u64, T)` and `add_T(T*, const
+        // T*, u64)` match the arguments pushed; `src` and `dst` hold `len` elements
+        // (the caller checks the lengths) and do not overlap (a gradient is never its
+        // own bucket).
+        unsafe { launch.launch(config(len as usize))? };
+        Ok(())
+    }
+
+    /// `dst[i] = narrow(src[i])`, f16 (`bf16` false) or bf16 (`N`, two bytes), rounded
+    /// to nearest even.
+    pub(crate) fn narrow<T: DeviceGrad, N>(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: &mut CudaSlice<N>,
+        src: &CudaSlice<T>,
+        bf16: bool,
+    ) -> Result<(), KernelError> {
+        let f = self.function::<T>(if bf16 { "to_bf16" } else { "to_f16" })?;
+        let len = src.len().min(dst.len()) as u64;
+        // SAFETY: `to_f16_T`/`to_bf16_T(unsigned short*, const T*, u64)` match (`N` is
+        // f16 or bf16, two bytes); both buffers hold at least `len` elements.
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(dst)
+                .arg(src)
+                .arg(&len)
+                .launch(config(len as usize))?
+        };
+        Ok(())
+    }
+
+    /// `dst[i] = widen(src[i])`, the inverse of [`Kernels::narrow`] (exact).
+    pub(crate) fn widen<T: DeviceGrad, N>(
+        &self,
+        stream: &Arc<CudaStream>,
+        dst: &mut CudaSlice<T>,
+        src: &CudaSlice<N>,
+        bf16: bool,
+    ) -> Result<(), KernelError> {
+        let f = self.function::<T>(if bf16 { "from_bf16" } else { "from_f16" })?;
+        let len = src.len().min(dst.len()) as u64;
+        // SAFETY: `from_f16_T`/`from_bf16_T(T*, const unsigned short*, u64)` match (`N`
+        // is f16 or bf16, two bytes); both buffers hold at least `len` elements.
+        unsafe {
+            stream
+                .launch_builder(&f)
+                .arg(dst)
+                .arg(src)
+                .arg(&len)
+                .launch(config(len as usize))?
+        };
+        Ok(())
+    }
+}

@@ -1,0 +1,768 @@
+//! DDP on gradients in GPU memory: buckets are `CudaSlice<T>` on the device, filled by
+//! kernels on the trainer's stream and reduced by the group while backward goes on.
+//!
+//! The rules are the host DDP's, from the same [`Reducer`]: torch's bucket caps and
+//! order, division by the world size before the all-reduce, `no_sync`, unused
+//! parameters, the one-time rebuild, and the fp16/bf16 compression hooks (narrowed and
+//! widened on the device). Under `"nccl"` a bucket goes to NCCL as it is, on NCCL's
+//! stream, ordered after the trainer's stream by an event; under `"gloo"` it is staged
+//! through host memory bucket by bucket, so one trainer runs on either backend.
+
+mod kernels;
+
+use std::fmt;
+use std::sync::Arc;
+
+use ringccl_ddp::{
+    check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout, ParamSpec,
+    Reducer,
+};
+use ringccl_nccl::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use ringccl_nccl::DeviceElement;
+
+use crate::half::{bf16, f16};
+use crate::{Error, ProcessGroup, ReduceOp, Work};
+use kernels::{KernelError, Kernels};
+
+/// Gradient element types device DDP handles: `f32` and `f64` (narrowed to f16 or
+/// bf16 on the wire by the compression hooks).
+pub trait DeviceGrad: GradElement + DeviceElement {
+    /// The type's name in the kernels' C source.
+    const C_TYPE: &'static str;
+    /// `n` as this type (the divisor of the average).
+    fn from_count(n: usize) -> Self;
+}
+
+impl DeviceGrad for f32 {
+    const C_TYPE: &'static str = "float";
+    fn from_count(n: usize) -> f32 {
+        n as f32
+    }
+}
+
+impl DeviceGrad for f64 {
+    const C_TYPE: &'static str = "double";
+    fn from_count(n: usize) -> f64 {
+        n as f64
+    }
+}
+
+/// How a full device bucket is reduced (the device side of
+/// [`ddp::CommHook`](crate::ddp::CommHook)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceCommHook {
+    /// One all-reduce (sum) of the bucket in its own type (torch's default).
+    #[default]
+    AllReduce,
+    /// Rounded to f16 on the device, all-reduced in f16, widened back (torch's
+    /// `fp16_compress_hook`): half the bytes.
+    Fp16Compress,
+    /// The same with bf16 (torch's `bf16_compress_hook`).
+    Bf16Compress,
+}
+
+/// A bucket's reduction in flight.
+enum InFlight<T: DeviceGrad> {
+    /// The bucket itself.
+    Full(Work<CudaSlice<T>>),
+    /// Its f16 copy (the bucket stays here, to be widened into).
+    F16(Work<CudaSlice<f16>>),
+    /// Its bf16 copy.
+    Bf16(Work<CudaSlice<bf16>>),
+}
+
+struct DeviceBucket<T: DeviceGrad> {
+    /// `None` while the bucket itself is being reduced.
+    data: Option<CudaSlice<T>>,
+    in_flight: Option<InFlight<T>>,
+}
+
+/// Data-parallel gradient averaging on GPU memory, PyTorch DDP's way; the device twin
+/// of [`ddp::DistributedDataParallel`](crate::ddp::DistributedDataParallel).
+///
+/// Each step: as backward produces each gradient (a device buffer), hand it over with
+/// [`mark_grad_ready`](Self::mark_grad_ready) (copied into its bucket on the trainer's
+/// stream, divided by the world size), or write it straight into its bucket through
+/// [`grad_view_mut`](Self::grad_view_mut) with
+/// [`DdpConfig::gradient_as_bucket_view`]; a full bucket starts reducing at once, in
+/// bucket order, while backward goes on. [`finish`](Self::finish) waits for the buckets
+/// and orders the trainer's stream after them; [`grad`](Self::grad) then views each
+/// averaged gradient. No gradient passes through host memory under `"nccl"`.
+///
+/// ```no_run
+/// use ringccl::cudarc::driver::CudaContext;
+/// use ringccl::ddp::DdpConfig;
+/// use ringccl::DeviceDdp;
+/// # fn main() -> Result<(), ringccl::Error> {
+/// let pg = ringccl::init_process_group("nccl", ringccl::InitOptions::from_env()?)?;
+/// let device = pg.cuda_device().unwrap_or(0);
+/// let stream = CudaContext::new(device).and_then(|c| c.new_stream()).map_err(|e| ringccl::Error::InvalidArgument(e.to_string()))?;
+/// let mut ddp = DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 1024), ("b", 16)], DdpConfig::default())?;
+/// let (gw, gb) = (stream.alloc_zeros::<f32>(1024).unwrap(), stream.alloc_zeros::<f32>(16).unwrap());
+/// ddp.mark_grad_ready(1, &gb.slice(..))?; // backward: last layer first
+/// ddp.mark_grad_ready(0, &gw.slice(..))?;
+/// ddp.finish()?;
+/// let averaged = ddp.grad(0)?; // a view of the bucket, on the device
+/// # let _ = averaged;
+/// # Ok(())
+/// # }
+/// ```
+pub struct DeviceDdp<T: DeviceGrad> {
+    pg: ProcessGroup,
+    reducer: Reducer,
+    /// The trainer's stream: gradients are written and read there.
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+    hook: DeviceCommHook,
+    buckets: Vec<DeviceBucket<T>>,
+    broken: Option<String>,
+}
+
+impl<T: DeviceGrad> DeviceDdp<T> {
+    /// Registers `params` (in model order) for gradients on `stream`'s device (under
+    /// `"nccl"`, the group's device) and checks, collectively, that every rank
+    /// registered the same ones. Compiles the few element-wise kernels it needs (NVRTC).
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let stream = CudaContext::new(0)?.new_stream()?;
+    /// let specs = [ParamSpec::new("w", 8, ringccl::DType::F32)];
+    /// let ddp = ringccl::DeviceDdp::<f32>::new(&pg, &stream, &specs, DdpConfig::default())?;
+    /// assert_eq!(ddp.bucket_layout(), vec![vec![0]]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn new(
+        pg: &ProcessGroup,
+        stream: &Arc<CudaStream>,
+        params: &[ParamSpec],
+        config: DdpConfig,
+    ) -> Result<DeviceDdp<T>, Error> {
+        if let Some((i, p)) = params.iter().enumerate().find(|(_, p)| p.dtype != T::DTYPE) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: parameter #{i} {:?} is {} but this DeviceDdp averages {} gradients; \
+                 use one instance per gradient type",
+                pg.rank(),
+                p.name,
+                p.dtype,
+                T::DTYPE
+            )));
+        }
+        if let Some(device) = pg.cuda_device() {
+            if device != stream.context().ordinal() {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {}: DeviceDdp's stream is on cuda:{} but the group's NCCL \
+                     communicator is on cuda:{device}; create the stream on the group's \
+                     device (ProcessGroup::cuda_device)",
+                    pg.rank(),
+                    stream.context().ordinal()
+                )));
+            }
+        }
+        check_same_params(pg, params)?;
+        let rank = pg.rank();
+        let kernels = Kernels::load(stream).map_err(kernel_failed(rank, "DeviceDdp::new"))?;
+        let mut ddp = DeviceDdp {
+            pg: pg.clone(),
+            reducer: Reducer::new(rank, params, config),
+            stream: Arc::clone(stream),
+            kernels,
+            hook: DeviceCommHook::AllReduce,
+            buckets: Vec::new(),
+            broken: None,
+        };
+        ddp.store_layout(None)?;
+        Ok(ddp)
+    }
+
+    /// [`new`](Self::new) with the parameters given as `(name, number of elements)`.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # use ringccl::ddp::DdpConfig;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 8), ("b", 2)], DdpConfig::default())?;
+    /// assert_eq!(ddp.params().len(), 2);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_params<N: Into<String>>(
+        pg: &ProcessGroup,
+        stream: &Arc<CudaStream>,
+        params: impl IntoIterator<Item = (N, usize)>,
+        config: DdpConfig,
+    ) -> Result<DeviceDdp<T>, Error> {
+        let specs: Vec<ParamSpec> = params
+            .into_iter()
+            .map(|(name, numel)| ParamSpec::new(name, numel, T::DTYPE))
+            .collect();
+        DeviceDdp::new(pg, stream, &specs, config)
+    }
+
+    /// Replaces the communication hook (default [`DeviceCommHook::AllReduce`]). Every
+    /// rank must use the same hook.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # use ringccl::ddp::DdpConfig;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 8)], DdpConfig::default())?;
+    /// ddp.register_comm_hook(ringccl::DeviceCommHook::Bf16Compress);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn register_comm_hook(&mut self, hook: DeviceCommHook) {
+        self.hook = hook;
+    }
+
+    /// The registered parameters.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let ddp = ringccl::DeviceDdp::<f64>::with_params(&pg, &stream, [("w", 8)], Default::default())?;
+    /// assert_eq!(ddp.params()[0].numel, 8);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn params(&self) -> &[ParamSpec] {
+        self.reducer.params()
+    }
+
+    /// The current buckets, as parameter indices, in launch order.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("a", 2), ("b", 1)], Default::default())?;
+    /// assert_eq!(ddp.bucket_layout(), vec![vec![1, 0]]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
+        self.reducer
+            .buckets()
+            .iter()
+            .map(|b| b.params.clone())
+            .collect()
+    }
+
+    /// Steps finished so far.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 2)], Default::default())?;
+    /// assert_eq!(ddp.steps(), 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn steps(&self) -> u64 {
+        self.reducer.step()
+    }
+
+    /// Turns synchronisation off (gradient accumulation, torch's `no_sync`) or back on;
+    /// see [`ddp::DistributedDataParallel::set_no_sync`](crate::ddp::DistributedDataParallel::set_no_sync).
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 2)], Default::default())?;
+    /// let g = stream.clone_htod(&[1.0f32, 2.0])?;
+    /// ddp.set_no_sync(true);
+    /// ddp.mark_grad_ready(0, &g.slice(..))?; // accumulated, not communicated
+    /// ddp.set_no_sync(false);
+    /// ddp.mark_grad_ready(0, &g.slice(..))?; // synchronised: the sum of both
+    /// ddp.finish()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_no_sync(&mut self, off: bool) {
+        self.reducer.set_no_sync(off);
+    }
+
+    fn check_usable(&self) -> Result<(), Error> {
+        match &self.broken {
+            Some(cause) => Err(DdpError::Broken(cause.clone()).into()),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&mut self, error: Error) -> Error {
+        self.broken.get_or_insert_with(|| error.to_string());
+        error
+    }
+
+    /// A failed CUDA call breaks the DDP (its buckets are in an unknown state).
+    fn device_failed(&mut self, what: &str) -> impl FnOnce(KernelError) -> Error + '_ {
+        let rank = self.pg.rank();
+        let what = what.to_string();
+        move |e| {
+            let error = kernel_failed(rank, &what)(e);
+            self.fail(error)
+        }
+    }
+
+    /// Hands DDP the gradient of parameter `index` for this step, a device buffer on
+    /// this DDP's device: it is copied into its bucket on the trainer's stream, divided
+    /// by the world size (added to what `no_sync` passes accumulated). The copy is
+    /// ordered after the work already on the stream; `grad` may be reused at once.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 2)], Default::default())?;
+    /// let g = stream.clone_htod(&[1.0f32, 2.0])?;
+    /// ddp.mark_grad_ready(0, &g.slice(..))?;
+    /// ddp.finish()?;
+    /// assert_eq!(stream.clone_dtoh(&ddp.grad(0)?)?, [1.0, 2.0]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn mark_grad_ready(&mut self, index: usize, grad: &CudaView<'_, T>) -> Result<(), Error> {
+        self.check_usable()?;
+        self.reducer.check_mark(index, Some(grad.len()))?;
+        let n = if self.reducer.config().gradient_as_bucket_view_on() {
+            1 // divided once per bucket, at launch
+        } else {
+            self.pg.world_size()
+        };
+        let accumulate = self.reducer.accumulates(index);
+        let (b, at) = self.reducer.slot(index);
+        let stream = Arc::clone(&self.stream);
+        let Some(data) = self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) else {
+            return Err(self.internal("bucket in flight while a gradient was written"));
+        };
+        let mut slot = data.slice_mut(at..at + grad.len());
+        let stored = self
+            .kernels
+            .store(&stream, &mut slot, grad, n, accumulate);
+        drop(slot);
+        stored.map_err(self.device_failed("copying a gradient into its bucket"))?;
+        self.mark(index)
+    }
+
+    /// With [`DdpConfig::gradient_as_bucket_view`]: the place in its bucket where the
+    /// gradient of parameter `index` lives, for backward to write into (on this DDP's
+    /// stream); then call [`mark_grad_ready_in_view`](Self::mark_grad_ready_in_view).
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # use ringccl::ddp::DdpConfig;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let config = DdpConfig::default().gradient_as_bucket_view(true);
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 2)], config)?;
+    /// stream.memcpy_htod(&[3.0f32, 4.0], &mut ddp.grad_view_mut(0)?)?; // backward writes here
+    /// ddp.mark_grad_ready_in_view(0)?;
+    /// ddp.finish()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn grad_view_mut(&mut self, index: usize) -> Result<CudaViewMut<'_, T>, Error> {
+        self.check_usable()?;
+        if !self.reducer.config().gradient_as_bucket_view_on() {
+            return Err(Error::InvalidArgument(
+                "grad_view_mut needs DdpConfig::gradient_as_bucket_view(true)".into(),
+            ));
+        }
+        let numel = self.numel(index)?;
+        let (b, at) = self.reducer.slot(index);
+        match self.buckets[b].data.as_mut() {
+            Some(data) => Ok(data.slice_mut(at..at + numel)),
+            None => Err(Error::InvalidArgument(format!(
+                "parameter #{index}'s bucket is being all-reduced; its view is available \
+                 again after finish()"
+            ))),
+        }
+    }
+
+    /// With [`DdpConfig::gradient_as_bucket_view`]: the gradient of parameter `index`
+    /// has been written into its view (the writes are on this DDP's stream, or ordered
+    /// before it).
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # use ringccl::ddp::DdpConfig;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// # let config = DdpConfig::default().gradient_as_bucket_view(true);
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 2)], config)?;
+    /// ddp.mark_grad_ready_in_view(0)?;
+    /// ddp.finish()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn mark_grad_ready_in_view(&mut self, index: usize) -> Result<(), Error> {
+        self.check_usable()?;
+        if !self.reducer.config().gradient_as_bucket_view_on() {
+            return Err(Error::InvalidArgument(
+                "mark_grad_ready_in_view needs DdpConfig::gradient_as_bucket_view(true)".into(),
+            ));
+        }
+        self.reducer.check_mark(index, None)?;
+        self.mark(index)
+    }
+
+    fn numel(&self, index: usize) -> Result<usize, Error> {
+        self.reducer
+            .params()
+            .get(index)
+            .map(|p| p.numel)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "rank {}: there is no parameter #{index} ({} parameters registered)",
+                    self.pg.rank(),
+                    self.reducer.params().len()
+                ))
+            })
+    }
+
+    fn mark(&mut self, index: usize) -> Result<(), Error> {
+        let launch = self.reducer.mark(index);
+        for b in launch {
+            self.launch(b)?;
+        }
+        Ok(())
+    }
+
+    /// Starts bucket `b`'s reduction: the division (bucket-view mode), the hook's
+    /// narrowing, and the all-reduce, ordered after the trainer's stream.
+    fn launch(&mut self, b: usize) -> Result<(), Error> {
+        let n = self.pg.world_size();
+        let stream = Arc::clone(&self.stream);
+        let Some(mut data) = self.buckets.get_mut(b).and_then(|bucket| bucket.data.take()) else {
+            return Err(self.internal("a bucket was launched twice"));
+        };
+        if self.reducer.config().gradient_as_bucket_view_on() && n > 1 {
+            let divided = self
+                .kernels
+                .divide(&stream, &mut data.slice_mut(..), n);
+            divided.map_err(self.device_failed("dividing a bucket by the world size"))?;
+        }
+        let len = data.len();
+        let in_flight = match self.hook {
+            DeviceCommHook::AllReduce => {
+                self.order_after_trainer()?;
+                let work = self.pg.all_reduce_device_async(data, ReduceOp::Sum);
+                self.buckets[b].in_flight = Some(InFlight::Full(work.map_err(|e| self.fail(e))?));
+                return Ok(());
+            }
+            DeviceCommHook::Fp16Compress => {
+                let narrow = self.narrowed::<f16>(&data, len);
+                self.buckets[b].data = Some(data);
+                self.order_after_trainer()?;
+                let work = self.pg.all_reduce_device_async(narrow?, ReduceOp::Sum);
+                InFlight::F16(work.map_err(|e| self.fail(e))?)
+            }
+            DeviceCommHook::Bf16Compress => {
+                let narrow = self.narrowed::<bf16>(&data, len);
+                self.buckets[b].data = Some(data);
+                self.order_after_trainer()?;
+                let work = self.pg.all_reduce_device_async(narrow?, ReduceOp::Sum);
+                InFlight::Bf16(work.map_err(|e| self.fail(e))?)
+            }
+        };
+        self.buckets[b].in_flight = Some(in_flight);
+        Ok(())
+    }
+
+    /// A 16-bit copy of `data` (`N` is f16 or bf16), made on the trainer's stream.
+    fn narrowed<N: DeviceElement>(
+        &mut self,
+        data: &CudaSlice<T>,
+        len: usize,
+    ) -> Result<CudaSlice<N>, Error> {
+        let stream = Arc::clone(&self.stream);
+        let made = stream
+            .alloc_zeros::<N>(len)
+            .map_err(KernelError::from)
+            .and_then(|mut narrow| {
+                self.kernels
+                    .narrow(&stream, &mut narrow, data, N::DTYPE == crate::DType::BF16)
+                    .map(|()| narrow)
+            });
+        made.map_err(self.device_failed("narrowing a bucket for the compression hook"))
+    }
+
+    /// Under `"nccl"`: NCCL's stream waits for everything already queued on the
+    /// trainer's stream (the bucket's gradients). Under `"gloo"` the staging copy runs
+    /// on the bucket's own stream, the trainer's, and needs nothing.
+    fn order_after_trainer(&mut self) -> Result<(), Error> {
+        let Some(nccl) = self.pg.nccl_stream() else {
+            return Ok(());
+        };
+        let ordered = self
+            .stream
+            .record_event(None)
+            .and_then(|event| nccl.wait(&event));
+        ordered
+            .map_err(KernelError::from)
+            .map_err(self.device_failed("ordering NCCL after the trainer's stream"))
+    }
+
+    /// Ends the step: starts what is left, waits for every bucket, and orders the
+    /// trainer's stream after the reductions; [`grad`](Self::grad) then views the
+    /// averaged gradients. Under `no_sync` it only closes the step.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 1), ("b", 1)], Default::default())?;
+    /// let g = stream.clone_htod(&[1.0f32])?;
+    /// ddp.mark_grad_ready(1, &g.slice(..))?;
+    /// assert!(ddp.finish().is_err()); // "w" never got a gradient
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn finish(&mut self) -> Result<(), Error> {
+        self.check_usable()?;
+        match self.reducer.begin_finish() {
+            FinishPlan::AlreadyClosed => return Ok(()),
+            FinishPlan::Missing(error) => {
+                // Buckets already started must still complete on every rank.
+                let _ = self.wait_all();
+                return Err(self.fail(error.into()));
+            }
+            FinishPlan::Reduce { zero, launch } => {
+                for i in zero {
+                    let (b, at) = self.reducer.slot(i);
+                    let numel = self.reducer.params()[i].numel;
+                    let stream = Arc::clone(&self.stream);
+                    if let Some(data) = self.buckets[b].data.as_mut() {
+                        let zeroed = stream.memset_zeros(&mut data.slice_mut(at..at + numel));
+                        zeroed
+                            .map_err(KernelError::from)
+                            .map_err(self.device_failed("zeroing an unused parameter's gradient"))?;
+                    }
+                }
+                for b in launch {
+                    self.launch(b)?;
+                }
+            }
+        }
+        self.wait_all()?;
+        if self.reducer.end_finish() {
+            self.rebuild()?;
+        }
+        Ok(())
+    }
+
+    fn wait_all(&mut self) -> Result<(), Error> {
+        let mut first: Option<Error> = None;
+        let stream = Arc::clone(&self.stream);
+        for b in 0..self.buckets.len() {
+            let Some(in_flight) = self.buckets[b].in_flight.take() else {
+                continue;
+            };
+            let landed = match in_flight {
+                InFlight::Full(work) => work.wait().map(|data| {
+                    self.buckets[b].data = Some(data);
+                }),
+                InFlight::F16(work) => work.wait().and_then(|narrow| self.widen(b, &narrow)),
+                InFlight::Bf16(work) => work.wait().and_then(|narrow| self.widen(b, &narrow)),
+            };
+            if let Err(e) = landed {
+                first.get_or_insert(e);
+            }
+        }
+        self.reducer.landed();
+        if first.is_none() {
+            if let Some(nccl) = self.pg.nccl_stream() {
+                // The trainer's stream reads the buckets after NCCL wrote them.
+                if let Err(e) = stream.join(&nccl) {
+                    first = Some(kernel_failed(self.pg.rank(), "DeviceDdp::finish")(e.into()));
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(self.fail(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Widens a reduced 16-bit copy back into bucket `b`.
+    fn widen<N: DeviceElement>(&mut self, b: usize, narrow: &CudaSlice<N>) -> Result<(), Error> {
+        let stream = Arc::clone(&self.stream);
+        let rank = self.pg.rank();
+        let Some(data) = self.buckets[b].data.as_mut() else {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: internal error: a compressed bucket lost its buffer"
+            )));
+        };
+        if let Some(nccl) = self.pg.nccl_stream() {
+            stream
+                .join(&nccl)
+                .map_err(|e| kernel_failed(rank, "DeviceDdp::finish")(e.into()))?;
+        }
+        self.kernels
+            .widen(&stream, data, narrow, N::DTYPE == crate::DType::BF16)
+            .map_err(kernel_failed(rank, "widening a compressed bucket"))
+    }
+
+    /// Allocates a zeroed bucket per bucket of the reducer's layout, moving the
+    /// gradients of the `old` layout (if any).
+    fn store_layout(&mut self, old: Option<(Vec<DeviceBucket<T>>, OldLayout)>) -> Result<(), Error> {
+        let rank = self.pg.rank();
+        let stream = Arc::clone(&self.stream);
+        let mut buckets = Vec::with_capacity(self.reducer.buckets().len());
+        for plan in self.reducer.buckets() {
+            let data = stream
+                .alloc_zeros::<T>(plan.len.max(1))
+                .map_err(|e| kernel_failed(rank, "allocating a DDP bucket")(e.into()))?;
+            buckets.push(DeviceBucket {
+                data: Some(data),
+                in_flight: None,
+            });
+        }
+        if let Some((old_buckets, (_, old_slots))) = old {
+            for (p, spec) in self.reducer.params().iter().enumerate() {
+                let ((ob, oo), (nb, no)) = (old_slots[p], self.reducer.slot(p));
+                if let (Some(src), Some(dst)) = (&old_buckets[ob].data, &mut buckets[nb].data) {
+                    stream
+                        .memcpy_dtod(
+                            &src.slice(oo..oo + spec.numel),
+                            &mut dst.slice_mut(no..no + spec.numel),
+                        )
+                        .map_err(|e| kernel_failed(rank, "moving gradients to new buckets")(e.into()))?;
+                }
+            }
+        }
+        self.buckets = buckets;
+        Ok(())
+    }
+
+    /// The one-time rebuild: rank 0's arrival order becomes every rank's bucket order.
+    fn rebuild(&mut self) -> Result<(), Error> {
+        let mut order = self.reducer.rebuild_order();
+        let sent = self.pg.broadcast(&mut order, 0);
+        sent.map_err(|e| self.fail(e))?;
+        let old = self.reducer.lay_out_in(&order).map_err(Error::from);
+        let old = old.map_err(|e| self.fail(e))?;
+        let old_buckets = std::mem::take(&mut self.buckets);
+        self.store_layout(Some((old_buckets, old)))
+    }
+
+    /// The averaged gradient of parameter `index` after [`finish`](Self::finish): a view
+    /// of its bucket on the device, ordered after the reduction on this DDP's stream.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 2)], Default::default())?;
+    /// let g = stream.clone_htod(&[1.0f32, 2.0])?;
+    /// ddp.mark_grad_ready(0, &g.slice(..))?;
+    /// ddp.finish()?;
+    /// let on_host = stream.clone_dtoh(&ddp.grad(0)?)?;
+    /// assert!(ddp.grad(1).is_err()); // only one parameter
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn grad(&self, index: usize) -> Result<CudaView<'_, T>, Error> {
+        let numel = self.numel(index)?;
+        let (b, at) = self.reducer.slot(index);
+        match &self.buckets[b].data {
+            Some(data) if self.buckets[b].in_flight.is_none() => Ok(data.slice(at..at + numel)),
+            _ => Err(Error::InvalidArgument(format!(
+                "rank {}: grad({index}): the gradient of parameter #{index} is still being \
+                 all-reduced; call finish() first",
+                self.pg.rank()
+            ))),
+        }
+    }
+
+    /// Copies rank 0's parameter values into every rank's `params` (device buffers, in
+    /// registration order), so that all replicas start identical.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 2)], Default::default())?;
+    /// let mut w = stream.clone_htod(&[0.1f32, 0.2])?;
+    /// ddp.broadcast_parameters(&mut [&mut w])?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn broadcast_parameters(&self, params: &mut [&mut CudaSlice<T>]) -> Result<(), Error> {
+        self.check_usable()?;
+        let specs = self.reducer.params();
+        if params.len() != specs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "broadcast_parameters got {} tensors for {} registered parameters",
+                params.len(),
+                specs.len()
+            )));
+        }
+        for (i, (p, spec)) in params.iter_mut().zip(specs).enumerate() {
+            if p.len() != spec.numel {
+                return Err(Error::InvalidArgument(format!(
+                    "parameter #{i} {:?} has {} elements, registered with {}",
+                    spec.name,
+                    p.len(),
+                    spec.numel
+                )));
+            }
+            self.pg.broadcast_device(p, 0)?;
+        }
+        Ok(())
+    }
+
+    fn internal(&mut self, what: &str) -> Error {
+        let error = Error::InvalidArgument(format!(
+            "rank {}: internal error: {what}",
+            self.pg.rank()
+        ));
+        self.fail(error)
+    }
+}
+
+impl<T: DeviceGrad> fmt::Debug for DeviceDdp<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceDdp")
+            .field("rank", &self.pg.rank())
+            .field("params", &self.reducer.params().len())
+            .field("buckets", &self.buckets.len())
+            .field("step", &self.reducer.step())
+            .field("hook", &self.hook)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The error of a failed CUDA step of device DDP.
+fn kernel_failed(rank: usize, what: &str) -> impl FnOnce(KernelError) -> Error + '_ {
+    move |e| Error::Device {
+        rank,
+        op: format!("DeviceDdp: {what}"),
+        call: match e {
+            KernelError::NoNvrtc => "loading libnvrtc".into(),
+            KernelError::Compile(_) => "nvrtcCompileProgram".into(),
+            KernelError::Driver(_) => "a CUDA driver call".into(),
+        },
+        reason: e.to_string(),
+    }
+}

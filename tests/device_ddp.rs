@@ -1,0 +1,210 @@
+//! DDP on device gradients (`DeviceDdp`) against host DDP (`DistributedDataParallel`),
+//! step for step, on the same group: the averaged gradients must be the same bits.
+//!
+//! With a GPU (see `scripts/gpu-check.sh`): NCCL at world size 1, and gloo with device
+//! buffers at 2, 3 and 4 ranks sharing GPU 0; several buckets, the one-time rebuild, a
+//! `no_sync` micro-batch, an unused parameter, gradient-as-bucket-view, and both
+//! compression hooks. Elsewhere each test prints why it skipped. The bookkeeping both
+//! share (`ringccl_ddp::Reducer`) is tested without a GPU through host DDP.
+
+#![cfg(feature = "nccl")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{heavy_lock, run_threads};
+use ringccl::cudarc::driver::{CudaContext, CudaStream};
+use ringccl::ddp::{
+    Bf16CompressHook, DdpConfig, DistributedDataParallel, Fp16CompressHook, ParamSpec,
+};
+use ringccl::{DType, DeviceCommHook, DeviceDdp, InitOptions, NcclBackend, ProcessGroup};
+
+/// Parameter sizes: several buckets at the caps below, and one parameter (#3) that is
+/// unused on odd steps.
+const NUMELS: [usize; 6] = [700, 33, 1500, 17, 260, 1];
+const UNUSED: usize = 3;
+const STEPS: u64 = 4;
+
+fn cuda_or_skip(test: &str) -> bool {
+    match ringccl::cuda_device_count() {
+        Ok(n) if n > 0 => true,
+        Ok(_) => {
+            println!("{test}: skipped: no CUDA device visible");
+            false
+        }
+        Err(e) => {
+            println!("{test}: skipped: no CUDA driver ({e})");
+            false
+        }
+    }
+}
+
+/// Rank `rank`'s gradient of parameter `p` at `step` (micro-batch `micro`).
+fn grad(rank: usize, p: usize, step: u64, micro: u64) -> Vec<f32> {
+    (0..NUMELS[p])
+        .map(|i| {
+            let x = (rank * 7919 + p * 104_729 + i * 31 + step as usize * 13 + micro as usize * 5)
+                as f32;
+            (x * 0.618_034).sin() * (1.0 + (i % 7) as f32)
+        })
+        .collect()
+}
+
+fn config(view: bool) -> DdpConfig {
+    DdpConfig::default()
+        .first_bucket_bytes(1200)
+        .bucket_cap_bytes(4000)
+        .find_unused_parameters(true)
+        .gradient_as_bucket_view(view)
+}
+
+/// Runs the same steps through host DDP and device DDP on `pg`; returns every step's
+/// averaged gradients, host and device, as bits.
+fn compare(pg: &ProcessGroup, stream: &Arc<CudaStream>, hook: DeviceCommHook, view: bool) {
+    let rank = pg.rank();
+    let specs: Vec<ParamSpec> = NUMELS
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| ParamSpec::new(format!("p{i}"), n, DType::F32))
+        .collect();
+    let mut host = DistributedDataParallel::<f32>::new(pg, &specs, config(view)).unwrap();
+    let mut device = DeviceDdp::<f32>::new(pg, stream, &specs, config(view)).unwrap();
+    match hook {
+        DeviceCommHook::AllReduce => {}
+        DeviceCommHook::Fp16Compress => host.register_comm_hook(Fp16CompressHook),
+        DeviceCommHook::Bf16Compress => host.register_comm_hook(Bf16CompressHook),
+    }
+    device.register_comm_hook(hook);
+    // Backward's order: not the registration order reversed, so the rebuild matters.
+    let order = [4, 5, 2, 3, 0, 1];
+    for step in 0..STEPS {
+        let used = |p: usize| p != UNUSED || step % 2 == 0;
+        // Step 2 accumulates a no_sync micro-batch first.
+        let micro_batches = if step == 2 { 2 } else { 1 };
+        for micro in 0..micro_batches {
+            let sync = micro + 1 == micro_batches;
+            host.set_no_sync(!sync);
+            device.set_no_sync(!sync);
+            for &p in order.iter().filter(|&&p| used(p)) {
+                let g = grad(rank, p, step, micro);
+                let on_device = stream.clone_htod(&g).unwrap();
+                if view {
+                    let accumulate = micro > 0;
+                    let into = host.grad_view_mut(p).unwrap();
+                    for (d, &x) in into.iter_mut().zip(&g) {
+                        *d = if accumulate { *d + x } else { x };
+                    }
+                    host.mark_grad_ready_in_view(p).unwrap();
+                    let mut view = device.grad_view_mut(p).unwrap();
+                    if accumulate {
+                        let mut sum = stream.clone_dtoh(&view).unwrap();
+                        sum.iter_mut().zip(&g).for_each(|(d, &x)| *d += x);
+                        stream.memcpy_htod(&sum, &mut view).unwrap();
+                    } else {
+                        stream.memcpy_dtod(&on_device, &mut view).unwrap();
+                    }
+                    drop(view);
+                    device.mark_grad_ready_in_view(p).unwrap();
+                } else {
+                    host.mark_grad_ready(p, &g).unwrap();
+                    device.mark_grad_ready(p, &on_device.slice(..)).unwrap();
+                }
+            }
+            // A no_sync pass needs no finish (torch's rule): the next mark closes it.
+            if sync {
+                host.finish().unwrap();
+                device.finish().unwrap();
+            }
+        }
+        assert_eq!(host.bucket_layout(), device.bucket_layout(), "rank {rank} step {step}");
+        for p in 0..NUMELS.len() {
+            let want = host.grad(p).unwrap().to_vec();
+            let got = stream.clone_dtoh(&device.grad(p).unwrap()).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "rank {rank} step {step} parameter {p} ({hook:?}, view {view}): device DDP \
+                 differs from host DDP"
+            );
+        }
+    }
+    assert_eq!(device.steps(), host.steps());
+}
+
+fn every_variant(pg: &ProcessGroup, stream: &Arc<CudaStream>) {
+    for hook in [
+        DeviceCommHook::AllReduce,
+        DeviceCommHook::Fp16Compress,
+        DeviceCommHook::Bf16Compress,
+    ] {
+        compare(pg, stream, hook, false);
+    }
+    compare(pg, stream, DeviceCommHook::AllReduce, true);
+}
+
+#[test]
+fn device_ddp_matches_host_ddp_under_gloo_with_ranks_sharing_the_gpu() {
+    let test = "device_ddp_matches_host_ddp_under_gloo_with_ranks_sharing_the_gpu";
+    if !cuda_or_skip(test) {
+        return;
+    }
+    let _heavy = heavy_lock();
+    for n in [2, 3, 4] {
+        run_threads(n, Duration::from_secs(120), |pg| {
+            let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+            every_variant(&pg, &stream);
+        });
+    }
+    println!("{test}: ok at 2, 3 and 4 ranks");
+}
+
+#[test]
+fn device_ddp_matches_host_ddp_under_nccl_at_world_size_one() {
+    let test = "device_ddp_matches_host_ddp_under_nccl_at_world_size_one";
+    if let Err(e) = NcclBackend::probe() {
+        println!("{test}: skipped: no CUDA driver/NCCL ({e})");
+        return;
+    }
+    let _heavy = heavy_lock();
+    let opts = InitOptions::new(0, 1, "127.0.0.1:0").timeout(Duration::from_secs(60));
+    let pg = ringccl::init_process_group("nccl", opts).unwrap();
+    let device = pg.cuda_device().unwrap();
+    let stream = CudaContext::new(device).unwrap().new_stream().unwrap();
+    every_variant(&pg, &stream);
+    // A stream on another device than the communicator's is refused up front.
+    if ringccl::cuda_device_count().unwrap_or(0) > 1 {
+        let other = CudaContext::new(1 - device.min(1)).unwrap().new_stream().unwrap();
+        let err = DeviceDdp::<f32>::with_params(&pg, &other, [("w", 4)], DdpConfig::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("cuda:"), "{err}");
+    }
+    println!("{test}: ok on cuda:{device}");
+}
+
+#[test]
+fn device_ddp_refuses_bad_input_without_breaking() {
+    let test = "device_ddp_refuses_bad_input_without_breaking";
+    if !cuda_or_skip(test) {
+        return;
+    }
+    let _heavy = heavy_lock();
+    let pg = ringccl::init_process_group("gloo", InitOptions::new(0, 1, "127.0.0.1:0")).unwrap();
+    let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+    let wrong_type = [ParamSpec::new("w", 4, DType::F64)];
+    assert!(DeviceDdp::<f32>::new(&pg, &stream, &wrong_type, DdpConfig::default()).is_err());
+    let mut ddp =
+        DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 4), ("b", 2)], DdpConfig::default())
+            .unwrap();
+    let g = stream.clone_htod(&[1.0f32; 3]).unwrap();
+    let err = ddp.mark_grad_ready(0, &g.slice(..)).unwrap_err();
+    assert!(err.to_string().contains("4"), "names the registered length: {err}");
+    assert!(ddp.mark_grad_ready(7, &g.slice(..2)).is_err());
+    assert!(ddp.grad_view_mut(0).is_err(), "needs gradient_as_bucket_view");
+    ddp.mark_grad_ready(1, &g.slice(..2)).unwrap();
+    let err = ddp.finish().unwrap_err();
+    assert!(err.to_string().contains("\"w\""), "names the missing gradient: {err}");
+    println!("{test}: ok");
+}
