@@ -16,6 +16,8 @@
 #   3. ringccl-bench --backend nccl beside PyTorch's own NCCL all-reduce, both at world
 #      size 1 on this GPU in the same run, and the ratio of their per-call times.
 #   4. ringccl-bench --backend gloo --memory device at 2 and 4 ranks.
+#   5. tests/device_ddp.rs (device DDP bit for bit against host DDP, NCCL's deadline) and
+#      examples/ddp_gpu: the MLP trained on the GPU against host DDP, and the overlap.
 # and prints a summary; the exit status is non-zero if any step failed. Each test and each
 # step runs on its own with a limit (GPU_CHECK_STEP_LIMIT, 150 s): a step still running
 # then has every thread's stack printed (cuda-gdb) and is killed. GPU_CHECK_SKIP, a
@@ -25,19 +27,24 @@ set -u -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out="$here/.gpu-check"
 mode=${1:-all}
+# The test files that hold GPU checks.
+SUITES="nccl device_ddp"
 
 build() {
     command -v cargo >/dev/null || { echo "gpu-check: cargo is needed to build" >&2; exit 2; }
     mkdir -p "$out"
-    (cd "$here" && cargo build --release --bin ringccl-bench) || exit 1
-    local test_bin
-    test_bin=$(cd "$here" && cargo test --release --test nccl --no-run 2>&1 |
-        grep -o 'target/release/deps/nccl-[0-9a-f]*' | tail -1)
-    [ -n "$test_bin" ] || { echo "gpu-check: could not build tests/nccl.rs" >&2; exit 1; }
-    cp "$here/$test_bin" "$out/nccl-tests"
+    (cd "$here" && cargo build --release --bin ringccl-bench --example ddp_gpu) || exit 1
+    local suite test_bin
+    for suite in $SUITES; do
+        test_bin=$(cd "$here" && cargo test --release --test "$suite" --no-run 2>&1 |
+            grep -o "target/release/deps/$suite-[0-9a-f]*" | tail -1)
+        [ -n "$test_bin" ] || { echo "gpu-check: could not build tests/$suite.rs" >&2; exit 1; }
+        cp "$here/$test_bin" "$out/$suite-tests"
+    done
     cp "$here/target/release/ringccl-bench" "$out/ringccl-bench"
+    cp "$here/target/release/examples/ddp_gpu" "$out/ddp_gpu"
     # Keep the symbols (names in the stacks of a hang), drop the debug info (size).
-    strip --strip-debug "$out/nccl-tests" "$out/ringccl-bench" 2>/dev/null || true
+    (cd "$out" && strip --strip-debug ./*-tests ringccl-bench ddp_gpu 2>/dev/null) || true
     cp "$0" "$out/gpu-check.sh"
     cp "$here/scripts/torch_nccl_allreduce.py" "$out/"
     echo "gpu-check: built $(du -sh "$out" | cut -f1) into $out"
@@ -139,7 +146,7 @@ step() {
         summary+=("FAIL  $name ($((SECONDS - started)) s; log: $log)")
     fi
     # The lines worth pasting: skips, footers, oks, hangs, ratios.
-    grep -E 'skipped|Out of bounds|Avg bus bandwidth|test result|: ok|failed cleanly|backend nccl|backend gloo|HANG|ratio|panicked' "$log" |
+    grep -E 'skipped|Out of bounds|Avg bus bandwidth|test result|: ok|failed cleanly|backend nccl|backend gloo|HANG|ratio|panicked|max_param_diff|reference:|step_ms|after ' "$log" |
         sed 's/^/    /' >>"$out/summary.txt"
 }
 
@@ -175,6 +182,25 @@ print(f"ratio worst over sizes: {worst:.2f}" if worst else "ratio: no common siz
 EOF
 }
 
+# A backward slowed to 25 ms per layer (5 layers, 13M parameters, 2 ranks under gloo
+# staging device buckets): with buckets marked as produced the step should cost about the
+# backward alone; marked after backward, the backward plus the all-reduces.
+overlap() {
+    local on off
+    on=$("$out/ddp_gpu" --backend gloo --replicas 2 --hidden 1600 --layers 5 --input 64 \
+        --steps 8 --slow-backward-ms 25 --overlap on) || return 1
+    off=$("$out/ddp_gpu" --backend gloo --replicas 2 --hidden 1600 --layers 5 --input 64 \
+        --steps 8 --slow-backward-ms 25 --overlap off) || return 1
+    echo "$on"
+    echo "$off"
+    local s_on b_on s_off
+    s_on=$(echo "$on" | sed -n 's/^step_ms=\([0-9.]*\).*/\1/p')
+    b_on=$(echo "$on" | sed -n 's/.* backward_ms=\([0-9.]*\) .*/\1/p')
+    s_off=$(echo "$off" | sed -n 's/^step_ms=\([0-9.]*\).*/\1/p')
+    awk -v s="$s_on" -v b="$b_on" -v o="$s_off" 'BEGIN {
+        printf "overlap ratio: step %.1f ms with overlap, %.1f ms without, backward %.1f ms: step/backward %.2f (overlap on), %.2f (off)\n", s, o, b, s / b, o / b }'
+}
+
 run() {
     [ -x "$out/nccl-tests" ] || { echo "gpu-check: run '$0 build' first" >&2; exit 2; }
     : >"$out/summary.txt"
@@ -183,11 +209,20 @@ run() {
     export RINGCCL_BENCH_BIN="$out/ringccl-bench"
     export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
     # One step per test, so that a hang costs one step, not the run.
-    local tests t
-    tests=$("$out/nccl-tests" --list 2>/dev/null | sed -n 's/: test$//p')
-    for t in $tests; do
-        step "test $t" "$out/nccl-tests" --exact "$t" --test-threads=1 --nocapture
+    local suite tests t
+    for suite in $SUITES; do
+        tests=$("$out/$suite-tests" --list 2>/dev/null | sed -n 's/: test$//p')
+        for t in $tests; do
+            step "test $t" "$out/$suite-tests" --exact "$t" --test-threads=1 --nocapture
+        done
     done
+    # Device DDP trains the MLP on the GPU; the same run trains it on the host with host
+    # DDP and compares the parameters.
+    step "ddp_gpu nccl world size 1 against host DDP" "$out/ddp_gpu" --backend nccl \
+        --replicas 1 --reference on --steps 30
+    step "ddp_gpu gloo 4 ranks sharing the GPU against host DDP" "$out/ddp_gpu" --backend gloo \
+        --replicas 4 --reference on --steps 30
+    step "ddp_gpu overlap" overlap
     step "bench nccl all types and ops" "$out/ringccl-bench" --backend nccl --np 1 \
         -b 8 -e 64M -f 64 -d all -o all -w 2 --budget 0.1
     step "bench nccl versus torch" versus_torch

@@ -75,7 +75,10 @@ impl ProcessGroup {
 
     /// The stream NCCL runs this group's calls on (`None` under other backends).
     pub(crate) fn nccl_stream(&self) -> Option<Arc<CudaStream>> {
-        self.shared().nccl.as_ref().map(|nccl| Arc::clone(nccl.stream()))
+        self.shared()
+            .nccl
+            .as_ref()
+            .map(|nccl| Arc::clone(nccl.stream()))
     }
 
     /// Like [`ProcessGroup::all_reduce`], on a buffer in GPU memory. Under `"nccl"` the

@@ -101,6 +101,17 @@ impl ProcessGroup {
         }
     }
 
+    /// How long dropping the group waits for its worker thread: under NCCL, long enough
+    /// for the communicator's orderly shutdown (finalize, then abort), so that it ends
+    /// before the process can exit; other backends need not wait.
+    fn worker_exit_wait(&self) -> Option<std::time::Duration> {
+        #[cfg(feature = "nccl")]
+        if self.shared.nccl.is_some() {
+            return Some(ringccl_nccl::TEARDOWN_LIMIT + std::time::Duration::from_secs(2));
+        }
+        None
+    }
+
     /// What every handle on this group shares.
     pub(crate) fn shared(&self) -> &Shared {
         &self.shared
@@ -283,6 +294,7 @@ impl ProcessGroup {
             empty => empty.insert(Worker::start(
                 Arc::clone(&self.shared.backend),
                 Arc::clone(&self.shared.sequencer),
+                self.worker_exit_wait(),
             )?),
         };
         let (done, result) = crossbeam_channel::bounded(1);

@@ -2,7 +2,8 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::thread;
+use std::thread::{self, ThreadId};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 use ringccl_collectives::{Backend, Deadline};
@@ -26,30 +27,78 @@ pub(crate) struct Job {
 
 /// Handle on the worker thread; dropping it lets the worker finish the queue and exit.
 pub(crate) struct Worker {
-    queue: Sender<Job>,
+    /// `None` once dropping began (closing the queue).
+    queue: Option<Sender<Job>>,
+    /// How long dropping the handle waits for the thread to finish (`None`: not at all).
+    wait_on_drop: Option<Duration>,
+    /// Disconnected once the thread has finished and dropped its backend handle.
+    finished: Receiver<()>,
+    thread: ThreadId,
+    rank: usize,
 }
 
 impl Worker {
+    /// Starts the thread. With `wait_on_drop`, dropping the handle waits (that long at
+    /// most) until the thread has finished the queue and let go of the backend, so the
+    /// backend's teardown is over before the drop returns: NCCL's must be, or it races
+    /// with the process's exit (it crashed inside `ncclCommDestroy` on a real GPU when
+    /// the worker thread still tore the communicator down while `main` returned).
     pub(crate) fn start(
         backend: Arc<dyn Backend>,
         sequencer: Arc<Sequencer>,
+        wait_on_drop: Option<Duration>,
     ) -> Result<Worker, Error> {
         let (queue, jobs) = crossbeam_channel::unbounded::<Job>();
+        let (finishing, finished) = crossbeam_channel::bounded::<()>(0);
         let rank = backend.rank();
-        thread::Builder::new()
+        let handle = thread::Builder::new()
             .name(format!("ringccl-worker-{rank}"))
-            .spawn(move || work(&*backend, &sequencer, &jobs))
+            .spawn(move || {
+                work(&*backend, &sequencer, &jobs);
+                drop(backend);
+                drop(finishing);
+            })
             .map_err(|source| Error::Io {
                 rank,
                 context: "starting the process group's background worker".into(),
                 source,
             })?;
-        Ok(Worker { queue })
+        Ok(Worker {
+            queue: Some(queue),
+            wait_on_drop,
+            finished,
+            thread: handle.thread().id(),
+            rank,
+        })
     }
 
     /// Queues `job`; gives it back if the worker is gone.
     pub(crate) fn submit(&self, job: Job) -> Result<(), Job> {
-        self.queue.send(job).map_err(|e| e.into_inner())
+        match &self.queue {
+            Some(queue) => queue.send(job).map_err(|e| e.into_inner()),
+            None => Err(job),
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.queue = None; // the worker drains the queue and exits
+        let Some(limit) = self.wait_on_drop else {
+            return;
+        };
+        if thread::current().id() == self.thread {
+            return; // the last handle went away inside a queued job: nothing to wait for
+        }
+        if let Err(crossbeam_channel::RecvTimeoutError::Timeout) = self.finished.recv_timeout(limit)
+        {
+            tracing::warn!(
+                rank = self.rank,
+                ?limit,
+                "the process group's worker is still running queued operations; \
+                 leaving it to finish on its own"
+            );
+        }
     }
 }
 
@@ -67,7 +116,7 @@ fn work(backend: &dyn Backend, sequencer: &Sequencer, jobs: &Receiver<Job>) {
 impl fmt::Debug for Worker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Worker")
-            .field("queued", &self.queue.len())
-            .finish()
+            .field("queued", &self.queue.as_ref().map_or(0, Sender::len))
+            .finish_non_exhaustive()
     }
 }

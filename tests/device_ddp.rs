@@ -105,7 +105,6 @@ fn compare(pg: &ProcessGroup, stream: &Arc<CudaStream>, hook: DeviceCommHook, vi
                     } else {
                         stream.memcpy_dtod(&on_device, &mut view).unwrap();
                     }
-                    drop(view);
                     device.mark_grad_ready_in_view(p).unwrap();
                 } else {
                     host.mark_grad_ready(p, &g).unwrap();
@@ -118,7 +117,11 @@ fn compare(pg: &ProcessGroup, stream: &Arc<CudaStream>, hook: DeviceCommHook, vi
                 device.finish().unwrap();
             }
         }
-        assert_eq!(host.bucket_layout(), device.bucket_layout(), "rank {rank} step {step}");
+        assert_eq!(
+            host.bucket_layout(),
+            device.bucket_layout(),
+            "rank {rank} step {step}"
+        );
         for p in 0..NUMELS.len() {
             let want = host.grad(p).unwrap().to_vec();
             let got = stream.clone_dtoh(&device.grad(p).unwrap()).unwrap();
@@ -176,7 +179,10 @@ fn device_ddp_matches_host_ddp_under_nccl_at_world_size_one() {
     every_variant(&pg, &stream);
     // A stream on another device than the communicator's is refused up front.
     if ringccl::cuda_device_count().unwrap_or(0) > 1 {
-        let other = CudaContext::new(1 - device.min(1)).unwrap().new_stream().unwrap();
+        let other = CudaContext::new(1 - device.min(1))
+            .unwrap()
+            .new_stream()
+            .unwrap();
         let err = DeviceDdp::<f32>::with_params(&pg, &other, [("w", 4)], DdpConfig::default())
             .unwrap_err();
         assert!(err.to_string().contains("cuda:"), "{err}");
@@ -200,11 +206,90 @@ fn device_ddp_refuses_bad_input_without_breaking() {
             .unwrap();
     let g = stream.clone_htod(&[1.0f32; 3]).unwrap();
     let err = ddp.mark_grad_ready(0, &g.slice(..)).unwrap_err();
-    assert!(err.to_string().contains("4"), "names the registered length: {err}");
+    assert!(
+        err.to_string().contains("4"),
+        "names the registered length: {err}"
+    );
     assert!(ddp.mark_grad_ready(7, &g.slice(..2)).is_err());
-    assert!(ddp.grad_view_mut(0).is_err(), "needs gradient_as_bucket_view");
+    assert!(
+        ddp.grad_view_mut(0).is_err(),
+        "needs gradient_as_bucket_view"
+    );
     ddp.mark_grad_ready(1, &g.slice(..2)).unwrap();
     let err = ddp.finish().unwrap_err();
-    assert!(err.to_string().contains("\"w\""), "names the missing gradient: {err}");
+    assert!(
+        err.to_string().contains("\"w\""),
+        "names the missing gradient: {err}"
+    );
+    println!("{test}: ok");
+}
+
+/// A kernel that keeps `stream` busy for `seconds` (the GPU's global timer). Returns its
+/// module, which must outlive the kernel: unloading a module waits for its kernels.
+fn occupy(stream: &Arc<CudaStream>, seconds: f64) -> Arc<ringccl::cudarc::driver::CudaModule> {
+    use ringccl::cudarc::driver::{LaunchConfig, PushKernelArg};
+    const SPIN: &str = r#"
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}
+"#;
+    let ptx = ringccl::cudarc::nvrtc::compile_ptx(SPIN).unwrap();
+    let module = stream.context().load_module(ptx).unwrap();
+    let spin = module.load_function("spin").unwrap();
+    let ns = (seconds * 1e9) as u64;
+    let mut launch = stream.launch_builder(&spin);
+    launch.arg(&ns);
+    // SAFETY: spin(unsigned long long) takes the one argument pushed; it touches no
+    // memory.
+    unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+    module
+}
+
+/// NCCL has no deadline of its own: a bucket whose all-reduce cannot finish (NCCL's
+/// stream waits behind a trainer's kernel that runs for 6 s) fails at the group's 2 s
+/// deadline, the communicator is aborted, the error names the operation, and the group
+/// refuses later calls instead of hanging.
+#[test]
+fn a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op() {
+    let test = "a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op";
+    if let Err(e) = NcclBackend::probe() {
+        println!("{test}: skipped: no CUDA driver/NCCL ({e})");
+        return;
+    }
+    let _heavy = heavy_lock();
+    let opts = InitOptions::new(0, 1, "127.0.0.1:0").timeout(Duration::from_secs(2));
+    let pg = ringccl::init_process_group("nccl", opts).unwrap();
+    let stream = CudaContext::new(pg.cuda_device().unwrap())
+        .unwrap()
+        .new_stream()
+        .unwrap();
+    let mut ddp =
+        DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 1024)], DdpConfig::default()).unwrap();
+    let g = stream.clone_htod(&[1.0f32; 1024]).unwrap();
+    stream.synchronize().unwrap();
+    let busy = occupy(&stream, 6.0);
+    let started = std::time::Instant::now();
+    ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
+    let err = ddp.finish().unwrap_err();
+    let waited = started.elapsed();
+    let text = err.to_string();
+    println!("{test}: after {waited:?}: {text}");
+    // The 2 s deadline, plus at most ABORT_LIMIT (10 s) for ncclCommAbort, plus slack.
+    assert!(
+        waited < Duration::from_secs(15),
+        "bounded by the deadline: {waited:?}"
+    );
+    assert!(text.contains("all_reduce"), "names the op: {text}");
+    assert!(
+        text.contains("aborted"),
+        "says the communicator was aborted: {text}"
+    );
+    let later = pg.all_reduce(&mut [1.0f32], ringccl::ReduceOp::Sum);
+    assert!(later.is_err(), "the aborted group refuses later calls");
+    assert!(ddp.finish().is_err(), "the DDP is broken too");
+    stream.synchronize().unwrap();
+    drop(busy);
     println!("{test}: ok");
 }

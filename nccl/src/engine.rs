@@ -24,6 +24,10 @@ use ringccl_transports::TcpTransport;
 /// The longest an orderly shutdown (`ncclCommFinalize`) may take before it is aborted.
 const FINALIZE_LIMIT: Duration = Duration::from_secs(10);
 
+/// The longest dropping a communicator takes: the orderly shutdown, then the abort.
+pub const TEARDOWN_LIMIT: Duration =
+    Duration::from_secs(FINALIZE_LIMIT.as_secs() + super::ffi::ABORT_LIMIT.as_secs());
+
 /// One rank's NCCL communicator. Host buffers are staged through device memory: copied
 /// to the GPU, reduced there by NCCL, copied back.
 pub struct NcclEngine {

@@ -33,7 +33,7 @@ mod startup;
 
 pub use backend::{DeviceElement, NcclBackend};
 pub use config::NcclConfig;
-pub use engine::NcclEngine;
+pub use engine::{NcclEngine, TEARDOWN_LIMIT};
 pub use error::DeviceError;
 pub use probe::cuda_device_count;
 

@@ -34,12 +34,13 @@ extern "C" __global__ void to_f16_##T(unsigned short* dst, const T* src, u64 n) 
 extern "C" __global__ void from_f16_##T(T* dst, const unsigned short* src, u64 n) { \
     EACH(n) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(src[i])); dst[i] = (T)f; } } \
 extern "C" __global__ void to_bf16_##T(unsigned short* dst, const T* src, u64 n) { \
-    EACH(n) { float f = (float)src[i]; unsigned int x = __float_as_uint(f); \
+    EACH(n) { float f = (float)src[i]; unsigned int x; asm("mov.b32 %0, %1;" : "=r"(x) : "f"(f)); \
               if ((x & 0x7fffffffu) > 0x7f800000u) { dst[i] = (unsigned short)((x >> 16) | 0x40u); } \
               else if ((x & 0x8000u) != 0 && (x & 0x17fffu) != 0) { dst[i] = (unsigned short)((x >> 16) + 1); } \
               else { dst[i] = (unsigned short)(x >> 16); } } } \
 extern "C" __global__ void from_bf16_##T(T* dst, const unsigned short* src, u64 n) { \
-    EACH(n) dst[i] = (T)__uint_as_float(((unsigned int)src[i]) << 16); }
+    EACH(n) { unsigned int x = ((unsigned int)src[i]) << 16; float f; \
+              asm("mov.b32 %0, %1;" : "=f"(f) : "r"(x)); dst[i] = (T)f; } }
 
 ARITH(float)
 ARITH(double)

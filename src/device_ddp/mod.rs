@@ -14,8 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use ringccl_ddp::{
-    check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout, ParamSpec,
-    Reducer,
+    check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout, ParamSpec, Reducer,
 };
 use ringccl_nccl::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use ringccl_nccl::DeviceElement;
@@ -351,10 +350,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             return Err(self.internal("bucket in flight while a gradient was written"));
         };
         let mut slot = data.slice_mut(at..at + grad.len());
-        let stored = self
-            .kernels
-            .store(&stream, &mut slot, grad, n, accumulate);
-        drop(slot);
+        let stored = self.kernels.store(&stream, &mut slot, grad, n, accumulate);
         stored.map_err(self.device_failed("copying a gradient into its bucket"))?;
         self.mark(index)
     }
@@ -450,13 +446,15 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     fn launch(&mut self, b: usize) -> Result<(), Error> {
         let n = self.pg.world_size();
         let stream = Arc::clone(&self.stream);
-        let Some(mut data) = self.buckets.get_mut(b).and_then(|bucket| bucket.data.take()) else {
+        let Some(mut data) = self
+            .buckets
+            .get_mut(b)
+            .and_then(|bucket| bucket.data.take())
+        else {
             return Err(self.internal("a bucket was launched twice"));
         };
         if self.reducer.config().gradient_as_bucket_view_on() && n > 1 {
-            let divided = self
-                .kernels
-                .divide(&stream, &mut data.slice_mut(..), n);
+            let divided = self.kernels.divide(&stream, &mut data.slice_mut(..), n);
             divided.map_err(self.device_failed("dividing a bucket by the world size"))?;
         }
         let len = data.len();
@@ -552,9 +550,9 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                     let stream = Arc::clone(&self.stream);
                     if let Some(data) = self.buckets[b].data.as_mut() {
                         let zeroed = stream.memset_zeros(&mut data.slice_mut(at..at + numel));
-                        zeroed
-                            .map_err(KernelError::from)
-                            .map_err(self.device_failed("zeroing an unused parameter's gradient"))?;
+                        zeroed.map_err(KernelError::from).map_err(
+                            self.device_failed("zeroing an unused parameter's gradient"),
+                        )?;
                     }
                 }
                 for b in launch {
@@ -623,7 +621,10 @@ impl<T: DeviceGrad> DeviceDdp<T> {
 
     /// Allocates a zeroed bucket per bucket of the reducer's layout, moving the
     /// gradients of the `old` layout (if any).
-    fn store_layout(&mut self, old: Option<(Vec<DeviceBucket<T>>, OldLayout)>) -> Result<(), Error> {
+    fn store_layout(
+        &mut self,
+        old: Option<(Vec<DeviceBucket<T>>, OldLayout)>,
+    ) -> Result<(), Error> {
         let rank = self.pg.rank();
         let stream = Arc::clone(&self.stream);
         let mut buckets = Vec::with_capacity(self.reducer.buckets().len());
@@ -645,7 +646,9 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                             &src.slice(oo..oo + spec.numel),
                             &mut dst.slice_mut(no..no + spec.numel),
                         )
-                        .map_err(|e| kernel_failed(rank, "moving gradients to new buckets")(e.into()))?;
+                        .map_err(|e| {
+                            kernel_failed(rank, "moving gradients to new buckets")(e.into())
+                        })?;
                 }
             }
         }
@@ -733,10 +736,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     }
 
     fn internal(&mut self, what: &str) -> Error {
-        let error = Error::InvalidArgument(format!(
-            "rank {}: internal error: {what}",
-            self.pg.rank()
-        ));
+        let error =
+            Error::InvalidArgument(format!("rank {}: internal error: {what}", self.pg.rank()));
         self.fail(error)
     }
 }
