@@ -11,10 +11,10 @@
 use ringccl_collectives::{validate_reduce, BufferMut, ReduceOp};
 use std::sync::Arc;
 
-use ringccl_nccl::cudarc::driver::{CudaSlice, CudaStream, DriverError};
+use ringccl_nccl::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DriverError};
 use ringccl_nccl::DeviceElement;
 
-use crate::{Error, ProcessGroup, Work};
+use crate::{Error, ProcessGroup, RuntimeError, Work};
 
 /// The error of a failed copy while staging a GPU buffer through host memory.
 fn staging_failed(rank: usize, what: &str, call: &'static str) -> impl Fn(DriverError) -> Error {
@@ -191,10 +191,37 @@ impl ProcessGroup {
     /// back from [`Work::wait`]. Under `"nccl"` the reduction runs on the communicator's
     /// stream and the group's worker thread waits on a CUDA event for it (with the
     /// group's deadline); under `"gloo"` the worker stages it through host memory.
+    ///
+    /// ```no_run
+    /// use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pg = ringccl::init_process_group("nccl", ringccl::InitOptions::from_env()?)?;
+    /// let stream = CudaContext::new(pg.cuda_device().unwrap_or(0))?.new_stream()?;
+    /// let grads = stream.clone_htod(&[1.0f32; 1024])?;
+    /// let work = pg.all_reduce_device_async(grads, ringccl::ReduceOp::Sum)?;
+    /// // ... more work on the stream ...
+    /// let grads = work.wait()?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn all_reduce_device_async<T: DeviceElement>(
+        &self,
+        buf: CudaSlice<T>,
+        op: ReduceOp,
+    ) -> Result<Work<CudaSlice<T>>, Error> {
+        self.all_reduce_device_async_after(buf, op, None)
+    }
+
+    /// [`ProcessGroup::all_reduce_device_async`] ordered after `after`, an event on the
+    /// stream that produced the buffer: under `"nccl"` NCCL's stream waits on it just
+    /// before the call is enqueued (on the worker thread), so a call queued behind others
+    /// is not held back by work queued after its event. Under `"gloo"` the staging copy
+    /// runs on the buffer's own stream, which orders it already.
+    pub(crate) fn all_reduce_device_async_after<T: DeviceElement>(
         &self,
         mut buf: CudaSlice<T>,
         op: ReduceOp,
+        after: Option<CudaEvent>,
     ) -> Result<Work<CudaSlice<T>>, Error> {
         validate_reduce(T::DTYPE, op)?;
         let rank = self.rank();
@@ -202,6 +229,16 @@ impl ProcessGroup {
             Some(nccl) => {
                 let nccl = nccl.clone();
                 self.queue("all_reduce", move |_, d| {
+                    if let Some(event) = &after {
+                        nccl.stream().wait(event).map_err(|e| {
+                            RuntimeError::from(Error::Device {
+                                rank,
+                                op: "all_reduce (a device buffer)".into(),
+                                call: "ordering NCCL's stream after the buffer's".into(),
+                                reason: e.to_string(),
+                            })
+                        })?;
+                    }
                     nccl.all_reduce_device(&mut buf, op, d).map(|()| buf)
                 })
             }

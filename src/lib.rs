@@ -25,7 +25,9 @@
 //!   default). Host buffers are staged through GPU memory; `CudaSlice` buffers go to
 //!   NCCL directly through the `*_device` methods, which also work under `"gloo"`
 //!   (staged through host memory). Without CUDA, init returns an error saying what is
-//!   missing.
+//!   missing. [`DeviceDdp`] is DDP on gradients in GPU memory (buckets on the device,
+//!   reduced by NCCL while backward runs), with element-wise kernels compiled at run
+//!   time by NVRTC.
 //!
 //! Ranks of one group can also live in one process, one per thread:
 //! [`local_groups`] connects them in memory (under `"gloo"` with no rendezvous and no

@@ -275,10 +275,15 @@ impl<T: GradElement> DistributedDataParallel<T> {
             })
             .collect();
         if let Some((old_buckets, (_, old_slots))) = old {
-            for (p, spec) in self.reducer.params().iter().enumerate() {
-                let ((ob, oo), (nb, no)) = (old_slots[p], self.reducer.slot(p));
-                if let (Some(src), Some(dst)) = (&old_buckets[ob].data, &mut buckets[nb].data) {
-                    dst[no..no + spec.numel].copy_from_slice(&src[oo..oo + spec.numel]);
+            for (p, &(ob, oo)) in old_slots.iter().enumerate() {
+                let Some((nb, no, numel)) = self.reducer.slot(p) else {
+                    continue;
+                };
+                let src = old_buckets.get(ob).and_then(|b| b.data.as_ref());
+                if let (Some(src), Some(dst)) =
+                    (src, buckets.get_mut(nb).and_then(|b| b.data.as_mut()))
+                {
+                    dst[no..no + numel].copy_from_slice(&src[oo..oo + numel]);
                 }
             }
         }
@@ -444,8 +449,10 @@ impl<T: GradElement> DistributedDataParallel<T> {
         let n = self.comm.world_size();
         let divide = !self.reducer.config().gradient_as_bucket_view_on();
         let accumulate = self.reducer.accumulates(index);
-        let (b, at) = self.reducer.slot(index);
-        let Some(data) = self.buckets[b].data.as_mut() else {
+        let Some((b, at, _)) = self.reducer.slot(index) else {
+            return Err(self.internal("a checked gradient has no slot"));
+        };
+        let Some(data) = self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) else {
             return Err(self.internal("bucket in flight while a gradient was written"));
         };
         let slot = &mut data[at..at + grad.len()];
@@ -497,14 +504,11 @@ impl<T: GradElement> DistributedDataParallel<T> {
                 "grad_view_mut needs DdpConfig::gradient_as_bucket_view(true)".into(),
             ));
         }
-        let numel = self
+        let (b, at, numel) = self
             .reducer
-            .params()
-            .get(index)
-            .map(|p| p.numel)
+            .slot(index)
             .ok_or_else(|| DdpError::InvalidArgument(format!("no parameter #{index}")))?;
-        let (b, at) = self.reducer.slot(index);
-        match self.buckets[b].data.as_mut() {
+        match self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) {
             Some(data) => Ok(&mut data[at..at + numel]),
             None => Err(DdpError::InvalidArgument(format!(
                 "parameter #{index}'s bucket is being all-reduced; its view is available again after finish()"
@@ -547,7 +551,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     }
 
     fn mark(&mut self, index: usize) -> Result<(), DdpError> {
-        let launch = self.reducer.mark(index);
+        let launch = self.reducer.mark(index)?;
         self.launch(launch)
     }
 
@@ -604,9 +608,13 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// ```
     pub fn finish(&mut self) -> Result<(), DdpError> {
         self.check_usable()?;
+        let plan = self.reducer.begin_finish();
+        if let FinishPlan::AlreadyClosed = plan {
+            return Ok(());
+        }
         let _waiting = self.trainer_span("ddp finish");
-        match self.reducer.begin_finish() {
-            FinishPlan::AlreadyClosed => return Ok(()),
+        match plan {
+            FinishPlan::AlreadyClosed => {}
             FinishPlan::Missing(error) => {
                 // Buckets already started must still complete on every rank.
                 let _ = self.wait_all();
@@ -614,9 +622,10 @@ impl<T: GradElement> DistributedDataParallel<T> {
             }
             FinishPlan::Reduce { zero, launch } => {
                 for i in zero {
-                    let (b, at) = self.reducer.slot(i);
-                    let numel = self.reducer.params()[i].numel;
-                    if let Some(data) = self.buckets[b].data.as_mut() {
+                    let Some((b, at, numel)) = self.reducer.slot(i) else {
+                        continue;
+                    };
+                    if let Some(data) = self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) {
                         data[at..at + numel].fill(T::default());
                     }
                 }
@@ -815,9 +824,9 @@ impl<T: GradElement> DistributedDataParallel<T> {
                 self.reducer.params().len()
             )));
         };
-        let (b, at) = self.reducer.slot(index);
-        match &self.buckets[b].data {
-            Some(data) => Ok(&data[at..at + spec.numel]),
+        let (b, at, numel) = self.reducer.slot(index).unwrap_or((usize::MAX, 0, 0));
+        match self.buckets.get(b).and_then(|b| b.data.as_ref()) {
+            Some(data) => Ok(&data[at..at + numel]),
             None => Err(DdpError::InvalidArgument(format!(
                 "rank {}: grad({index}): the gradient of parameter #{index} {:?} is still being \
                  all-reduced; call finish() first",

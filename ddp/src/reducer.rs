@@ -51,9 +51,9 @@ pub enum FinishPlan {
 /// let mut reducer = Reducer::new(0, &params, DdpConfig::default().rebuild_buckets(false));
 /// assert_eq!(reducer.buckets().len(), 1); // both fit the first bucket
 /// reducer.check_mark(1, Some(1))?;
-/// assert!(reducer.mark(1).is_empty()); // the bucket still waits for "w"
+/// assert!(reducer.mark(1)?.is_empty()); // the bucket still waits for "w"
 /// reducer.check_mark(0, Some(2))?;
-/// assert_eq!(reducer.mark(0), 0..1); // complete: start bucket 0
+/// assert_eq!(reducer.mark(0)?, 0..1); // complete: start bucket 0
 /// let plan = reducer.begin_finish();
 /// assert!(matches!(plan, FinishPlan::Reduce { zero, launch } if zero.is_empty() && launch.is_empty()));
 /// assert!(!reducer.end_finish()); // no rebuild asked for
@@ -97,7 +97,7 @@ impl Reducer {
     /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
     /// let params = [ParamSpec::new("a", 3, DType::F64), ParamSpec::new("b", 1, DType::F64)];
     /// let reducer = Reducer::new(0, &params, DdpConfig::default());
-    /// assert_eq!(reducer.slot(0), (0, 1)); // "b" comes first in the bucket
+    /// assert_eq!(reducer.slot(0), Some((0, 1, 3))); // "b" comes first in the bucket
     /// ```
     pub fn new(rank: usize, params: &[ParamSpec], config: DdpConfig) -> Reducer {
         let order: Vec<usize> = (0..params.len()).rev().collect();
@@ -158,17 +158,19 @@ impl Reducer {
         &self.buckets
     }
 
-    /// Where parameter `index`'s gradient lives: (bucket, offset in elements). `index`
-    /// must be a registered parameter (see [`check_mark`](Self::check_mark)).
+    /// Where parameter `index`'s gradient lives: (bucket, offset in elements), and its
+    /// length; `None` for an index that is not a registered parameter.
     ///
     /// ```
     /// # use ringccl_collectives::DType;
     /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
     /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 4, DType::F32)], DdpConfig::default());
-    /// assert_eq!(reducer.slot(0), (0, 0));
+    /// assert_eq!(reducer.slot(0), Some((0, 0, 4)));
+    /// assert_eq!(reducer.slot(1), None);
     /// ```
-    pub fn slot(&self, index: usize) -> (usize, usize) {
-        self.slots[index]
+    pub fn slot(&self, index: usize) -> Option<(usize, usize, usize)> {
+        let (bucket, offset) = *self.slots.get(index)?;
+        Some((bucket, offset, self.params[index].numel))
     }
 
     /// Steps finished so far.
@@ -191,7 +193,7 @@ impl Reducer {
     /// reducer.set_no_sync(true);
     /// reducer.check_mark(0, None)?;
     /// assert!(!reducer.accumulates(0));
-    /// reducer.mark(0);
+    /// reducer.mark(0)?;
     /// reducer.check_mark(0, None)?; // the next micro-batch
     /// assert!(reducer.accumulates(0));
     /// # Ok::<(), ringccl_ddp::DdpError>(())
@@ -302,18 +304,27 @@ impl Reducer {
 
     /// Records that parameter `index`'s gradient is in its bucket (after
     /// [`check_mark`](Self::check_mark)); returns the buckets to start now, in order
-    /// (complete, and every earlier one started), which are then counted in flight.
+    /// (complete, and every earlier one started), which are then counted in flight. A
+    /// parameter not checked first (out of range, or already marked in this pass) is an
+    /// error and changes nothing.
     ///
     /// ```
     /// # use ringccl_collectives::DType;
     /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
     /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
     /// reducer.check_mark(0, None)?;
-    /// assert_eq!(reducer.mark(0), 0..1);
+    /// assert_eq!(reducer.mark(0)?, 0..1);
     /// assert!(reducer.any_in_flight());
+    /// assert!(reducer.mark(0).is_err()); // twice in one pass
     /// # Ok::<(), ringccl_ddp::DdpError>(())
     /// ```
-    pub fn mark(&mut self, index: usize) -> Range<usize> {
+    pub fn mark(&mut self, index: usize) -> Result<Range<usize>, DdpError> {
+        if self.ready.get(index).is_none_or(|&ready| ready) {
+            return Err(DdpError::InvalidArgument(format!(
+                "rank {}: Reducer::mark({index}) without a successful check_mark",
+                self.rank
+            )));
+        }
         if self.marked == 0 {
             self.pass_unsynced = self.no_sync;
             self.closed_without_finish = false;
@@ -327,9 +338,9 @@ impl Reducer {
         let (b, _) = self.slots[index];
         self.buckets[b].waiting_for -= 1;
         if self.no_sync {
-            return self.next_launch..self.next_launch;
+            return Ok(self.next_launch..self.next_launch);
         }
-        self.launchable()
+        Ok(self.launchable())
     }
 
     /// The complete buckets whose predecessors have all started, now counted in flight.
@@ -352,7 +363,7 @@ impl Reducer {
     /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
     /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
     /// reducer.check_mark(0, None)?;
-    /// reducer.mark(0);
+    /// reducer.mark(0)?;
     /// reducer.landed();
     /// assert!(!reducer.any_in_flight());
     /// # Ok::<(), ringccl_ddp::DdpError>(())
@@ -372,7 +383,7 @@ impl Reducer {
     /// let config = DdpConfig::default().find_unused_parameters(true);
     /// let mut reducer = Reducer::new(0, &params, config);
     /// reducer.check_mark(1, None)?;
-    /// reducer.mark(1);
+    /// reducer.mark(1)?;
     /// // "w" got no gradient: it is zeroed, and the bucket starts.
     /// let plan = reducer.begin_finish();
     /// assert!(matches!(plan, FinishPlan::Reduce { zero, launch } if zero == [0] && launch == (0..1)));
@@ -382,11 +393,19 @@ impl Reducer {
         if self.marked == 0 && std::mem::take(&mut self.closed_without_finish) {
             return FinishPlan::AlreadyClosed;
         }
-        let missing: Vec<usize> = (0..self.params.len()).filter(|&i| !self.ready[i]).collect();
-        if missing.is_empty() || self.no_sync {
+        if self.no_sync {
             return FinishPlan::Reduce {
                 zero: Vec::new(),
                 launch: self.next_launch..self.next_launch,
+            };
+        }
+        let missing: Vec<usize> = (0..self.params.len()).filter(|&i| !self.ready[i]).collect();
+        if missing.is_empty() {
+            // Buckets completed while synchronisation was off (turned off and on again
+            // mid-pass) start now.
+            return FinishPlan::Reduce {
+                zero: Vec::new(),
+                launch: self.launchable(),
             };
         }
         if !self.config.find_unused_parameters {
@@ -424,7 +443,7 @@ impl Reducer {
     /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
     /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 1, DType::F32)], DdpConfig::default());
     /// reducer.check_mark(0, None)?;
-    /// reducer.mark(0);
+    /// reducer.mark(0)?;
     /// reducer.begin_finish();
     /// assert!(reducer.end_finish()); // torch rebuilds once, after the first step
     /// # Ok::<(), ringccl_ddp::DdpError>(())
@@ -460,7 +479,7 @@ impl Reducer {
     /// let params = [ParamSpec::new("a", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
     /// let mut reducer = Reducer::new(0, &params, DdpConfig::default());
     /// reducer.check_mark(0, None)?;
-    /// reducer.mark(0);
+    /// reducer.mark(0)?;
     /// assert_eq!(reducer.rebuild_order(), vec![0, 1]);
     /// # Ok::<(), ringccl_ddp::DdpError>(())
     /// ```
@@ -489,7 +508,7 @@ impl Reducer {
     /// let mut reducer = Reducer::new(0, &params, DdpConfig::default());
     /// let (_, old_slots) = reducer.lay_out_in(&[0, 1])?;
     /// assert_eq!(old_slots, vec![(0, 1), (0, 0)]);
-    /// assert_eq!(reducer.slot(0), (0, 0));
+    /// assert_eq!(reducer.slot(0), Some((0, 0, 1)));
     /// assert!(reducer.lay_out_in(&[0, 0]).is_err());
     /// # Ok::<(), ringccl_ddp::DdpError>(())
     /// ```
@@ -561,4 +580,63 @@ pub(crate) fn is_permutation(order: &[i64], n: usize) -> bool {
                 .and_then(|i| seen.get_mut(i))
                 .is_some_and(|s| !std::mem::replace(s, true))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringccl_collectives::DType;
+
+    /// Two parameters, a bucket each: bucket 0 holds #1, bucket 1 holds #0.
+    fn two_buckets() -> Reducer {
+        let params = [
+            ParamSpec::new("a", 4, DType::F32),
+            ParamSpec::new("b", 4, DType::F32),
+        ];
+        let config = DdpConfig::default()
+            .first_bucket_bytes(1)
+            .bucket_cap_bytes(1);
+        Reducer::new(3, &params, config)
+    }
+
+    #[test]
+    fn a_mark_without_a_check_is_refused_and_changes_nothing() {
+        let mut reducer = two_buckets();
+        assert!(reducer.mark(2).is_err(), "out of range");
+        reducer.check_mark(1, None).unwrap();
+        assert_eq!(reducer.mark(1).unwrap(), 0..1);
+        let err = reducer.mark(1).unwrap_err();
+        assert!(err.to_string().contains("rank 3"), "{err}");
+        assert!(reducer.pass_open());
+        // The pass is intact: #0 completes bucket 1.
+        reducer.check_mark(0, None).unwrap();
+        assert_eq!(reducer.mark(0).unwrap(), 1..2);
+    }
+
+    #[test]
+    fn buckets_completed_while_sync_was_off_mid_pass_start_at_finish() {
+        let mut reducer = two_buckets();
+        reducer.check_mark(1, None).unwrap();
+        assert_eq!(reducer.mark(1).unwrap(), 0..1); // synchronised: starts
+        reducer.set_no_sync(true);
+        reducer.check_mark(0, None).unwrap();
+        assert!(reducer.mark(0).unwrap().is_empty()); // held back
+        reducer.set_no_sync(false); // the pass began synchronised: it stays open
+        assert!(reducer.pass_open());
+        match reducer.begin_finish() {
+            FinishPlan::Reduce { zero, launch } => {
+                assert!(zero.is_empty());
+                assert_eq!(launch, 1..2, "bucket 1 must be reduced too");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn slots_of_unknown_parameters_are_none() {
+        let reducer = two_buckets();
+        assert_eq!(reducer.slot(0), Some((1, 0, 4)));
+        assert_eq!(reducer.slot(2), None);
+        assert!(!reducer.accumulates(9));
+    }
 }

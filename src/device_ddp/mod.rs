@@ -16,7 +16,9 @@ use std::sync::Arc;
 use ringccl_ddp::{
     check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout, ParamSpec, Reducer,
 };
-use ringccl_nccl::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use ringccl_nccl::cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice,
+};
 use ringccl_nccl::DeviceElement;
 
 use crate::half::{bf16, f16};
@@ -161,7 +163,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                 )));
             }
         }
-        check_same_params(pg, params)?;
+        // This rank's own set-up first: a rank that cannot compile the kernels or allocate
+        // its buckets fails before the collective check, not after its peers passed it.
         let rank = pg.rank();
         let kernels = Kernels::load(stream).map_err(kernel_failed(rank, "DeviceDdp::new"))?;
         let mut ddp = DeviceDdp {
@@ -173,7 +176,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             buckets: Vec::new(),
             broken: None,
         };
-        ddp.store_layout(None)?;
+        ddp.buckets = ddp.allocate_layout(None)?;
+        check_same_params(pg, params)?;
         Ok(ddp)
     }
 
@@ -337,6 +341,17 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// ```
     pub fn mark_grad_ready(&mut self, index: usize, grad: &CudaView<'_, T>) -> Result<(), Error> {
         self.check_usable()?;
+        let (mine, theirs) = (
+            self.stream.context().ordinal(),
+            grad.stream().context().ordinal(),
+        );
+        if mine != theirs {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}: the gradient of parameter #{index} is on cuda:{theirs} but this \
+                 DeviceDdp's buckets are on cuda:{mine}",
+                self.pg.rank()
+            )));
+        }
         self.reducer.check_mark(index, Some(grad.len()))?;
         let n = if self.reducer.config().gradient_as_bucket_view_on() {
             1 // divided once per bucket, at launch
@@ -344,7 +359,9 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             self.pg.world_size()
         };
         let accumulate = self.reducer.accumulates(index);
-        let (b, at) = self.reducer.slot(index);
+        let Some((b, at, _)) = self.reducer.slot(index) else {
+            return Err(self.internal("a checked gradient has no slot"));
+        };
         let stream = Arc::clone(&self.stream);
         let Some(data) = self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) else {
             return Err(self.internal("bucket in flight while a gradient was written"));
@@ -380,11 +397,13 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                 "grad_view_mut needs DdpConfig::gradient_as_bucket_view(true)".into(),
             ));
         }
-        let numel = self.numel(index)?;
-        let (b, at) = self.reducer.slot(index);
-        match self.buckets[b].data.as_mut() {
-            Some(data) => Ok(data.slice_mut(at..at + numel)),
-            None => Err(Error::InvalidArgument(format!(
+        let (b, at, numel) = self.place(index)?;
+        match self.buckets.get_mut(b) {
+            Some(DeviceBucket {
+                data: Some(data),
+                in_flight: None,
+            }) => Ok(data.slice_mut(at..at + numel)),
+            _ => Err(Error::InvalidArgument(format!(
                 "parameter #{index}'s bucket is being all-reduced; its view is available \
                  again after finish()"
             ))),
@@ -419,22 +438,19 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         self.mark(index)
     }
 
-    fn numel(&self, index: usize) -> Result<usize, Error> {
-        self.reducer
-            .params()
-            .get(index)
-            .map(|p| p.numel)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "rank {}: there is no parameter #{index} ({} parameters registered)",
-                    self.pg.rank(),
-                    self.reducer.params().len()
-                ))
-            })
+    /// Parameter `index`'s (bucket, offset, length), or the error naming it.
+    fn place(&self, index: usize) -> Result<(usize, usize, usize), Error> {
+        self.reducer.slot(index).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "rank {}: there is no parameter #{index} ({} parameters registered)",
+                self.pg.rank(),
+                self.reducer.params().len()
+            ))
+        })
     }
 
     fn mark(&mut self, index: usize) -> Result<(), Error> {
-        let launch = self.reducer.mark(index);
+        let launch = self.reducer.mark(index)?;
         for b in launch {
             self.launch(b)?;
         }
@@ -442,7 +458,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     }
 
     /// Starts bucket `b`'s reduction: the division (bucket-view mode), the hook's
-    /// narrowing, and the all-reduce, ordered after the trainer's stream.
+    /// narrowing, and the all-reduce, ordered after the trainer's stream. On an error
+    /// the DDP is broken (and says so from then on).
     fn launch(&mut self, b: usize) -> Result<(), Error> {
         let n = self.pg.world_size();
         let stream = Arc::clone(&self.stream);
@@ -458,64 +475,75 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             divided.map_err(self.device_failed("dividing a bucket by the world size"))?;
         }
         let len = data.len();
-        let in_flight = match self.hook {
-            DeviceCommHook::AllReduce => {
-                self.order_after_trainer()?;
-                let work = self.pg.all_reduce_device_async(data, ReduceOp::Sum);
-                self.buckets[b].in_flight = Some(InFlight::Full(work.map_err(|e| self.fail(e))?));
-                return Ok(());
-            }
+        let started = match self.hook {
+            DeviceCommHook::AllReduce => self
+                .trainer_event()
+                .and_then(|after| {
+                    self.pg
+                        .all_reduce_device_async_after(data, ReduceOp::Sum, after)
+                })
+                .map(InFlight::Full),
             DeviceCommHook::Fp16Compress => {
                 let narrow = self.narrowed::<f16>(&data, len);
                 self.buckets[b].data = Some(data);
-                self.order_after_trainer()?;
-                let work = self.pg.all_reduce_device_async(narrow?, ReduceOp::Sum);
-                InFlight::F16(work.map_err(|e| self.fail(e))?)
+                narrow
+                    .and_then(|narrow| {
+                        let after = self.trainer_event()?;
+                        self.pg
+                            .all_reduce_device_async_after(narrow, ReduceOp::Sum, after)
+                    })
+                    .map(InFlight::F16)
             }
             DeviceCommHook::Bf16Compress => {
                 let narrow = self.narrowed::<bf16>(&data, len);
                 self.buckets[b].data = Some(data);
-                self.order_after_trainer()?;
-                let work = self.pg.all_reduce_device_async(narrow?, ReduceOp::Sum);
-                InFlight::Bf16(work.map_err(|e| self.fail(e))?)
+                narrow
+                    .and_then(|narrow| {
+                        let after = self.trainer_event()?;
+                        self.pg
+                            .all_reduce_device_async_after(narrow, ReduceOp::Sum, after)
+                    })
+                    .map(InFlight::Bf16)
             }
         };
+        let in_flight = started.map_err(|e| self.fail(e))?;
         self.buckets[b].in_flight = Some(in_flight);
         Ok(())
     }
 
     /// A 16-bit copy of `data` (`N` is f16 or bf16), made on the trainer's stream.
     fn narrowed<N: DeviceElement>(
-        &mut self,
+        &self,
         data: &CudaSlice<T>,
         len: usize,
     ) -> Result<CudaSlice<N>, Error> {
-        let stream = Arc::clone(&self.stream);
-        let made = stream
+        let stream = &self.stream;
+        stream
             .alloc_zeros::<N>(len)
             .map_err(KernelError::from)
             .and_then(|mut narrow| {
                 self.kernels
-                    .narrow(&stream, &mut narrow, data, N::DTYPE == crate::DType::BF16)
+                    .narrow(stream, &mut narrow, data, N::DTYPE == crate::DType::BF16)
                     .map(|()| narrow)
-            });
-        made.map_err(self.device_failed("narrowing a bucket for the compression hook"))
+            })
+            .map_err(kernel_failed(
+                self.pg.rank(),
+                "narrowing a bucket for the compression hook",
+            ))
     }
 
-    /// Under `"nccl"`: NCCL's stream waits for everything already queued on the
-    /// trainer's stream (the bucket's gradients). Under `"gloo"` the staging copy runs
-    /// on the bucket's own stream, the trainer's, and needs nothing.
-    fn order_after_trainer(&mut self) -> Result<(), Error> {
-        let Some(nccl) = self.pg.nccl_stream() else {
-            return Ok(());
-        };
-        let ordered = self
-            .stream
+    /// Under `"nccl"`: an event after everything already queued on the trainer's stream
+    /// (the bucket's gradients), for NCCL's stream to wait on just before the bucket's
+    /// call. Under `"gloo"` the staging copy runs on the bucket's own stream, the
+    /// trainer's, and needs none.
+    fn trainer_event(&self) -> Result<Option<CudaEvent>, Error> {
+        if self.pg.nccl_stream().is_none() {
+            return Ok(None);
+        }
+        self.stream
             .record_event(None)
-            .and_then(|event| nccl.wait(&event));
-        ordered
-            .map_err(KernelError::from)
-            .map_err(self.device_failed("ordering NCCL after the trainer's stream"))
+            .map(Some)
+            .map_err(|e| kernel_failed(self.pg.rank(), "recording the bucket's event")(e.into()))
     }
 
     /// Ends the step: starts what is left, waits for every bucket, and orders the
@@ -545,10 +573,11 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             }
             FinishPlan::Reduce { zero, launch } => {
                 for i in zero {
-                    let (b, at) = self.reducer.slot(i);
-                    let numel = self.reducer.params()[i].numel;
+                    let Some((b, at, numel)) = self.reducer.slot(i) else {
+                        continue;
+                    };
                     let stream = Arc::clone(&self.stream);
-                    if let Some(data) = self.buckets[b].data.as_mut() {
+                    if let Some(data) = self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) {
                         let zeroed = stream.memset_zeros(&mut data.slice_mut(at..at + numel));
                         zeroed.map_err(KernelError::from).map_err(
                             self.device_failed("zeroing an unused parameter's gradient"),
@@ -619,52 +648,59 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             .map_err(kernel_failed(rank, "widening a compressed bucket"))
     }
 
-    /// Allocates a zeroed bucket per bucket of the reducer's layout, moving the
-    /// gradients of the `old` layout (if any).
-    fn store_layout(
-        &mut self,
-        old: Option<(Vec<DeviceBucket<T>>, OldLayout)>,
-    ) -> Result<(), Error> {
-        let rank = self.pg.rank();
-        let stream = Arc::clone(&self.stream);
+    /// A zeroed bucket per bucket of the reducer's layout, holding the gradients of the
+    /// `old` layout (if any).
+    fn allocate_layout(
+        &self,
+        old: Option<(&[DeviceBucket<T>], &OldLayout)>,
+    ) -> Result<Vec<DeviceBucket<T>>, Error> {
+        let failed = |what: &'static str| {
+            let rank = self.pg.rank();
+            move |e: ringccl_nccl::cudarc::driver::DriverError| kernel_failed(rank, what)(e.into())
+        };
+        let stream = &self.stream;
         let mut buckets = Vec::with_capacity(self.reducer.buckets().len());
         for plan in self.reducer.buckets() {
             let data = stream
                 .alloc_zeros::<T>(plan.len.max(1))
-                .map_err(|e| kernel_failed(rank, "allocating a DDP bucket")(e.into()))?;
+                .map_err(failed("allocating a DDP bucket"))?;
             buckets.push(DeviceBucket {
                 data: Some(data),
                 in_flight: None,
             });
         }
         if let Some((old_buckets, (_, old_slots))) = old {
-            for (p, spec) in self.reducer.params().iter().enumerate() {
-                let ((ob, oo), (nb, no)) = (old_slots[p], self.reducer.slot(p));
-                if let (Some(src), Some(dst)) = (&old_buckets[ob].data, &mut buckets[nb].data) {
+            for (p, &(ob, oo)) in old_slots.iter().enumerate() {
+                let Some((nb, no, numel)) = self.reducer.slot(p) else {
+                    continue;
+                };
+                let src = old_buckets.get(ob).and_then(|b| b.data.as_ref());
+                let dst = buckets.get_mut(nb).and_then(|b| b.data.as_mut());
+                if let (Some(src), Some(dst)) = (src, dst) {
                     stream
                         .memcpy_dtod(
-                            &src.slice(oo..oo + spec.numel),
-                            &mut dst.slice_mut(no..no + spec.numel),
+                            &src.slice(oo..oo + numel),
+                            &mut dst.slice_mut(no..no + numel),
                         )
-                        .map_err(|e| {
-                            kernel_failed(rank, "moving gradients to new buckets")(e.into())
-                        })?;
+                        .map_err(failed("moving gradients to new buckets"))?;
                 }
             }
         }
-        self.buckets = buckets;
-        Ok(())
+        Ok(buckets)
     }
 
     /// The one-time rebuild: rank 0's arrival order becomes every rank's bucket order.
+    /// The new buckets replace the old ones only once they hold the gradients; any
+    /// failure breaks the DDP.
     fn rebuild(&mut self) -> Result<(), Error> {
         let mut order = self.reducer.rebuild_order();
         let sent = self.pg.broadcast(&mut order, 0);
         sent.map_err(|e| self.fail(e))?;
         let old = self.reducer.lay_out_in(&order).map_err(Error::from);
         let old = old.map_err(|e| self.fail(e))?;
-        let old_buckets = std::mem::take(&mut self.buckets);
-        self.store_layout(Some((old_buckets, old)))
+        let buckets = self.allocate_layout(Some((&self.buckets, &old)));
+        self.buckets = buckets.map_err(|e| self.fail(e))?;
+        Ok(())
     }
 
     /// The averaged gradient of parameter `index` after [`finish`](Self::finish): a view
@@ -685,10 +721,13 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// # }
     /// ```
     pub fn grad(&self, index: usize) -> Result<CudaView<'_, T>, Error> {
-        let numel = self.numel(index)?;
-        let (b, at) = self.reducer.slot(index);
-        match &self.buckets[b].data {
-            Some(data) if self.buckets[b].in_flight.is_none() => Ok(data.slice(at..at + numel)),
+        self.check_usable()?;
+        let (b, at, numel) = self.place(index)?;
+        match self.buckets.get(b) {
+            Some(DeviceBucket {
+                data: Some(data),
+                in_flight: None,
+            }) => Ok(data.slice(at..at + numel)),
             _ => Err(Error::InvalidArgument(format!(
                 "rank {}: grad({index}): the gradient of parameter #{index} is still being \
                  all-reduced; call finish() first",
@@ -721,7 +760,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                 specs.len()
             )));
         }
-        for (i, (p, spec)) in params.iter_mut().zip(specs).enumerate() {
+        // Every length first, so that a wrong one fails before any broadcast.
+        for (i, (p, spec)) in params.iter().zip(specs).enumerate() {
             if p.len() != spec.numel {
                 return Err(Error::InvalidArgument(format!(
                     "parameter #{i} {:?} has {} elements, registered with {}",
@@ -730,6 +770,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                     spec.numel
                 )));
             }
+        }
+        for p in params.iter_mut() {
             self.pg.broadcast_device(p, 0)?;
         }
         Ok(())
