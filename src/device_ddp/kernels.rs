@@ -192,19 +192,9 @@ impl Kernels {
         src: &CudaSlice<T>,
         bf16: bool,
     ) -> Result<(), KernelError> {
-        let f = self.function::<T>(if bf16 { "to_bf16" } else { "to_f16" })?;
-        let len = src.len().min(dst.len()) as u64;
-        // SAFETY: `to_f16_T`/`to_bf16_T(unsigned short*, const T*, u64)` match (`N` is
-        // f16 or bf16, two bytes); both buffers hold at least `len` elements.
-        unsafe {
-            stream
-                .launch_builder(&f)
-                .arg(dst)
-                .arg(src)
-                .arg(&len)
-                .launch(config(len as usize))?
-        };
-        Ok(())
+        let len = src.len().min(dst.len());
+        let name = if bf16 { "to_bf16" } else { "to_f16" };
+        self.convert::<T, _, _>(stream, name, dst, src, len)
     }
 
     /// `dst[i] = widen(src[i])`, the inverse of [`Kernels::narrow`] (exact).
@@ -215,17 +205,32 @@ impl Kernels {
         src: &CudaSlice<N>,
         bf16: bool,
     ) -> Result<(), KernelError> {
-        let f = self.function::<T>(if bf16 { "from_bf16" } else { "from_f16" })?;
-        let len = src.len().min(dst.len()) as u64;
-        // SAFETY: `from_f16_T`/`from_bf16_T(T*, const unsigned short*, u64)` match (`N`
-        // is f16 or bf16, two bytes); both buffers hold at least `len` elements.
+        let len = src.len().min(dst.len());
+        let name = if bf16 { "from_bf16" } else { "from_f16" };
+        self.convert::<T, _, _>(stream, name, dst, src, len)
+    }
+
+    /// Launches conversion kernel `name` (for `T`) over the first `len` elements.
+    fn convert<T: DeviceGrad, D, S>(
+        &self,
+        stream: &Arc<CudaStream>,
+        name: &str,
+        dst: &mut CudaSlice<D>,
+        src: &CudaSlice<S>,
+        len: usize,
+    ) -> Result<(), KernelError> {
+        let f = self.function::<T>(name)?;
+        let n = len as u64;
+        // SAFETY: the conversion kernels are `(D*, const S*, u64)` with one side `T`
+        // and the other two-byte f16/bf16 (`unsigned short`), as the callers pass them;
+        // both buffers hold at least `len` elements (the callers take the minimum).
         unsafe {
             stream
                 .launch_builder(&f)
                 .arg(dst)
                 .arg(src)
-                .arg(&len)
-                .launch(config(len as usize))?
+                .arg(&n)
+                .launch(config(len))?
         };
         Ok(())
     }

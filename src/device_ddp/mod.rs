@@ -474,7 +474,6 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             let divided = self.kernels.divide(&stream, &mut data.slice_mut(..), n);
             divided.map_err(self.device_failed("dividing a bucket by the world size"))?;
         }
-        let len = data.len();
         let started = match self.hook {
             DeviceCommHook::AllReduce => self
                 .trainer_event()
@@ -483,32 +482,29 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                         .all_reduce_device_async_after(data, ReduceOp::Sum, after)
                 })
                 .map(InFlight::Full),
-            DeviceCommHook::Fp16Compress => {
-                let narrow = self.narrowed::<f16>(&data, len);
-                self.buckets[b].data = Some(data);
-                narrow
-                    .and_then(|narrow| {
-                        let after = self.trainer_event()?;
-                        self.pg
-                            .all_reduce_device_async_after(narrow, ReduceOp::Sum, after)
-                    })
-                    .map(InFlight::F16)
-            }
-            DeviceCommHook::Bf16Compress => {
-                let narrow = self.narrowed::<bf16>(&data, len);
-                self.buckets[b].data = Some(data);
-                narrow
-                    .and_then(|narrow| {
-                        let after = self.trainer_event()?;
-                        self.pg
-                            .all_reduce_device_async_after(narrow, ReduceOp::Sum, after)
-                    })
-                    .map(InFlight::Bf16)
-            }
+            DeviceCommHook::Fp16Compress => self.start_narrowed::<f16>(b, data, InFlight::F16),
+            DeviceCommHook::Bf16Compress => self.start_narrowed::<bf16>(b, data, InFlight::Bf16),
         };
         let in_flight = started.map_err(|e| self.fail(e))?;
         self.buckets[b].in_flight = Some(in_flight);
         Ok(())
+    }
+
+    /// The compression hooks' start: bucket `b`'s `data` stays in place, its 16-bit copy
+    /// (`N`, f16 or bf16) is all-reduced.
+    fn start_narrowed<N: DeviceElement>(
+        &mut self,
+        b: usize,
+        data: CudaSlice<T>,
+        in_flight: fn(Work<CudaSlice<N>>) -> InFlight<T>,
+    ) -> Result<InFlight<T>, Error> {
+        let narrow = self.narrowed::<N>(&data, data.len());
+        self.buckets[b].data = Some(data);
+        let after = self.trainer_event()?;
+        let work = self
+            .pg
+            .all_reduce_device_async_after(narrow?, ReduceOp::Sum, after)?;
+        Ok(in_flight(work))
     }
 
     /// A 16-bit copy of `data` (`N` is f16 or bf16), made on the trainer's stream.
