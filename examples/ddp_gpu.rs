@@ -29,6 +29,10 @@ use std::error::Error as StdError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "shared/mlp_data.rs"]
+mod mlp_data;
+use mlp_data::{target, uniform};
+
 use clap::Parser;
 use ringccl::cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
@@ -136,24 +140,6 @@ extern "C" __global__ void sgd(float* p, const float* g, float lr, int n) {
     if (i < n) p[i] = p[i] - lr * g[i];
 }
 "#;
-
-/// Deterministic pseudo-random numbers in [-1, 1) (`ddp_mlp`'s).
-fn uniform(seed: u64, i: u64) -> f32 {
-    let mut z = seed
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(i.wrapping_mul(0xBF58_476D_1CE4_E5B9));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-}
-
-fn target(x: &[f32]) -> f32 {
-    x.iter()
-        .enumerate()
-        .map(|(j, v)| (v * (j as f32 + 1.0)).sin() / (j as f32 + 1.0))
-        .sum()
-}
 
 /// Layer widths: input, hidden..., 1.
 fn dims(args: &Args) -> Vec<usize> {

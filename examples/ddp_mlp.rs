@@ -36,6 +36,10 @@ use std::error::Error as StdError;
 use std::path::PathBuf;
 use std::time::Instant;
 
+#[path = "shared/mlp_data.rs"]
+mod mlp_data;
+use mlp_data::{target, uniform};
+
 use clap::Parser;
 use ringccl::ddp::{
     BatchPosition, Bf16CompressHook, Checkpoint, DataParallel, DdpConfig, DdpError,
@@ -105,17 +109,6 @@ struct Args {
     /// Steps between snapshots.
     #[arg(long, default_value_t = 10)]
     checkpoint_every: u64,
-}
-
-/// Deterministic pseudo-random numbers in [-1, 1).
-fn uniform(seed: u64, i: u64) -> f32 {
-    let mut z = seed
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(i.wrapping_mul(0xBF58_476D_1CE4_E5B9));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
 }
 
 /// One dense layer: `out = act(W x + b)`, W stored row-major as [out][in].
@@ -267,13 +260,6 @@ impl Mlp {
         }
         Ok(loss / batch as f32)
     }
-}
-
-fn target(x: &[f32]) -> f32 {
-    x.iter()
-        .enumerate()
-        .map(|(j, v)| (v * (j as f32 + 1.0)).sin() / (j as f32 + 1.0))
-        .sum()
 }
 
 impl Replica<f32> for Mlp {

@@ -27,6 +27,10 @@
 
 use std::time::Instant;
 
+#[path = "../../shared/mlp_data.rs"]
+mod mlp_data;
+use mlp_data::{target, uniform};
+
 use candle_core::{Device, Tensor, Var};
 use clap::Parser;
 use ringccl::ddp::{
@@ -73,25 +77,6 @@ struct Args {
     /// ringccl::local_groups. Without it, --mode ddp is one rank of a launched group.
     #[arg(long)]
     replicas: Option<usize>,
-}
-
-/// Deterministic pseudo-random numbers in [-1, 1) (a SplitMix64-style hash of `(seed, i)`).
-fn uniform(seed: u64, i: u64) -> f32 {
-    let mut z = seed
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(i.wrapping_mul(0xBF58_476D_1CE4_E5B9));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-}
-
-/// The function the model learns.
-fn target(x: &[f32]) -> f32 {
-    x.iter()
-        .enumerate()
-        .map(|(j, v)| (v * (j as f32 + 1.0)).sin() / (j as f32 + 1.0))
-        .sum()
 }
 
 /// `pred = tanh(x W1ᵀ + b1) W2ᵀ + b2`, with candle `Var`s as parameters.
