@@ -89,7 +89,7 @@ pub use ringccl_collectives::timeline;
 pub use ringccl_ddp as ddp;
 
 #[cfg(feature = "nccl")]
-pub use device_ddp::{DeviceCommHook, DeviceDdp, DeviceGrad};
+pub use device_ddp::{DeviceCommHook, DeviceDdp, DeviceGrad, DeviceNoSync};
 #[cfg(feature = "nccl")]
 pub use ringccl_nccl::{
     cuda_device_count, cudarc, DeviceElement, DeviceError, NcclBackend, NcclConfig,

@@ -221,6 +221,15 @@ fn device_ddp_refuses_bad_input_without_breaking() {
         err.to_string().contains("\"w\""),
         "names the missing gradient: {err}"
     );
+    // The no_sync guard: accumulated while it lives, reduced with the next pass.
+    let mut ddp =
+        DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 3)], DdpConfig::default()).unwrap();
+    let g = stream.clone_htod(&[1.0f32, 2.0, 3.0]).unwrap();
+    ddp.no_sync().mark_grad_ready(0, &g.slice(..)).unwrap();
+    ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
+    ddp.finish().unwrap();
+    let got = stream.clone_dtoh(&ddp.grad(0).unwrap()).unwrap();
+    assert_eq!(got, [2.0, 4.0, 6.0]);
     println!("{test}: ok");
 }
 

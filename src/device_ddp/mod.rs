@@ -11,6 +11,7 @@
 mod kernels;
 
 use std::fmt;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use ringccl_ddp::{
@@ -297,6 +298,27 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// ```
     pub fn set_no_sync(&mut self, off: bool) {
         self.reducer.set_no_sync(off);
+    }
+
+    /// Gradient accumulation, torch's `with ddp.no_sync():`: synchronisation is off until
+    /// the returned guard is dropped, which also closes the pass (no `finish` needed).
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 2)], Default::default())?;
+    /// let g = stream.clone_htod(&[1.0f32, 2.0])?;
+    /// ddp.no_sync().mark_grad_ready(0, &g.slice(..))?; // accumulated, not communicated
+    /// ddp.mark_grad_ready(0, &g.slice(..))?; // synchronised: the sum of both
+    /// ddp.finish()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn no_sync(&mut self) -> DeviceNoSync<'_, T> {
+        self.reducer.set_no_sync(true);
+        DeviceNoSync { ddp: self }
     }
 
     fn check_usable(&self) -> Result<(), Error> {
@@ -777,6 +799,32 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         let error =
             Error::InvalidArgument(format!("rank {}: internal error: {what}", self.pg.rank()));
         self.fail(error)
+    }
+}
+
+/// Synchronisation is off while this lives (see [`DeviceDdp::no_sync`]); it derefs to
+/// the DDP.
+#[derive(Debug)]
+pub struct DeviceNoSync<'d, T: DeviceGrad> {
+    ddp: &'d mut DeviceDdp<T>,
+}
+
+impl<T: DeviceGrad> Deref for DeviceNoSync<'_, T> {
+    type Target = DeviceDdp<T>;
+    fn deref(&self) -> &DeviceDdp<T> {
+        self.ddp
+    }
+}
+
+impl<T: DeviceGrad> DerefMut for DeviceNoSync<'_, T> {
+    fn deref_mut(&mut self) -> &mut DeviceDdp<T> {
+        self.ddp
+    }
+}
+
+impl<T: DeviceGrad> Drop for DeviceNoSync<'_, T> {
+    fn drop(&mut self) {
+        self.ddp.set_no_sync(false);
     }
 }
 
