@@ -33,9 +33,10 @@ macro_rules! runtime_error_enum {
 
     /// A collective did not finish before its deadline.
     #[error(
-        "rank {rank}: timed out after {timeout:?} in {op} waiting for rank {peer} \
-         ({moved} of {expected} bytes exchanged with it); rank {peer} may be stuck, dead, \
-         slower than the timeout allows, or in a different collective{}",
+        "rank {rank}: timed out after {timeout:?} in {op} waiting for rank {peer}{}; rank \
+         {peer} may be stuck, dead, slower than the timeout allows, or in a different \
+         collective{}",
+        $crate::exchanged_note(*moved, *expected),
         $crate::gone_note(gone)
     )]
     Timeout {
@@ -202,6 +203,16 @@ impl Error {
     }
 }
 
+/// `" (1400 of 5592 bytes exchanged with it)"`, or nothing for a call that exchanges no
+/// payload with that peer (a barrier, the same-call check).
+#[doc(hidden)]
+pub fn exchanged_note(moved: u64, expected: u64) -> String {
+    if expected == 0 {
+        return String::new();
+    }
+    format!(" ({moved} of {expected} bytes exchanged with it)")
+}
+
 /// `"; connections to rank 3, rank 5 had also closed or failed"`, or nothing.
 #[doc(hidden)]
 pub fn gone_note(gone: &[usize]) -> String {
@@ -217,3 +228,38 @@ pub fn gone_note(gone: &[usize]) -> String {
 
 /// ringccl's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, OpDesc, ReduceOp};
+    use std::time::Duration;
+
+    fn timeout(moved: u64, expected: u64) -> String {
+        Error::Timeout {
+            rank: 0,
+            peer: 1,
+            op: OpDesc::all_reduce(4, DType::F32, 1024, ReduceOp::Sum),
+            moved,
+            expected,
+            timeout: Duration::from_secs(2),
+            gone: Vec::new(),
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn a_timeout_counts_bytes_only_for_calls_that_exchange_some() {
+        let text = timeout(1400, 5592);
+        assert!(
+            text.contains(
+                "waiting for rank 1 (1400 of 5592 bytes exchanged with it); rank 1 may be"
+            ),
+            "{text}"
+        );
+        // A barrier moves no payload: no "0 of 0 bytes".
+        let text = timeout(0, 0);
+        assert!(text.contains("waiting for rank 1; rank 1 may be"), "{text}");
+        assert!(!text.contains("bytes"), "{text}");
+    }
+}
