@@ -15,7 +15,7 @@ use ringccl_nccl::cudarc::driver::{
     CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError,
     LaunchConfig, PushKernelArg,
 };
-use ringccl_nccl::cudarc::nvrtc::{self, CompileOptions};
+use ringccl_nccl::cudarc::nvrtc::{self, CompileOptions, Ptx};
 
 use super::DeviceGrad;
 
@@ -96,6 +96,20 @@ fn config(n: usize) -> LaunchConfig {
     }
 }
 
+/// The kernels as PTX for compute capability `major.minor` (NVRTC needs no GPU).
+fn compile(major: i32, minor: i32) -> Result<Ptx, KernelError> {
+    let opts = CompileOptions {
+        // Bit-for-bit with the host: no contraction into fused multiply-adds, IEEE
+        // division, denormals kept.
+        fmad: Some(false),
+        prec_div: Some(true),
+        ftz: Some(false),
+        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        ..Default::default()
+    };
+    nvrtc::compile_ptx_with_opts(SOURCE, opts).map_err(|e| KernelError::Compile(format!("{e:?}")))
+}
+
 impl Kernels {
     /// Compiles the kernels for the device of `stream` and loads them there.
     pub(crate) fn load(stream: &Arc<CudaStream>) -> Result<Kernels, KernelError> {
@@ -105,18 +119,7 @@ impl Kernels {
         }
         let ctx = stream.context();
         let (major, minor) = ctx.compute_capability()?;
-        let opts = CompileOptions {
-            // Bit-for-bit with the host: no contraction into fused multiply-adds, IEEE
-            // division, denormals kept.
-            fmad: Some(false),
-            prec_div: Some(true),
-            ftz: Some(false),
-            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-            ..Default::default()
-        };
-        let ptx = nvrtc::compile_ptx_with_opts(SOURCE, opts)
-            .map_err(|e| KernelError::Compile(format!("{e:?}")))?;
-        let module = ctx.load_module(ptx)?;
+        let module = ctx.load_module(compile(major, minor)?)?;
         Ok(Kernels { module })
     }
 
@@ -233,5 +236,47 @@ impl Kernels {
                 .launch(config(len))?
         };
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel source compiles (NVRTC needs no GPU, only libnvrtc: pip's
+    /// nvidia-cuda-nvrtc on LD_LIBRARY_PATH is enough), for the oldest architecture CUDA 13
+    /// compiles for (sm_75) and for Hopper, and every kernel the code asks for is in it.
+    /// `RINGCCL_DUMP_PTX=FILE` writes Hopper's PTX there, to compare two versions.
+    #[test]
+    fn the_kernels_compile_where_nvrtc_loads() {
+        // SAFETY: only dlopens the candidate library names and closes them again.
+        if !unsafe { nvrtc::sys::is_culib_present() } {
+            println!("the_kernels_compile_where_nvrtc_loads: skipped: libnvrtc cannot be loaded");
+            return;
+        }
+        for (major, minor) in [(7, 5), (9, 0)] {
+            let ptx = compile(major, minor).unwrap_or_else(|e| panic!("sm_{major}{minor}: {e}"));
+            let text = ptx.to_src();
+            for ty in ["float", "double"] {
+                for kernel in [
+                    "div",
+                    "copy_div",
+                    "add_div",
+                    "add",
+                    "to_f16",
+                    "from_f16",
+                    "to_bf16",
+                    "from_bf16",
+                ] {
+                    let name = format!(".entry {kernel}_{ty}(");
+                    assert!(text.contains(&name), "{name} missing for sm_{major}{minor}");
+                }
+            }
+            assert!(
+                !text.contains("fma.rn.f32"),
+                "no contraction into fused multiply-adds"
+            );
+        }
+        println!("the_kernels_compile_where_nvrtc_loads: ok");
     }
 }
