@@ -276,6 +276,9 @@ mod tests {
                 !text.contains("fma.rn.f32"),
                 "no contraction into fused multiply-adds"
             );
+            if let (9, Ok(path)) = (major, std::env::var("RINGCCL_DUMP_PTX")) {
+                std::fs::write(path, &text).unwrap();
+            }
         }
         println!("the_kernels_compile_where_nvrtc_loads: ok");
     }
