@@ -14,12 +14,16 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytemuck::Pod;
 use common::{heavy_lock, run_threads};
 use ringccl::cudarc::driver::{CudaContext, CudaStream};
 use ringccl::ddp::{
     Bf16CompressHook, DdpConfig, DistributedDataParallel, Fp16CompressHook, ParamSpec,
 };
-use ringccl::{DType, DeviceCommHook, DeviceDdp, InitOptions, NcclBackend, ProcessGroup};
+use ringccl::half::{bf16, f16};
+use ringccl::{
+    DType, DeviceCommHook, DeviceDdp, DeviceGrad, InitOptions, NcclBackend, ProcessGroup,
+};
 
 /// Parameter sizes: several buckets at the caps below, and one parameter (#3) that is
 /// unused on odd steps.
@@ -60,17 +64,22 @@ fn config(view: bool) -> DdpConfig {
         .gradient_as_bucket_view(view)
 }
 
-/// Runs the same steps through host DDP and device DDP on `pg`; returns every step's
-/// averaged gradients, host and device, as bits.
-fn compare(pg: &ProcessGroup, stream: &Arc<CudaStream>, hook: DeviceCommHook, view: bool) {
+/// Runs the same steps through host DDP and device DDP on `pg`, gradients of type `T`,
+/// and checks after every step that their averaged gradients are the same bits.
+fn compare<T: DeviceGrad + Pod>(
+    pg: &ProcessGroup,
+    stream: &Arc<CudaStream>,
+    hook: DeviceCommHook,
+    view: bool,
+) {
     let rank = pg.rank();
     let specs: Vec<ParamSpec> = NUMELS
         .iter()
         .enumerate()
-        .map(|(i, &n)| ParamSpec::new(format!("p{i}"), n, DType::F32))
+        .map(|(i, &n)| ParamSpec::new(format!("p{i}"), n, T::DTYPE))
         .collect();
-    let mut host = DistributedDataParallel::<f32>::new(pg, &specs, config(view)).unwrap();
-    let mut device = DeviceDdp::<f32>::new(pg, stream, &specs, config(view)).unwrap();
+    let mut host = DistributedDataParallel::<T>::new(pg, &specs, config(view)).unwrap();
+    let mut device = DeviceDdp::<T>::new(pg, stream, &specs, config(view)).unwrap();
     match hook {
         DeviceCommHook::AllReduce => {}
         DeviceCommHook::Fp16Compress => host.register_comm_hook(Fp16CompressHook),
@@ -88,19 +97,22 @@ fn compare(pg: &ProcessGroup, stream: &Arc<CudaStream>, hook: DeviceCommHook, vi
             host.set_no_sync(!sync);
             device.set_no_sync(!sync);
             for &p in order.iter().filter(|&&p| used(p)) {
-                let g = grad(rank, p, step, micro);
+                let g: Vec<T> = grad(rank, p, step, micro)
+                    .into_iter()
+                    .map(T::from_f32)
+                    .collect();
                 let on_device = stream.clone_htod(&g).unwrap();
                 if view {
                     let accumulate = micro > 0;
                     let into = host.grad_view_mut(p).unwrap();
                     for (d, &x) in into.iter_mut().zip(&g) {
-                        *d = if accumulate { *d + x } else { x };
+                        *d = if accumulate { d.add(x) } else { x };
                     }
                     host.mark_grad_ready_in_view(p).unwrap();
                     let mut view = device.grad_view_mut(p).unwrap();
                     if accumulate {
                         let mut sum = stream.clone_dtoh(&view).unwrap();
-                        sum.iter_mut().zip(&g).for_each(|(d, &x)| *d += x);
+                        sum.iter_mut().zip(&g).for_each(|(d, &x)| *d = d.add(x));
                         stream.memcpy_htod(&sum, &mut view).unwrap();
                     } else {
                         stream.memcpy_dtod(&on_device, &mut view).unwrap();
@@ -125,12 +137,13 @@ fn compare(pg: &ProcessGroup, stream: &Arc<CudaStream>, hook: DeviceCommHook, vi
         for p in 0..NUMELS.len() {
             let want = host.grad(p).unwrap().to_vec();
             let got = stream.clone_dtoh(&device.grad(p).unwrap()).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let bits = |v: &[T]| bytemuck::cast_slice::<T, u8>(v).to_vec();
             assert_eq!(
                 bits(&got),
                 bits(&want),
-                "rank {rank} step {step} parameter {p} ({hook:?}, view {view}): device DDP \
-                 differs from host DDP"
+                "rank {rank} step {step} parameter {p} ({} {hook:?}, view {view}): device DDP \
+                 differs from host DDP",
+                T::DTYPE
             );
         }
     }
@@ -143,9 +156,17 @@ fn every_variant(pg: &ProcessGroup, stream: &Arc<CudaStream>) {
         DeviceCommHook::Fp16Compress,
         DeviceCommHook::Bf16Compress,
     ] {
-        compare(pg, stream, hook, false);
+        compare::<f32>(pg, stream, hook, false);
     }
-    compare(pg, stream, DeviceCommHook::AllReduce, true);
+    compare::<f32>(pg, stream, DeviceCommHook::AllReduce, true);
+    // The other gradient types: their own kernels (f16/bf16 computed in f32 and rounded
+    // back after every operation, as host DDP does).
+    compare::<f64>(pg, stream, DeviceCommHook::Bf16Compress, false);
+    for view in [false, true] {
+        compare::<f16>(pg, stream, DeviceCommHook::AllReduce, view);
+        compare::<bf16>(pg, stream, DeviceCommHook::AllReduce, view);
+    }
+    compare::<bf16>(pg, stream, DeviceCommHook::Fp16Compress, false);
 }
 
 #[test]

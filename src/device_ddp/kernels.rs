@@ -21,29 +21,46 @@ use super::DeviceGrad;
 
 const SOURCE: &str = r#"
 typedef unsigned long long u64;
+typedef unsigned short u16;
 #define EACH(n) for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
 
-#define ARITH(T) \
-extern "C" __global__ void div_##T(T* x, u64 n, T d) { EACH(n) x[i] = x[i] / d; } \
-extern "C" __global__ void copy_div_##T(T* dst, const T* src, u64 n, T d) { EACH(n) dst[i] = src[i] / d; } \
-extern "C" __global__ void add_div_##T(T* dst, const T* src, u64 n, T d) { EACH(n) dst[i] = dst[i] + src[i] / d; } \
-extern "C" __global__ void add_##T(T* dst, const T* src, u64 n) { EACH(n) dst[i] = dst[i] + src[i]; } \
-extern "C" __global__ void to_f16_##T(unsigned short* dst, const T* src, u64 n) { \
-    EACH(n) { float f = (float)src[i]; unsigned short h; \
-              asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); dst[i] = h; } } \
-extern "C" __global__ void from_f16_##T(T* dst, const unsigned short* src, u64 n) { \
-    EACH(n) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(src[i])); dst[i] = (T)f; } } \
-extern "C" __global__ void to_bf16_##T(unsigned short* dst, const T* src, u64 n) { \
-    EACH(n) { float f = (float)src[i]; unsigned int x; asm("mov.b32 %0, %1;" : "=r"(x) : "f"(f)); \
-              if ((x & 0x7fffffffu) > 0x7f800000u) { dst[i] = (unsigned short)((x >> 16) | 0x40u); } \
-              else if ((x & 0x8000u) != 0 && (x & 0x17fffu) != 0) { dst[i] = (unsigned short)((x >> 16) + 1); } \
-              else { dst[i] = (unsigned short)(x >> 16); } } } \
-extern "C" __global__ void from_bf16_##T(T* dst, const unsigned short* src, u64 n) { \
-    EACH(n) { unsigned int x = ((unsigned int)src[i]) << 16; float f; \
-              asm("mov.b32 %0, %1;" : "=f"(f) : "r"(x)); dst[i] = (T)f; } }
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
+__device__ __forceinline__ float bf16_to_f32(u16 b) {
+    unsigned int x = ((unsigned int)b) << 16; float f;
+    asm("mov.b32 %0, %1;" : "=f"(f) : "r"(x)); return f;
+}
+/* Round to nearest even, NaN kept quiet: the `half` crate's f32 -> bf16. */
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    unsigned int x; asm("mov.b32 %0, %1;" : "=r"(x) : "f"(f));
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x40u);
+    if ((x & 0x8000u) != 0 && (x & 0x17fffu) != 0) return (u16)((x >> 16) + 1);
+    return (u16)(x >> 16);
+}
+#define SAME(x) (x)
 
-ARITH(float)
-ARITH(double)
+/* NAME: the kernels' suffix; S: how an element is stored; C: the type the arithmetic is
+   done in; LOAD and STORE convert between them, rounding as the host's GradElement does
+   (for f16/bf16: to f32, compute, round back after every operation). */
+#define KERNELS(NAME, S, C, LOAD, STORE) \
+extern "C" __global__ void div_##NAME(S* x, u64 n, C d) { EACH(n) x[i] = STORE(LOAD(x[i]) / d); } \
+extern "C" __global__ void copy_div_##NAME(S* dst, const S* src, u64 n, C d) { EACH(n) dst[i] = STORE(LOAD(src[i]) / d); } \
+extern "C" __global__ void add_div_##NAME(S* dst, const S* src, u64 n, C d) { \
+    EACH(n) dst[i] = STORE(LOAD(dst[i]) + LOAD(STORE(LOAD(src[i]) / d))); } \
+extern "C" __global__ void add_##NAME(S* dst, const S* src, u64 n) { EACH(n) dst[i] = STORE(LOAD(dst[i]) + LOAD(src[i])); } \
+extern "C" __global__ void to_f16_##NAME(u16* dst, const S* src, u64 n) { EACH(n) dst[i] = f32_to_f16((float)LOAD(src[i])); } \
+extern "C" __global__ void from_f16_##NAME(S* dst, const u16* src, u64 n) { EACH(n) dst[i] = STORE((C)f16_to_f32(src[i])); } \
+extern "C" __global__ void to_bf16_##NAME(u16* dst, const S* src, u64 n) { EACH(n) dst[i] = f32_to_bf16((float)LOAD(src[i])); } \
+extern "C" __global__ void from_bf16_##NAME(S* dst, const u16* src, u64 n) { EACH(n) dst[i] = STORE((C)bf16_to_f32(src[i])); }
+
+KERNELS(float, float, float, SAME, SAME)
+KERNELS(double, double, double, SAME, SAME)
+KERNELS(f16, u16, float, f16_to_f32, f32_to_f16)
+KERNELS(bf16, u16, float, bf16_to_f32, f32_to_bf16)
 "#;
 
 /// The compiled kernels, loaded on one device.
@@ -137,7 +154,7 @@ impl Kernels {
         n: usize,
     ) -> Result<(), KernelError> {
         let f = self.function::<T>("div")?;
-        let (len, d) = (x.len() as u64, T::from_count(n));
+        let (len, d) = (x.len() as u64, T::divisor(n));
         // SAFETY: `div_T(T*, u64, T)` matches the arguments; the kernel touches
         // elements below `len`, the length of the view it is given.
         unsafe {
@@ -162,7 +179,7 @@ impl Kernels {
         accumulate: bool,
     ) -> Result<(), KernelError> {
         let len = dst.len() as u64;
-        let d = T::from_count(n);
+        let d = T::divisor(n);
         let name = match (accumulate, n) {
             (false, 1) => {
                 stream.memcpy_dtod(src, dst)?;
@@ -257,7 +274,7 @@ mod tests {
         for (major, minor) in [(7, 5), (9, 0)] {
             let ptx = compile(major, minor).unwrap_or_else(|e| panic!("sm_{major}{minor}: {e}"));
             let text = ptx.to_src();
-            for ty in ["float", "double"] {
+            for ty in ["float", "double", "f16", "bf16"] {
                 for kernel in [
                     "div",
                     "copy_div",

@@ -18,7 +18,7 @@ use ringccl_ddp::{
     check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout, ParamSpec, Reducer,
 };
 use ringccl_nccl::cudarc::driver::{
-    CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceSlice,
+    CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice,
 };
 use ringccl_nccl::DeviceElement;
 
@@ -26,28 +26,34 @@ use crate::half::{bf16, f16};
 use crate::{Error, ProcessGroup, ReduceOp, Work};
 use kernels::{KernelError, Kernels};
 
-/// Gradient element types device DDP handles: `f32` and `f64` (narrowed to f16 or
-/// bf16 on the wire by the compression hooks).
+/// Gradient element types device DDP handles: `f32`, `f64`, `f16` and `bf16`, with the
+/// host DDP's arithmetic (`f16`/`bf16` computed in f32 and rounded back after each
+/// operation).
 pub trait DeviceGrad: GradElement + DeviceElement {
-    /// The type's name in the kernels' C source.
+    /// The suffix of the type's kernels in their C source.
     const C_TYPE: &'static str;
-    /// `n` as this type (the divisor of the average).
-    fn from_count(n: usize) -> Self;
+    /// The type the kernels divide in.
+    type Divisor: DeviceRepr + Copy;
+    /// `n` as the divisor of the average.
+    fn divisor(n: usize) -> Self::Divisor;
 }
 
-impl DeviceGrad for f32 {
-    const C_TYPE: &'static str = "float";
-    fn from_count(n: usize) -> f32 {
-        n as f32
-    }
+macro_rules! device_grad {
+    ($ty:ty, $c:literal, $divisor:ty) => {
+        impl DeviceGrad for $ty {
+            const C_TYPE: &'static str = $c;
+            type Divisor = $divisor;
+            fn divisor(n: usize) -> $divisor {
+                n as $divisor
+            }
+        }
+    };
 }
 
-impl DeviceGrad for f64 {
-    const C_TYPE: &'static str = "double";
-    fn from_count(n: usize) -> f64 {
-        n as f64
-    }
-}
+device_grad!(f32, "float", f32);
+device_grad!(f64, "double", f64);
+device_grad!(f16, "f16", f32);
+device_grad!(bf16, "bf16", f32);
 
 /// How a full device bucket is reduced (the device side of
 /// [`ddp::CommHook`](crate::ddp::CommHook)).
