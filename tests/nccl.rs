@@ -438,3 +438,49 @@ fn local_nccl_ranks_one_per_gpu_reduce_together() {
     }
     println!("local_nccl_ranks_one_per_gpu_reduce_together: {n} rank(s) on {devices} GPU(s): ok");
 }
+
+/// With two GPUs: ranks that disagree on the reduction (same count and type, where NCCL
+/// alone returns different results and no error) get `CollectiveMismatch`, from the
+/// fingerprint each rank sends the next over the control connections. One GPU cannot run
+/// two NCCL ranks: the test then says so.
+#[test]
+fn a_mismatch_between_nccl_ranks_is_named() {
+    let test = "a_mismatch_between_nccl_ranks_is_named";
+    let Some(devices) = nccl_or_skip(test) else {
+        return;
+    };
+    if devices < 2 {
+        println!("{test}: skipped: {devices} GPU(s) visible; two NCCL ranks need two GPUs");
+        return;
+    }
+    let _heavy = heavy_lock();
+    let opts = InitOptions::new(0, 2, "127.0.0.1:0").timeout(NCCL_TIMEOUT);
+    let ranks = ringccl::local_groups_with("nccl", 2, opts).expect("two local NCCL ranks");
+    let results: Vec<Result<(), Error>> = std::thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .map(|pg| {
+                s.spawn(move || {
+                    let mut x = vec![1.0f32; 1024];
+                    let op = if pg.rank() == 0 {
+                        ReduceOp::Sum
+                    } else {
+                        ReduceOp::Max
+                    };
+                    pg.all_reduce(&mut x, op)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank panicked"))
+            .collect()
+    });
+    assert!(
+        results
+            .iter()
+            .any(|r| matches!(r, Err(Error::CollectiveMismatch { .. }))),
+        "{results:?}"
+    );
+    println!("{test}: ok: {results:?}");
+}
