@@ -224,26 +224,50 @@ fn check_slot_header(
     raw: &[u8; FRAME_HEADER_LEN],
     len: usize,
 ) -> Result<(), Error> {
-    let protocol = |reason: String| Error::Protocol {
+    let header = peer_header(rank, peer, op, raw)?;
+    same_as_this_call(rank, peer, op, &header)?;
+    if header.payload_len as usize != len {
+        return Err(Error::Protocol {
+            rank,
+            peer,
+            op: *op,
+            reason: format!(
+                "it published {} bytes for this call, this rank {len}",
+                header.payload_len
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `peer`'s header, decoded; what does not decode is a protocol error in `op`.
+fn peer_header(
+    rank: usize,
+    peer: usize,
+    op: &OpDesc,
+    raw: &[u8; FRAME_HEADER_LEN],
+) -> Result<FrameHeader, Error> {
+    FrameHeader::decode(raw).map_err(|e| Error::Protocol {
         rank,
         peer,
         op: *op,
-        reason,
-    };
-    let header = FrameHeader::decode(raw).map_err(|e| protocol(e.to_string()))?;
+        reason: e.to_string(),
+    })
+}
+
+/// `peer`'s header describes this call in memory, or the mismatch names both calls.
+fn same_as_this_call(
+    rank: usize,
+    peer: usize,
+    op: &OpDesc,
+    header: &FrameHeader,
+) -> Result<(), Error> {
     same_call(
         rank,
         peer,
         (*op, Algorithm::SharedCounters),
         (header.op, header.algorithm),
-    )?;
-    if header.payload_len as usize != len {
-        return Err(protocol(format!(
-            "it published {} bytes for this call, this rank {len}",
-            header.payload_len
-        )));
-    }
-    Ok(())
+    )
 }
 
 /// The all-reduce: every rank's slot folded in rank order into `reduction.buf`.
@@ -306,20 +330,10 @@ fn frames_left_behind(
         if barrier.peek(peer, &mut raw) < FRAME_HEADER_LEN {
             continue;
         }
-        let header = FrameHeader::decode(&raw).map_err(|e| Error::Protocol {
-            rank,
-            peer,
-            op: *op,
-            reason: e.to_string(),
-        })?;
+        let header = peer_header(rank, peer, op, &raw)?;
         let collective = header.op.kind != CollectiveKind::SendRecv;
         if collective && header.op.seq <= op.seq {
-            same_call(
-                rank,
-                peer,
-                (*op, Algorithm::SharedCounters),
-                (header.op, header.algorithm),
-            )?;
+            same_as_this_call(rank, peer, op, &header)?;
             return Err(Error::Protocol {
                 rank,
                 peer,
