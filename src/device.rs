@@ -66,7 +66,43 @@ fn through_host<T: DeviceElement>(
     Ok(())
 }
 
+/// When a queued device call's [`Work`] completes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Completion {
+    /// When the GPU has finished the call.
+    Finished,
+    /// Under `"nccl"`, as soon as NCCL has the call on its stream: later work on that
+    /// stream (or on a stream that waits on it) is ordered after it, and the group's
+    /// worker watches it against its deadline. Under `"gloo"`, the same as `Finished`.
+    Enqueued,
+}
+
 impl ProcessGroup {
+    /// Waits on the host until every device call this group handed to the GPU without
+    /// waiting (the buckets of a [`DeviceDdp`](crate::DeviceDdp) step, after its
+    /// `finish`) has finished, each within the deadline it was issued with. A call that
+    /// failed or outran its deadline is returned as the error, and the group is broken.
+    /// Under `"gloo"`, device calls finish before they return, and this returns at once.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pg = ringccl::init_process_group("nccl", ringccl::InitOptions::from_env()?)?;
+    /// // ... DeviceDdp::finish() returned without waiting for the GPU ...
+    /// pg.synchronize_device()?; // e.g. before saving a checkpoint
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn synchronize_device(&self) -> Result<(), Error> {
+        match &self.shared().nccl {
+            Some(nccl) => {
+                let nccl = Arc::clone(nccl);
+                self.queue("synchronize_device", move |_, _| nccl.wait_in_flight())?
+                    .wait()
+            }
+            None => Ok(()),
+        }
+    }
+
     /// The CUDA device this rank's NCCL communicator runs on (`None` under other
     /// backends). Device buffers handed to the `*_device` methods must live there.
     pub fn cuda_device(&self) -> Option<usize> {
@@ -209,19 +245,21 @@ impl ProcessGroup {
         buf: CudaSlice<T>,
         op: ReduceOp,
     ) -> Result<Work<CudaSlice<T>>, Error> {
-        self.all_reduce_device_async_after(buf, op, None)
+        self.all_reduce_device_async_after(buf, op, None, Completion::Finished)
     }
 
     /// [`ProcessGroup::all_reduce_device_async`] ordered after `after`, an event on the
     /// stream that produced the buffer: under `"nccl"` NCCL's stream waits on it just
     /// before the call is enqueued (on the worker thread), so a call queued behind others
     /// is not held back by work queued after its event. Under `"gloo"` the staging copy
-    /// runs on the buffer's own stream, which orders it already.
+    /// runs on the buffer's own stream, which orders it already. `completion` says when
+    /// the `Work` completes.
     pub(crate) fn all_reduce_device_async_after<T: DeviceElement>(
         &self,
         mut buf: CudaSlice<T>,
         op: ReduceOp,
         after: Option<CudaEvent>,
+        completion: Completion,
     ) -> Result<Work<CudaSlice<T>>, Error> {
         validate_reduce(T::DTYPE, op)?;
         let rank = self.rank();
@@ -239,7 +277,11 @@ impl ProcessGroup {
                             })
                         })?;
                     }
-                    nccl.all_reduce_device(&mut buf, op, d).map(|()| buf)
+                    match completion {
+                        Completion::Finished => nccl.all_reduce_device(&mut buf, op, d),
+                        Completion::Enqueued => nccl.all_reduce_device_enqueued(&mut buf, op, d),
+                    }
+                    .map(|()| buf)
                 })
             }
             None => self.queue("all_reduce", move |backend, d| {

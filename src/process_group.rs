@@ -18,7 +18,7 @@ use crate::init::GlooRecipe;
 use crate::sequencer::{Refusal, Sequencer};
 use crate::subgroup::Origin;
 use crate::work::{Queued, Work};
-use crate::worker::{Job, RunOnBackend, Worker};
+use crate::worker::{IdleWatch, Job, RunOnBackend, Worker};
 use crate::Error;
 
 /// One rank's handle on a group of processes that run collectives together.
@@ -108,6 +108,18 @@ impl ProcessGroup {
         #[cfg(feature = "nccl")]
         if self.shared.nccl.is_some() {
             return Some(ringccl_nccl::TEARDOWN_LIMIT + std::time::Duration::from_secs(2));
+        }
+        None
+    }
+
+    /// What the worker does between operations: under NCCL, it watches the
+    /// stream-ordered calls in flight against their deadlines (PyTorch's watchdog, with
+    /// the deadline each call was issued with).
+    fn idle_watch(&self) -> Option<IdleWatch> {
+        #[cfg(feature = "nccl")]
+        if let Some(nccl) = &self.shared.nccl {
+            let nccl = Arc::clone(nccl);
+            return Some(Box::new(move || nccl.watch_in_flight()));
         }
         None
     }
@@ -295,6 +307,7 @@ impl ProcessGroup {
                 Arc::clone(&self.shared.backend),
                 Arc::clone(&self.shared.sequencer),
                 self.worker_exit_wait(),
+                self.idle_watch(),
             )?),
         };
         let (done, result) = crossbeam_channel::bounded(1);

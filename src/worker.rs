@@ -1,11 +1,12 @@
-//! The group's background worker: runs queued operations, one at a time, in issue order.
+//! The group's background worker: runs queued operations, one at a time, in issue order,
+//! and between them watches the work its backend left in flight on a device.
 
 use std::fmt;
 use std::sync::Arc;
 use std::thread::{self, ThreadId};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use ringccl_collectives::{Backend, Deadline};
 
 use crate::process_group::settle;
@@ -16,6 +17,11 @@ use crate::Error;
 /// will not run), and hands the result to its `Work`.
 pub(crate) type RunOnBackend =
     Box<dyn for<'a> FnOnce(Result<(&'a dyn Backend, Turn<'a>), Error>) + Send>;
+
+/// What the worker does while no operation is queued: one look at the backend's work in
+/// flight (NCCL's stream-ordered calls), returning when to look again (`None`: nothing
+/// is in flight, so wait for the next operation).
+pub(crate) type IdleWatch = Box<dyn FnMut() -> Option<Instant> + Send>;
 
 /// A queued operation: its ticket, its deadline (fixed when it was issued) and the
 /// closure that runs it.
@@ -43,10 +49,12 @@ impl Worker {
     /// backend's teardown is over before the drop returns: NCCL's must be, or it races
     /// with the process's exit (it crashed inside `ncclCommDestroy` on a real GPU when
     /// the worker thread still tore the communicator down while `main` returned).
+    /// `idle` runs between operations (see [`IdleWatch`]).
     pub(crate) fn start(
         backend: Arc<dyn Backend>,
         sequencer: Arc<Sequencer>,
         wait_on_drop: Option<Duration>,
+        idle: Option<IdleWatch>,
     ) -> Result<Worker, Error> {
         let (queue, jobs) = crossbeam_channel::unbounded::<Job>();
         let (finishing, finished) = crossbeam_channel::bounded::<()>(0);
@@ -54,7 +62,10 @@ impl Worker {
         let handle = thread::Builder::new()
             .name(format!("ringccl-worker-{rank}"))
             .spawn(move || {
-                work(&*backend, &sequencer, &jobs);
+                let mut idle = idle;
+                work(&*backend, &sequencer, &jobs, idle.as_mut());
+                // The watch may hold the backend too: both go before the drop is told.
+                drop(idle);
                 drop(backend);
                 drop(finishing);
             })
@@ -102,14 +113,33 @@ impl Drop for Worker {
     }
 }
 
-fn work(backend: &dyn Backend, sequencer: &Sequencer, jobs: &Receiver<Job>) {
-    // Ends when the group (the only sender) is dropped and the queue is drained.
-    for job in jobs.iter() {
-        let turn = sequencer
-            .turn(job.ticket, job.deadline)
-            .map(|turn| (backend, turn))
-            .map_err(|refusal| settle(backend, refusal));
-        (job.run)(turn);
+fn work(
+    backend: &dyn Backend,
+    sequencer: &Sequencer,
+    jobs: &Receiver<Job>,
+    mut idle: Option<&mut IdleWatch>,
+) {
+    // When to look at the work in flight next; `None`: nothing is in flight.
+    let mut look_at: Option<Instant> = None;
+    // Ends when the group (the only sender) is dropped and the queue is drained; work
+    // still in flight then is the backend's teardown's to finish.
+    loop {
+        let next = match look_at {
+            None => jobs.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            Some(at) => jobs.recv_deadline(at),
+        };
+        match next {
+            Ok(job) => {
+                let turn = sequencer
+                    .turn(job.ticket, job.deadline)
+                    .map(|turn| (backend, turn))
+                    .map_err(|refusal| settle(backend, refusal));
+                (job.run)(turn);
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        look_at = idle.as_mut().and_then(|watch| watch());
     }
 }
 

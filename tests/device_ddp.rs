@@ -277,10 +277,67 @@ extern "C" __global__ void spin(unsigned long long ns) {
     module
 }
 
+/// A group of one under NCCL on GPU 0, with `timeout`, and a stream there.
+fn nccl_alone(timeout: Duration) -> (ProcessGroup, Arc<CudaStream>) {
+    let opts = InitOptions::new(0, 1, "127.0.0.1:0").timeout(timeout);
+    let pg = ringccl::init_process_group("nccl", opts).unwrap();
+    let stream = CudaContext::new(pg.cuda_device().unwrap())
+        .unwrap()
+        .new_stream()
+        .unwrap();
+    (pg, stream)
+}
+
+/// Under NCCL, `finish` orders the trainer's stream after the buckets and returns
+/// without waiting for the GPU (PyTorch's behaviour): with the trainer's stream busy for
+/// 3 s ahead of the bucket, `finish` returns well before, and the gradient read on the
+/// stream afterwards is the reduced one.
+#[test]
+fn finish_orders_the_trainers_stream_without_waiting_on_the_host() {
+    let test = "finish_orders_the_trainers_stream_without_waiting_on_the_host";
+    if let Err(e) = NcclBackend::probe() {
+        println!("{test}: skipped: no CUDA driver/NCCL ({e})");
+        return;
+    }
+    let _heavy = heavy_lock();
+    let (pg, stream) = nccl_alone(Duration::from_secs(60));
+    let mut ddp =
+        DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 1024)], DdpConfig::default()).unwrap();
+    let g: Vec<f32> = (0..1024).map(|i| i as f32 * 0.25).collect();
+    let g = stream.clone_htod(&g).unwrap();
+    stream.synchronize().unwrap();
+    let busy = occupy(&stream, 3.0);
+    let started = std::time::Instant::now();
+    ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
+    ddp.finish().unwrap();
+    let returned = started.elapsed();
+    println!("{test}: finish returned after {returned:?} with 3 s of GPU work ahead");
+    assert!(
+        returned < Duration::from_secs(2),
+        "finish waited for the GPU: {returned:?}"
+    );
+    let got = stream.clone_dtoh(&ddp.grad(0).unwrap()).unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2900),
+        "the read on the trainer's stream comes after the busy kernel: {waited:?}"
+    );
+    let want = stream.clone_dtoh(&g).unwrap();
+    assert_eq!(got, want, "world size 1: the average is the gradient");
+    ddp.synchronize().unwrap();
+    // The next step runs as usual, and the host can wait for it when it must.
+    ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
+    ddp.finish().unwrap();
+    ddp.synchronize().unwrap();
+    drop(busy);
+    println!("{test}: ok");
+}
+
 /// NCCL has no deadline of its own: a bucket whose all-reduce cannot finish (NCCL's
 /// stream waits behind a trainer's kernel that runs for 6 s) fails at the group's 2 s
-/// deadline, the communicator is aborted, the error names the operation, and the group
-/// refuses later calls instead of hanging.
+/// deadline although `finish` returned at once: the group's worker watches it, the
+/// communicator is aborted, `synchronize` returns the error naming the operation, and
+/// the group refuses later calls instead of hanging.
 #[test]
 fn a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op() {
     let test = "a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op";
@@ -289,12 +346,7 @@ fn a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op() {
         return;
     }
     let _heavy = heavy_lock();
-    let opts = InitOptions::new(0, 1, "127.0.0.1:0").timeout(Duration::from_secs(2));
-    let pg = ringccl::init_process_group("nccl", opts).unwrap();
-    let stream = CudaContext::new(pg.cuda_device().unwrap())
-        .unwrap()
-        .new_stream()
-        .unwrap();
+    let (pg, stream) = nccl_alone(Duration::from_secs(2));
     let mut ddp =
         DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 1024)], DdpConfig::default()).unwrap();
     let g = stream.clone_htod(&[1.0f32; 1024]).unwrap();
@@ -302,10 +354,16 @@ fn a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op() {
     let busy = occupy(&stream, 6.0);
     let started = std::time::Instant::now();
     ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
-    let err = ddp.finish().unwrap_err();
+    ddp.finish().unwrap();
+    let returned = started.elapsed();
+    let err = ddp.synchronize().unwrap_err();
     let waited = started.elapsed();
     let text = err.to_string();
-    println!("{test}: after {waited:?}: {text}");
+    println!("{test}: finish after {returned:?}; error after {waited:?}: {text}");
+    assert!(
+        returned < Duration::from_secs(2),
+        "finish does not wait for the GPU: {returned:?}"
+    );
     // The 2 s deadline, plus at most ABORT_LIMIT (10 s) for ncclCommAbort, plus slack.
     assert!(
         waited < Duration::from_secs(15),
@@ -319,6 +377,42 @@ fn a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op() {
     let later = pg.all_reduce(&mut [1.0f32], ringccl::ReduceOp::Sum);
     assert!(later.is_err(), "the aborted group refuses later calls");
     assert!(ddp.finish().is_err(), "the DDP is broken too");
+    stream.synchronize().unwrap();
+    drop(busy);
+    println!("{test}: ok");
+}
+
+/// With nobody waiting — the trainer has moved on after `finish` — the group's worker
+/// still catches the overdue bucket, aborts the communicator, and the trainer's next
+/// call returns the timeout itself, naming the bucket's operation.
+#[test]
+fn an_overdue_bucket_nobody_waits_for_fails_the_next_call() {
+    let test = "an_overdue_bucket_nobody_waits_for_fails_the_next_call";
+    if let Err(e) = NcclBackend::probe() {
+        println!("{test}: skipped: no CUDA driver/NCCL ({e})");
+        return;
+    }
+    let _heavy = heavy_lock();
+    let (pg, stream) = nccl_alone(Duration::from_secs(2));
+    let mut ddp =
+        DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 256)], DdpConfig::default()).unwrap();
+    let g = stream.clone_htod(&[1.0f32; 256]).unwrap();
+    stream.synchronize().unwrap();
+    let busy = occupy(&stream, 5.0);
+    ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
+    ddp.finish().unwrap();
+    // Past the deadline, and past the abort (which waits for the busy kernel).
+    std::thread::sleep(Duration::from_millis(5500));
+    let err = pg
+        .all_reduce(&mut [1.0f32], ringccl::ReduceOp::Sum)
+        .unwrap_err();
+    let text = err.to_string();
+    println!("{test}: the next call: {text}");
+    assert!(
+        text.contains("did not finish on the GPU") && text.contains("all_reduce"),
+        "the bucket's own timeout, naming it: {text}"
+    );
+    assert!(ddp.finish().is_err() || ddp.synchronize().is_err());
     stream.synchronize().unwrap();
     drop(busy);
     println!("{test}: ok");

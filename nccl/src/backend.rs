@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use ringccl_collectives::{
@@ -107,6 +108,100 @@ impl NcclBackend {
                     engine.with_cx(&op, Involved::All, deadline, |cx, _| launch(cx))
                 })
             })
+    }
+
+    /// All-reduces a device buffer in place, stream-ordered: returns once NCCL has the
+    /// call on its stream ([`NcclBackend::stream`]), without waiting for the GPU, as
+    /// PyTorch's NCCL calls do. Later work on that stream, and on streams that wait on
+    /// it, sees the result; cudarc orders later uses of `buf` after it.
+    ///
+    /// The call keeps the deadline it was issued with: the group watches it (see
+    /// [`NcclBackend::watch_in_flight`]) and, past the deadline, aborts the communicator
+    /// so nothing waits on it forever; this rank's next call then returns the error,
+    /// naming the op. [`NcclBackend::wait_in_flight`] waits for it on the host.
+    ///
+    /// ```no_run
+    /// # use ringccl_nccl::{NcclBackend, NcclConfig};
+    /// # use ringccl_collectives::{Deadline, ReduceOp};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use ringccl_rendezvous::MeshConfig;
+    /// # let mesh = MeshConfig::new(0, 1, "127.0.0.1:0", std::time::Duration::from_secs(60));
+    /// # let nccl = NcclBackend::connect(NcclConfig::new(mesh))?;
+    /// let mut grads = nccl.stream().clone_htod(&[1.0f32; 1024])?;
+    /// let deadline = Deadline::after(std::time::Duration::from_secs(60));
+    /// nccl.all_reduce_device_enqueued(&mut grads, ReduceOp::Sum, deadline)?;
+    /// // ... more work on the stream, ordered after the reduction ...
+    /// nccl.wait_in_flight()?; // the host waits, when it must
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn all_reduce_device_enqueued<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        validate_reduce(T::DTYPE, op)?;
+        self.check_device("all_reduce", buf)?;
+        let count = buf.len();
+        self.group
+            .run(Sequence::Collective, deadline, |engine, seq| {
+                let op_desc = OpDesc::all_reduce(seq, T::DTYPE, count, op);
+                engine.running_enqueued(&op_desc, deadline, |engine| {
+                    engine.with_cx(&op_desc, Involved::All, deadline, |cx, _| {
+                        let region = DeviceRegion::writing(buf, cx.stream);
+                        cx.enqueue(&[Call::AllReduce {
+                            buf: &region,
+                            count,
+                            dtype: T::DTYPE,
+                            op,
+                        }])
+                    })
+                })
+            })
+    }
+
+    /// One look at the stream-ordered calls in flight: settles those the GPU has
+    /// finished (and whose fingerprints agreed), and breaks the group when one is past
+    /// its deadline, NCCL reports an error, or a peer is gone; the error then goes to
+    /// this rank's next call. Returns when to look again, `None` when nothing is in
+    /// flight (or the group is broken). The group's background worker calls it while
+    /// idle; it never blocks on the GPU.
+    ///
+    /// ```no_run
+    /// # use ringccl_nccl::{NcclBackend, NcclConfig};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use ringccl_rendezvous::MeshConfig;
+    /// # let mesh = MeshConfig::new(0, 1, "127.0.0.1:0", std::time::Duration::from_secs(60));
+    /// # let nccl = NcclBackend::connect(NcclConfig::new(mesh))?;
+    /// while let Some(again) = nccl.watch_in_flight() {
+    ///     std::thread::sleep(again.saturating_duration_since(std::time::Instant::now()));
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn watch_in_flight(&self) -> Option<Instant> {
+        self.group
+            .tend_unattended(|engine| engine.watch(Instant::now()))
+            .flatten()
+    }
+
+    /// Waits on the host until every stream-ordered call in flight has finished on the
+    /// GPU (and agreed with the predecessor's fingerprint), each within its own deadline;
+    /// the error of the first that fails breaks the group.
+    ///
+    /// ```no_run
+    /// # use ringccl_nccl::{NcclBackend, NcclConfig};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use ringccl_rendezvous::MeshConfig;
+    /// # let mesh = MeshConfig::new(0, 1, "127.0.0.1:0", std::time::Duration::from_secs(60));
+    /// # let nccl = NcclBackend::connect(NcclConfig::new(mesh))?;
+    /// nccl.wait_in_flight()?; // nothing in flight: returns at once
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn wait_in_flight(&self) -> Result<(), Error> {
+        self.group.tend(NcclEngine::wait_in_flight)
     }
 
     /// All-reduces a device buffer in place; see [`Backend::all_reduce`].

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream};
 use ringccl_collectives::control::GroupControl;
 use ringccl_collectives::flight::FlightRecorder;
 use ringccl_collectives::timeline::CollectiveTrace;
@@ -17,6 +17,7 @@ use ringccl_collectives::{
 use tracing::warn;
 
 use super::ffi::{Call, DeviceRegion, Progress, RawComm};
+use super::in_flight::InFlight;
 use super::poller::{Cx, Involved};
 use super::staging::{in_place, scratch, through_staging, upload, Staging};
 use ringccl_transports::TcpTransport;
@@ -46,6 +47,10 @@ pub struct NcclEngine {
     flight: Option<Arc<FlightRecorder>>,
     /// Where each call's span goes, when tracing is on.
     pub(super) trace: Option<CollectiveTrace>,
+    /// Stream-ordered calls handed to the GPU and not yet settled.
+    in_flight: InFlight<CudaEvent>,
+    /// A peer seen gone while calls were in flight, and since when.
+    gone_since: Option<(usize, Instant)>,
 }
 
 impl NcclEngine {
@@ -68,6 +73,8 @@ impl NcclEngine {
             control: None,
             flight: None,
             trace: None,
+            in_flight: InFlight::default(),
+            gone_since: None,
         }
     }
 
@@ -95,6 +102,7 @@ impl NcclEngine {
             involved,
             deadline,
             control: self.control.as_deref(),
+            earlier: self.in_flight.first_due(),
         };
         self.stream
             .context()
@@ -145,17 +153,69 @@ impl Engine for NcclEngine {
 }
 
 impl NcclEngine {
-    /// Runs `body`, the NCCL side of `op`, publishing it as this rank's activity and,
-    /// for a collective, checking that every rank runs the same one: NCCL does not check
-    /// (ranks that disagree on the op or the element type, with the same count, get
-    /// different results and no error), so each rank sends its description to the next
-    /// rank over the control connections while NCCL runs, and compares the previous
-    /// rank's with its own before it returns.
+    /// Runs `body`, the NCCL side of `op`, to completion on the GPU, publishing it as
+    /// this rank's activity and, for a collective, checking that every rank runs the
+    /// same one: NCCL does not check (ranks that disagree on the op or the element type,
+    /// with the same count, get different results and no error), so each rank sends its
+    /// description to the next rank over the control connections while NCCL runs, and
+    /// compares the previous rank's with its own before it returns.
     pub(super) fn running(
         &mut self,
         op: &OpDesc,
         deadline: Deadline,
         body: impl FnOnce(&mut NcclEngine) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        self.published(op, deadline, |engine, checked| {
+            body(engine)?;
+            // This call has finished on the GPU, so every call before it on the stream
+            // has too; their fingerprints come before this one's.
+            engine.in_flight.all_finished();
+            let predecessor = engine.predecessor();
+            let Some(control) = engine.control.clone() else {
+                engine.in_flight.take_unconfirmed();
+                return Ok(());
+            };
+            for (earlier, due) in engine.in_flight.take_unconfirmed() {
+                control.check_fingerprint(&earlier, predecessor, due)?;
+            }
+            if checked {
+                control.check_fingerprint(op, predecessor, deadline)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Runs `body`, which enqueues the NCCL side of `op` and returns the event of its
+    /// completion, and returns without waiting for the GPU: the call joins the calls in
+    /// flight, watched by [`NcclEngine::watch`] against its deadline, its fingerprint
+    /// check included.
+    pub(super) fn running_enqueued(
+        &mut self,
+        op: &OpDesc,
+        deadline: Deadline,
+        body: impl FnOnce(&mut NcclEngine) -> Result<Option<CudaEvent>, Error>,
+    ) -> Result<(), Error> {
+        self.published(op, deadline, |engine, checked| {
+            if let Some(done) = body(engine)? {
+                engine.in_flight.push(*op, deadline, done, checked);
+            }
+            Ok(())
+        })
+    }
+
+    /// The previous rank in rank order: whose fingerprint this rank compares.
+    fn predecessor(&self) -> usize {
+        (self.rank + self.world_size - 1) % self.world_size
+    }
+
+    /// Runs `body` as `op`: its flight record, activity, fingerprint post and trace span.
+    /// `body` learns whether the fingerprint is to be checked (collectives in groups of
+    /// more than one).
+    fn published(
+        &mut self,
+        op: &OpDesc,
+        deadline: Deadline,
+        body: impl FnOnce(&mut NcclEngine, bool) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let control = self.control.clone();
         // A group of one has nobody to compare with.
@@ -169,12 +229,8 @@ impl NcclEngine {
                 control.post_fingerprint(*op);
             }
         }
-        let predecessor = (self.rank + self.world_size - 1) % self.world_size;
         let started = self.trace.is_some().then(Instant::now);
-        let result = body(self).and_then(|()| match &control {
-            Some(control) if checked => control.check_fingerprint(op, predecessor, deadline),
-            _ => Ok(()),
-        });
+        let result = body(self, checked && control.is_some());
         if let Some(control) = &control {
             control.activity().end();
         }
@@ -183,6 +239,37 @@ impl NcclEngine {
             trace.record_device_call(op, rank, world_size, deadline, started, &result);
         }
         result
+    }
+
+    /// One look at the calls in flight at `now` (see [`Cx::watch`]): when to look again,
+    /// `None` when none is left. Errors break the group.
+    pub(super) fn watch(&mut self, now: Instant) -> Result<Option<Instant>, Error> {
+        let Some((oldest, due)) = self.in_flight.oldest() else {
+            return Ok(None);
+        };
+        let predecessor = self.predecessor();
+        let mut calls = std::mem::take(&mut self.in_flight);
+        let mut gone_since = self.gone_since.take();
+        let looked = self.with_cx(&oldest, Involved::All, due, |cx, _| {
+            cx.watch(&mut calls, now, predecessor, &mut gone_since)
+        });
+        self.in_flight = calls;
+        self.gone_since = gone_since;
+        looked
+    }
+
+    /// Waits on this thread until every call in flight has settled, or one fails (each
+    /// is bounded by its own deadline).
+    pub(super) fn wait_in_flight(&mut self) -> Result<(), Error> {
+        let mut nap = Duration::from_micros(5);
+        loop {
+            let now = Instant::now();
+            let Some(again) = self.watch(now)? else {
+                return Ok(());
+            };
+            thread::sleep(nap.min(again.saturating_duration_since(now)));
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
     }
 
     fn run_request(
@@ -373,6 +460,7 @@ impl fmt::Debug for NcclEngine {
             .field("rank", &self.rank)
             .field("world_size", &self.world_size)
             .field("aborted", &self.comm.is_none())
+            .field("in_flight", &self.in_flight.len())
             .finish_non_exhaustive()
     }
 }

@@ -14,6 +14,8 @@
 //! - `startup`: rendezvous, the unique id, joining the communicator.
 //! - `engine`: the communicator running host-buffer calls for the group runner; teardown.
 //! - `poller`: one call's enqueue and its deadline- and liveness-bounded wait.
+//! - `in_flight`: stream-ordered calls the caller does not wait for, watched against
+//!   their deadlines (a state machine, tested in memory).
 //! - `staging`: device memory host buffers pass through.
 //! - `backend`: `NcclBackend`, and collectives on device buffers.
 //! - `ffi`: every raw NCCL call (the only unsafe code here).
@@ -25,6 +27,7 @@ mod config;
 mod engine;
 mod error;
 mod ffi;
+mod in_flight;
 mod libraries;
 mod poller;
 mod probe;

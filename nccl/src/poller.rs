@@ -1,15 +1,17 @@
-//! One NCCL call's context: enqueueing it, and polling it to completion against its
-//! deadline and its peers' liveness (NCCL has no deadline of its own).
+//! One NCCL call's context: enqueueing it, polling it to completion against its deadline
+//! and its peers' liveness (NCCL has no deadline of its own), and watching the calls
+//! left in flight without a wait.
 
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaStream, DriverError};
+use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 use ringccl_collectives::control::GroupControl;
 use ringccl_collectives::{Deadline, Error, OpDesc, PEER_FAILURE_GRACE};
 
 use super::ffi::{self, Call, NcclCode, Progress, RawComm};
+use super::in_flight::{InFlight, Stage, Watch};
 use crate::DeviceError;
 use ringccl_transports::TcpTransport;
 
@@ -37,6 +39,9 @@ pub(super) struct Cx<'a> {
     pub(super) deadline: Deadline,
     /// The group's shared state, once running: an abort (here or by a peer) ends the wait.
     pub(super) control: Option<&'a GroupControl>,
+    /// The earliest-due call still in flight before this one on the stream: this call
+    /// cannot finish before it, so waiting gives up at its deadline, naming it.
+    pub(super) earlier: Option<(OpDesc, Deadline)>,
 }
 
 impl Cx<'_> {
@@ -77,8 +82,25 @@ impl Cx<'_> {
     /// Enqueues `calls` on the communicator's stream (as one NCCL group when there are
     /// several) and waits, within the deadline, until the GPU has finished them.
     pub(super) fn launch(&self, calls: &[Call<'_, '_>]) -> Result<(), Error> {
-        if calls.is_empty() {
+        let Some(event) = self.enqueue(calls)? else {
             return Ok(());
+        };
+        self.poll(|| {
+            if let Err(code) = self.comm.async_status() {
+                return Err(self.nccl("the running collective", code));
+            }
+            event
+                .try_is_complete()
+                .map_err(self.driver("querying the completion event"))
+        })
+    }
+
+    /// Enqueues `calls` on the communicator's stream (as one NCCL group when there are
+    /// several) and returns an event that fires when the GPU has finished them (`None`
+    /// for no calls), without waiting for it.
+    pub(super) fn enqueue(&self, calls: &[Call<'_, '_>]) -> Result<Option<CudaEvent>, Error> {
+        if calls.is_empty() {
+            return Ok(None);
         }
         let grouped = calls.len() > 1;
         if grouped {
@@ -102,18 +124,114 @@ impl Cx<'_> {
         {
             self.settle("ncclGroupEnd")?;
         }
-        let event = self
-            .stream
+        self.stream
             .record_event(None)
-            .map_err(self.driver("recording a completion event"))?;
-        self.poll(|| {
-            if let Err(code) = self.comm.async_status() {
-                return Err(self.nccl("the running collective", code));
+            .map(Some)
+            .map_err(self.driver("recording a completion event"))
+    }
+
+    /// One look at the calls in flight (this context is the oldest's): retires those
+    /// settled, and fails when NCCL reports an error, a peer this rank needs is gone
+    /// (`gone_since` keeps when it was first seen gone), the group was aborted, or a call
+    /// is past its deadline. Returns when to look again (`None`: nothing left).
+    pub(super) fn watch(
+        &self,
+        calls: &mut InFlight<CudaEvent>,
+        now: Instant,
+        predecessor: usize,
+        gone_since: &mut Option<(usize, Instant)>,
+    ) -> Result<Option<Instant>, Error> {
+        let verdict = calls.poll(
+            now,
+            |event| {
+                event
+                    .try_is_complete()
+                    .map_err(self.driver("querying a completion event"))
+            },
+            |op| match self.control {
+                Some(control) => control.try_fingerprint(op, predecessor),
+                None => Ok(true),
+            },
+        )?;
+        if verdict == Watch::Idle {
+            *gone_since = None;
+            return Ok(None);
+        }
+        if let Err(code) = self.comm.async_status() {
+            return Err(self.nccl("a collective running on the GPU", code));
+        }
+        if let Some(record) = self.control.and_then(GroupControl::aborted) {
+            return Err(Error::GroupBroken {
+                rank: self.rank,
+                cause: record.reason,
+            });
+        }
+        if let Some(lost) = self.lost_peer(now, gone_since) {
+            return Err(lost);
+        }
+        match verdict {
+            Watch::Idle => Ok(None),
+            Watch::Again(at) => Ok(Some(at)),
+            Watch::Overdue {
+                op,
+                deadline,
+                stage: Stage::Running,
+            } => Err(self.timeout_of(&op, deadline)),
+            Watch::Overdue {
+                op,
+                deadline,
+                stage: Stage::Unconfirmed,
+            } => Err(Error::Timeout {
+                rank: self.rank,
+                peer: predecessor,
+                op,
+                moved: 0,
+                expected: 0,
+                timeout: deadline.timeout(),
+                gone: Vec::new(),
+            }),
+        }
+    }
+
+    /// The error of `op`, due by `deadline`, not finished on the GPU in time.
+    fn timeout_of(&self, op: &OpDesc, deadline: Deadline) -> Error {
+        let detail = self.comm.last_error();
+        DeviceError::Timeout {
+            rank: self.rank,
+            op: *op,
+            timeout: deadline.timeout(),
+            detail: if detail.is_empty() {
+                String::new()
+            } else {
+                format!("; NCCL says: {detail}")
+            },
+        }
+        .into()
+    }
+
+    /// A peer this operation needs, gone for [`PEER_FAILURE_GRACE`] by `now` (first seen
+    /// gone at `gone_since`): it may have finished its part and exited, so a moment's
+    /// absence is forgiven.
+    fn lost_peer(&self, now: Instant, gone_since: &mut Option<(usize, Instant)>) -> Option<Error> {
+        match (*gone_since, self.gone_peer()) {
+            (_, None) => *gone_since = None,
+            (None, Some(peer)) => *gone_since = Some((peer, now)),
+            (Some((peer, since)), Some(_)) if now.duration_since(since) >= PEER_FAILURE_GRACE => {
+                return Some(Error::PeerLost {
+                    rank: peer,
+                    observer: self.rank,
+                    op: *self.op,
+                    reason: format!(
+                        "its process closed its connection to rank {} (killed or exited) \
+                         while NCCL was still waiting for it",
+                        self.rank
+                    ),
+                    gone: Vec::new(),
+                });
             }
-            event
-                .try_is_complete()
-                .map_err(self.driver("querying the completion event"))
-        })
+            _ => {}
+        }
+        None
     }
 
     /// Waits until the communicator has accepted a call it answered `ncclInProgress` to.
@@ -127,8 +245,9 @@ impl Cx<'_> {
     }
 
     /// Polls `done` until it says so, with a short spin, then sleeps that grow to 1 ms;
-    /// fails at the deadline or when a peer this operation needs has been gone for
-    /// [`PEER_FAILURE_GRACE`] (it may have finished its part and exited).
+    /// fails at the deadline (or an earlier call's, see [`Cx::earlier`]) or when a peer
+    /// this operation needs has been gone for [`PEER_FAILURE_GRACE`] (it may have
+    /// finished its part and exited).
     pub(super) fn poll(&self, mut done: impl FnMut() -> Result<bool, Error>) -> Result<(), Error> {
         let start = Instant::now();
         let mut next_liveness = start + LIVENESS_EVERY;
@@ -139,19 +258,11 @@ impl Cx<'_> {
                 return Ok(());
             }
             let now = Instant::now();
+            if let Some((op, deadline)) = self.earlier.filter(|(_, d)| now >= d.at()) {
+                return Err(self.timeout_of(&op, deadline));
+            }
             if now >= self.deadline.at() {
-                let detail = self.comm.last_error();
-                return Err(DeviceError::Timeout {
-                    rank: self.rank,
-                    op: *self.op,
-                    timeout: self.deadline.timeout(),
-                    detail: if detail.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; NCCL says: {detail}")
-                    },
-                }
-                .into());
+                return Err(self.timeout_of(self.op, self.deadline));
             }
             if now >= next_liveness {
                 next_liveness = now + LIVENESS_EVERY;
@@ -162,22 +273,8 @@ impl Cx<'_> {
                         cause: record.reason,
                     });
                 }
-                match (gone_since, self.gone_peer()) {
-                    (None, Some(peer)) => gone_since = Some((peer, now)),
-                    (Some((peer, since)), _) if now.duration_since(since) >= PEER_FAILURE_GRACE => {
-                        return Err(Error::PeerLost {
-                            rank: peer,
-                            observer: self.rank,
-                            op: *self.op,
-                            reason: format!(
-                                "its process closed its connection to rank {} (killed or \
-                                 exited) while NCCL was still waiting for it",
-                                self.rank
-                            ),
-                            gone: Vec::new(),
-                        });
-                    }
-                    _ => {}
+                if let Some(lost) = self.lost_peer(now, &mut gone_since) {
+                    return Err(lost);
                 }
             }
             if now.duration_since(start) < Duration::from_micros(50) {

@@ -5,10 +5,17 @@
 //! order, division by the world size before the all-reduce, `no_sync`, unused
 //! parameters, the one-time rebuild, and the fp16/bf16 compression hooks (narrowed and
 //! widened on the device). Under `"nccl"` a bucket goes to NCCL as it is, on NCCL's
-//! stream, ordered after the trainer's stream by an event; under `"gloo"` it is staged
-//! through host memory bucket by bucket, so one trainer runs on either backend.
+//! stream, ordered after the trainer's stream by an event, and the trainer's stream is
+//! ordered after NCCL's at the end of the step: the host never waits for the GPU, and
+//! the group's worker watches each call against its deadline. Under `"gloo"` a bucket
+//! is staged through host memory, so one trainer runs on either backend.
 
 mod kernels;
+
+/// A bucket's all-reduce is done, for this DDP, once NCCL has it on its stream: the
+/// trainer's stream is ordered after NCCL's, and the group's worker watches the call
+/// against its deadline, so `finish` never waits for the GPU on the host.
+const STREAM_ORDERED: Completion = Completion::Enqueued;
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -22,6 +29,7 @@ use ringccl_nccl::cudarc::driver::{
 };
 use ringccl_nccl::DeviceElement;
 
+use crate::device::Completion;
 use crate::half::{bf16, f16};
 use crate::{Error, ProcessGroup, ReduceOp, Work};
 use kernels::{KernelError, Kernels};
@@ -93,9 +101,11 @@ struct DeviceBucket<T: DeviceGrad> {
 /// stream, divided by the world size), or write it straight into its bucket through
 /// [`grad_view_mut`](Self::grad_view_mut) with
 /// [`DdpConfig::gradient_as_bucket_view`]; a full bucket starts reducing at once, in
-/// bucket order, while backward goes on. [`finish`](Self::finish) waits for the buckets
-/// and orders the trainer's stream after them; [`grad`](Self::grad) then views each
-/// averaged gradient. No gradient passes through host memory under `"nccl"`.
+/// bucket order, while backward goes on. [`finish`](Self::finish) orders the trainer's
+/// stream after the buckets (under `"nccl"` without waiting for the GPU on the host);
+/// [`grad`](Self::grad) then views each averaged gradient, and
+/// [`synchronize`](Self::synchronize) waits for them on the host when the host needs
+/// them. No gradient passes through host memory under `"nccl"`.
 ///
 /// ```no_run
 /// use ringccl::cudarc::driver::CudaContext;
@@ -506,8 +516,12 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             DeviceCommHook::AllReduce => self
                 .trainer_event()
                 .and_then(|after| {
-                    self.pg
-                        .all_reduce_device_async_after(data, ReduceOp::Sum, after)
+                    self.pg.all_reduce_device_async_after(
+                        data,
+                        ReduceOp::Sum,
+                        after,
+                        STREAM_ORDERED,
+                    )
                 })
                 .map(InFlight::Full),
             DeviceCommHook::Fp16Compress => self.start_narrowed::<f16>(b, data, InFlight::F16),
@@ -529,9 +543,9 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         let narrow = self.narrowed::<N>(&data, data.len());
         self.buckets[b].data = Some(data);
         let after = self.trainer_event()?;
-        let work = self
-            .pg
-            .all_reduce_device_async_after(narrow?, ReduceOp::Sum, after)?;
+        let work =
+            self.pg
+                .all_reduce_device_async_after(narrow?, ReduceOp::Sum, after, STREAM_ORDERED)?;
         Ok(in_flight(work))
     }
 
@@ -570,9 +584,14 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             .map_err(|e| kernel_failed(self.pg.rank(), "recording the bucket's event")(e.into()))
     }
 
-    /// Ends the step: starts what is left, waits for every bucket, and orders the
-    /// trainer's stream after the reductions; [`grad`](Self::grad) then views the
-    /// averaged gradients. Under `no_sync` it only closes the step.
+    /// Ends the step: starts what is left and orders the trainer's stream after every
+    /// bucket's reduction; [`grad`](Self::grad) then views the averaged gradients (work
+    /// on the trainer's stream sees them reduced). Under `"nccl"` the host does not wait
+    /// for the GPU: the reductions keep the deadline they were issued with, watched by
+    /// the group's worker, and one that fails or outruns it breaks the group, and the
+    /// next call (or [`synchronize`](Self::synchronize)) returns the error, naming the
+    /// operation. Under `"gloo"` it returns once the buckets are reduced. Under `no_sync`
+    /// it only closes the step.
     ///
     /// ```no_run
     /// # use ringccl::cudarc::driver::CudaContext;
@@ -618,6 +637,29 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             self.rebuild()?;
         }
         Ok(())
+    }
+
+    /// Waits on the host until this step's reductions have finished on the GPU, each
+    /// within the deadline it was issued with (see
+    /// [`ProcessGroup::synchronize_device`]): for a host copy of the gradients, a
+    /// checkpoint, or a timing. A reduction that failed is the error, and breaks the DDP.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("nccl", ringccl::InitOptions::from_env()?)?;
+    /// # let stream = CudaContext::new(pg.cuda_device().unwrap_or(0))?.new_stream()?;
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 4)], Default::default())?;
+    /// let g = stream.clone_htod(&[1.0f32; 4])?;
+    /// ddp.mark_grad_ready(0, &g.slice(..))?;
+    /// ddp.finish()?; // returns without waiting for NCCL
+    /// ddp.synchronize()?; // the reduction has finished, or this says why not
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn synchronize(&mut self) -> Result<(), Error> {
+        self.check_usable()?;
+        self.pg.synchronize_device().map_err(|e| self.fail(e))
     }
 
     fn wait_all(&mut self) -> Result<(), Error> {

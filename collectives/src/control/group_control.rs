@@ -205,31 +205,11 @@ impl GroupControl {
             return Ok(());
         }
         loop {
-            while let Some(&(peer, theirs)) = state.incoming.front() {
-                if theirs.seq < mine.seq {
-                    state.incoming.pop_front();
-                    continue;
-                }
-                if theirs.seq > mine.seq {
-                    break;
-                }
-                state.incoming.pop_front();
-                return if theirs == *mine {
-                    Ok(())
-                } else {
-                    Err(Error::CollectiveMismatch {
-                        rank: self.rank,
-                        mine: *mine,
-                        peer,
-                        theirs,
-                    })
-                };
+            if let Some(verdict) = self.compare_fingerprint(&mut state, mine) {
+                return verdict;
             }
             if state.record.is_some() {
-                return Err(Error::GroupBroken {
-                    rank: self.rank,
-                    cause: "aborted while checking that every rank runs the same collective".into(),
-                });
+                return Err(self.aborted_while_checking());
             }
             let left = deadline.remaining();
             if left.is_zero() {
@@ -248,6 +228,68 @@ impl GroupControl {
                 .wait_timeout(state, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+        }
+    }
+
+    /// [`GroupControl::check_fingerprint`] without the wait, for a call whose check is
+    /// left for later (one handed to the GPU without waiting): `Ok(false)` while the
+    /// predecessor's fingerprint for `mine` has not arrived.
+    ///
+    /// ```
+    /// use ringccl_collectives::control::GroupControl;
+    /// use ringccl_collectives::{DType, OpDesc, ReduceOp};
+    /// let control = GroupControl::new(0);
+    /// let op = OpDesc::all_reduce(1, DType::F32, 8, ReduceOp::Sum);
+    /// // No control thread: a group of one, nobody to compare with.
+    /// assert!(control.try_fingerprint(&op, 0)?);
+    /// # Ok::<(), ringccl_collectives::Error>(())
+    /// ```
+    pub fn try_fingerprint(&self, mine: &OpDesc, predecessor: usize) -> Result<bool, Error> {
+        let mut state = self.lock();
+        if state.link.is_none() || predecessor == self.rank {
+            return Ok(true);
+        }
+        match self.compare_fingerprint(&mut state, mine) {
+            Some(verdict) => verdict.map(|()| true),
+            None if state.record.is_some() => Err(self.aborted_while_checking()),
+            None => Ok(false),
+        }
+    }
+
+    /// Compares the predecessor's fingerprint for `mine.seq` with `mine`, once it has
+    /// arrived (older ones are dropped: their calls were checked or failed).
+    fn compare_fingerprint(
+        &self,
+        state: &mut AbortState,
+        mine: &OpDesc,
+    ) -> Option<Result<(), Error>> {
+        while let Some(&(peer, theirs)) = state.incoming.front() {
+            if theirs.seq < mine.seq {
+                state.incoming.pop_front();
+                continue;
+            }
+            if theirs.seq > mine.seq {
+                return None;
+            }
+            state.incoming.pop_front();
+            return Some(if theirs == *mine {
+                Ok(())
+            } else {
+                Err(Error::CollectiveMismatch {
+                    rank: self.rank,
+                    mine: *mine,
+                    peer,
+                    theirs,
+                })
+            });
+        }
+        None
+    }
+
+    fn aborted_while_checking(&self) -> Error {
+        Error::GroupBroken {
+            rank: self.rank,
+            cause: "aborted while checking that every rank runs the same collective".into(),
         }
     }
 
@@ -290,5 +332,36 @@ mod tests {
         let short = Deadline::after(Duration::from_millis(50));
         let err = control.check_fingerprint(&op, 0, short).unwrap_err();
         assert!(matches!(err, Error::Timeout { peer: 0, .. }), "{err:?}");
+    }
+
+    /// The check left for later (a call handed to the GPU without a wait) answers at
+    /// once: not yet, agreed, or the mismatch; fingerprints of earlier calls that were
+    /// never looked at are passed over.
+    #[test]
+    fn a_fingerprint_can_be_compared_without_waiting() {
+        let control = GroupControl::new(1);
+        control.attach_link(Arc::new(|| {}));
+        let op = |seq| OpDesc::all_reduce(seq, DType::F32, 1000, crate::ReduceOp::Sum);
+        assert!(
+            !control.try_fingerprint(&op(2), 0).unwrap(),
+            "not arrived yet"
+        );
+        control.record_fingerprint(0, op(1));
+        control.record_fingerprint(0, op(2));
+        assert!(
+            control.try_fingerprint(&op(2), 0).unwrap(),
+            "op 1's is passed over"
+        );
+        let theirs = OpDesc::all_reduce(3, DType::F32, 1000, crate::ReduceOp::Max);
+        control.record_fingerprint(0, theirs);
+        match control.try_fingerprint(&op(3), 0) {
+            Err(Error::CollectiveMismatch { peer: 0, mine, .. }) => assert_eq!(mine, op(3)),
+            other => panic!("a mismatch: {other:?}"),
+        }
+        control.abort(1, "test".into(), None);
+        assert!(matches!(
+            control.try_fingerprint(&op(4), 0),
+            Err(Error::GroupBroken { .. })
+        ));
     }
 }

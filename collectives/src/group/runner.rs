@@ -152,6 +152,62 @@ impl<E: Engine> GroupRunner<E> {
         self.run_described(sequence, None, deadline, body)
     }
 
+    /// Runs `body` on the engine between calls, without a number: an engine's watch over
+    /// work it handed to its device without waiting (NCCL's stream-ordered calls). A
+    /// broken or aborted group refuses, as for a call; an error that breaks the group
+    /// breaks it, as a call's would, and is returned.
+    pub fn tend<R>(&self, body: impl FnOnce(&mut E) -> Result<R, Error>) -> Result<R, Error> {
+        let mut state = self.lock()?;
+        if let Some(cause) = &state.broken {
+            return Err(Error::GroupBroken {
+                rank: self.rank,
+                cause: cause.clone(),
+            });
+        }
+        if let Some(record) = self.control.aborted() {
+            let error = self.abort_error(record);
+            let dump = self.break_group(&mut state, &error);
+            drop(state);
+            self.flight.write_break(dump);
+            return Err(error);
+        }
+        let result = body(&mut state.engine);
+        let dump = match &result {
+            Err(e) if e.breaks_group() => self.break_group(&mut state, e),
+            _ => None,
+        };
+        drop(state);
+        self.flight.write_break(dump);
+        result
+    }
+
+    /// [`GroupRunner::tend`] for a background thread that has nobody to give an error
+    /// to: an error that breaks the group aborts it at once (the engine is released,
+    /// the peers are told) and is kept for this rank's next call, which returns it.
+    /// Returns `body`'s value, or `None` when the group is broken or aborted.
+    pub fn tend_unattended<R>(&self, body: impl FnOnce(&mut E) -> Result<R, Error>) -> Option<R> {
+        let mut state = self.state.lock().ok()?;
+        if state.broken.is_some() || self.control.is_aborted() {
+            return None;
+        }
+        match body(&mut state.engine) {
+            Ok(value) => Some(value),
+            Err(error) if error.breaks_group() => {
+                state.engine.abort();
+                let dump = self.flight.break_snapshot(&break_reason(&error));
+                self.control
+                    .abort(self.rank, error.to_string(), Some(error));
+                drop(state);
+                self.flight.write_break(dump);
+                None
+            }
+            Err(error) => {
+                tracing::warn!(rank = self.rank, %error, "{}: watching work in flight", self.name);
+                None
+            }
+        }
+    }
+
     /// [`GroupRunner::run`] for a call described by `op` (its `seq` aside): a call
     /// refused because the group was aborted is recorded as the op it would have been.
     fn run_described<R>(

@@ -165,3 +165,55 @@ fn a_peers_abort_fails_the_next_call_naming_it_and_backend_abort_breaks_the_grou
         other => panic!("{other:?}"),
     }
 }
+
+fn overdue(rank: usize) -> Error {
+    Error::Timeout {
+        rank,
+        peer: 1,
+        op: crate::OpDesc::barrier(4),
+        moved: 0,
+        expected: 0,
+        timeout: Duration::from_secs(2),
+        gone: Vec::new(),
+    }
+}
+
+#[test]
+fn tending_between_calls_takes_no_number_and_an_error_it_returns_breaks_the_group() {
+    let b = group(1).pop().unwrap();
+    assert_eq!(b.tend(|_| Ok(7)).unwrap(), 7);
+    b.barrier(soon()).unwrap();
+    let err = b.tend(|_| Err::<(), _>(overdue(0))).unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    match b.barrier(soon()) {
+        Err(Error::GroupBroken { cause, .. }) => assert!(cause.contains("op #4"), "{cause}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        b.tend(|_| Ok(())).is_err(),
+        "a broken group refuses tending too"
+    );
+}
+
+#[test]
+fn an_error_found_unattended_aborts_at_once_and_the_next_call_returns_it() {
+    let mut ranks = group(2);
+    let b = ranks.remove(0);
+    assert_eq!(b.tend_unattended(|_| Ok(3)), Some(3));
+    // A failure that does not break the group is only logged.
+    let mild = Error::InvalidArgument("not a break".into());
+    assert_eq!(b.tend_unattended(|_| Err::<(), _>(mild)), None);
+    assert!(b.control().aborted().is_none());
+    assert_eq!(b.tend_unattended(|_| Err::<(), _>(overdue(0))), None);
+    let record = b
+        .control()
+        .aborted()
+        .expect("aborted at once, with nobody calling");
+    assert!(record.reason.contains("op #4"), "{}", record.reason);
+    match b.barrier(soon()) {
+        Err(Error::Timeout { op, .. }) => assert_eq!(op.seq, 4, "the error itself, typed"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(b.barrier(soon()), Err(Error::GroupBroken { .. })));
+    assert_eq!(b.tend_unattended(|_| Ok(())), None);
+}
