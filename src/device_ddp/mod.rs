@@ -91,6 +91,37 @@ struct DeviceBucket<T: DeviceGrad> {
     /// `None` while the bucket itself is being reduced.
     data: Option<CudaSlice<T>>,
     in_flight: Option<InFlight<T>>,
+    /// The compression hooks' 16-bit copies, kept from one step to the next.
+    spare_f16: Option<CudaSlice<f16>>,
+    spare_bf16: Option<CudaSlice<bf16>>,
+}
+
+impl<T: DeviceGrad> DeviceBucket<T> {
+    fn new(data: CudaSlice<T>) -> DeviceBucket<T> {
+        DeviceBucket {
+            data: Some(data),
+            in_flight: None,
+            spare_f16: None,
+            spare_bf16: None,
+        }
+    }
+}
+
+/// The 16-bit types a compression hook reduces in, and where a bucket keeps its copy.
+trait Narrow: DeviceElement {
+    fn spare<T: DeviceGrad>(bucket: &mut DeviceBucket<T>) -> &mut Option<CudaSlice<Self>>;
+}
+
+impl Narrow for f16 {
+    fn spare<T: DeviceGrad>(bucket: &mut DeviceBucket<T>) -> &mut Option<CudaSlice<f16>> {
+        &mut bucket.spare_f16
+    }
+}
+
+impl Narrow for bf16 {
+    fn spare<T: DeviceGrad>(bucket: &mut DeviceBucket<T>) -> &mut Option<CudaSlice<bf16>> {
+        &mut bucket.spare_bf16
+    }
 }
 
 /// Data-parallel gradient averaging on GPU memory, PyTorch DDP's way; the device twin
@@ -440,6 +471,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             Some(DeviceBucket {
                 data: Some(data),
                 in_flight: None,
+                ..
             }) => Ok(data.slice_mut(at..at + numel)),
             _ => Err(Error::InvalidArgument(format!(
                 "parameter #{index}'s bucket is being all-reduced; its view is available \
@@ -534,13 +566,14 @@ impl<T: DeviceGrad> DeviceDdp<T> {
 
     /// The compression hooks' start: bucket `b`'s `data` stays in place, its 16-bit copy
     /// (`N`, f16 or bf16) is all-reduced.
-    fn start_narrowed<N: DeviceElement>(
+    fn start_narrowed<N: Narrow>(
         &mut self,
         b: usize,
         data: CudaSlice<T>,
         in_flight: fn(Work<CudaSlice<N>>) -> InFlight<T>,
     ) -> Result<InFlight<T>, Error> {
-        let narrow = self.narrowed::<N>(&data, data.len());
+        let spare = N::spare(&mut self.buckets[b]).take();
+        let narrow = self.narrowed::<N>(&data, spare);
         self.buckets[b].data = Some(data);
         let after = self.trainer_event()?;
         let work =
@@ -549,16 +582,21 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         Ok(in_flight(work))
     }
 
-    /// A 16-bit copy of `data` (`N` is f16 or bf16), made on the trainer's stream.
-    fn narrowed<N: DeviceElement>(
+    /// A 16-bit copy of `data` (`N` is f16 or bf16), made on the trainer's stream, in
+    /// last step's copy (`spare`) when there is one of the right length.
+    fn narrowed<N: Narrow>(
         &self,
         data: &CudaSlice<T>,
-        len: usize,
+        spare: Option<CudaSlice<N>>,
     ) -> Result<CudaSlice<N>, Error> {
         let stream = &self.stream;
-        stream
-            .alloc_zeros::<N>(len)
-            .map_err(KernelError::from)
+        let len = data.len();
+        let buffer = match spare {
+            Some(spare) if spare.len() == len => Ok(spare),
+            // Every element is written by the kernel: no need to zero it.
+            _ => stream.alloc_zeros::<N>(len).map_err(KernelError::from),
+        };
+        buffer
             .and_then(|mut narrow| {
                 self.kernels
                     .narrow(stream, &mut narrow, data, N::DTYPE == crate::DType::BF16)
@@ -673,8 +711,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                 InFlight::Full(work) => work.wait().map(|data| {
                     self.buckets[b].data = Some(data);
                 }),
-                InFlight::F16(work) => work.wait().and_then(|narrow| self.widen(b, &narrow)),
-                InFlight::Bf16(work) => work.wait().and_then(|narrow| self.widen(b, &narrow)),
+                InFlight::F16(work) => work.wait().and_then(|narrow| self.widen(b, narrow)),
+                InFlight::Bf16(work) => work.wait().and_then(|narrow| self.widen(b, narrow)),
             };
             if let Err(e) = landed {
                 first.get_or_insert(e);
@@ -695,23 +733,27 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         }
     }
 
-    /// Widens a reduced 16-bit copy back into bucket `b`.
-    fn widen<N: DeviceElement>(&mut self, b: usize, narrow: &CudaSlice<N>) -> Result<(), Error> {
+    /// Widens a reduced 16-bit copy back into bucket `b`, and keeps the copy for the
+    /// next step (stream-ordered: the next narrowing runs on the same stream after this).
+    fn widen<N: Narrow>(&mut self, b: usize, narrow: CudaSlice<N>) -> Result<(), Error> {
         let stream = Arc::clone(&self.stream);
         let rank = self.pg.rank();
-        let Some(data) = self.buckets[b].data.as_mut() else {
-            return Err(Error::InvalidArgument(format!(
-                "rank {rank}: internal error: a compressed bucket lost its buffer"
-            )));
-        };
         if let Some(nccl) = self.pg.nccl_stream() {
             stream
                 .join(&nccl)
                 .map_err(|e| kernel_failed(rank, "DeviceDdp::finish")(e.into()))?;
         }
+        let bucket = &mut self.buckets[b];
+        let Some(data) = bucket.data.as_mut() else {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: internal error: a compressed bucket lost its buffer"
+            )));
+        };
         self.kernels
-            .widen(&stream, data, narrow, N::DTYPE == crate::DType::BF16)
-            .map_err(kernel_failed(rank, "widening a compressed bucket"))
+            .widen(&stream, data, &narrow, N::DTYPE == crate::DType::BF16)
+            .map_err(kernel_failed(rank, "widening a compressed bucket"))?;
+        *N::spare(bucket) = Some(narrow);
+        Ok(())
     }
 
     /// A zeroed bucket per bucket of the reducer's layout, holding the gradients of the
@@ -730,10 +772,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             let data = stream
                 .alloc_zeros::<T>(plan.len.max(1))
                 .map_err(failed("allocating a DDP bucket"))?;
-            buckets.push(DeviceBucket {
-                data: Some(data),
-                in_flight: None,
-            });
+            buckets.push(DeviceBucket::new(data));
         }
         if let Some((old_buckets, (_, old_slots))) = old {
             for (p, &(ob, oo)) in old_slots.iter().enumerate() {
@@ -793,6 +832,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             Some(DeviceBucket {
                 data: Some(data),
                 in_flight: None,
+                ..
             }) => Ok(data.slice(at..at + numel)),
             _ => Err(Error::InvalidArgument(format!(
                 "rank {}: grad({index}): the gradient of parameter #{index} is still being \
