@@ -29,6 +29,13 @@ const FINALIZE_LIMIT: Duration = Duration::from_secs(10);
 pub const TEARDOWN_LIMIT: Duration =
     Duration::from_secs(FINALIZE_LIMIT.as_secs() + super::ffi::ABORT_LIMIT.as_secs());
 
+/// A stream-ordered call's completion: the event that fires when the GPU has finished
+/// it, and its entry in the flight recorder (left "on the device" until then).
+pub(super) struct OnStream {
+    pub(super) event: CudaEvent,
+    record: Option<u64>,
+}
+
 /// One rank's NCCL communicator. Host buffers are staged through device memory: copied
 /// to the GPU, reduced there by NCCL, copied back.
 pub struct NcclEngine {
@@ -48,7 +55,7 @@ pub struct NcclEngine {
     /// Where each call's span goes, when tracing is on.
     pub(super) trace: Option<CollectiveTrace>,
     /// Stream-ordered calls handed to the GPU and not yet settled.
-    in_flight: InFlight<CudaEvent>,
+    in_flight: InFlight<OnStream>,
     /// A peer seen gone while calls were in flight, and since when.
     gone_since: Option<(usize, Instant)>,
 }
@@ -112,6 +119,14 @@ impl NcclEngine {
     }
 }
 
+/// Tells the flight recorder that call `done` has finished on the GPU (failed, with
+/// `error`).
+fn device_finished(flight: &Option<Arc<FlightRecorder>>, done: &OnStream, error: Option<&Error>) {
+    if let (Some(flight), Some(call)) = (flight, done.record) {
+        flight.device_finished(call, error);
+    }
+}
+
 impl Engine for NcclEngine {
     fn execute(
         &mut self,
@@ -169,19 +184,23 @@ impl NcclEngine {
             body(engine)?;
             // This call has finished on the GPU, so every call before it on the stream
             // has too; their fingerprints come before this one's.
-            engine.in_flight.all_finished();
+            let flight = engine.flight.clone();
+            engine
+                .in_flight
+                .all_finished(|done| device_finished(&flight, &done, None));
             let predecessor = engine.predecessor();
-            let Some(control) = engine.control.clone() else {
-                engine.in_flight.take_unconfirmed();
-                return Ok(());
-            };
-            for (earlier, due) in engine.in_flight.take_unconfirmed() {
-                control.check_fingerprint(&earlier, predecessor, due)?;
+            for (earlier, due, done) in engine.in_flight.take_unconfirmed() {
+                let agreed = match &engine.control {
+                    Some(control) => control.check_fingerprint(&earlier, predecessor, due),
+                    None => Ok(()),
+                };
+                device_finished(&flight, &done, agreed.as_ref().err());
+                agreed?;
             }
-            if checked {
-                control.check_fingerprint(op, predecessor, deadline)?;
+            match &engine.control {
+                Some(control) if checked => control.check_fingerprint(op, predecessor, deadline),
+                _ => Ok(()),
             }
-            Ok(())
         })
     }
 
@@ -196,7 +215,9 @@ impl NcclEngine {
         body: impl FnOnce(&mut NcclEngine) -> Result<Option<CudaEvent>, Error>,
     ) -> Result<(), Error> {
         self.published(op, deadline, |engine, checked| {
-            if let Some(done) = body(engine)? {
+            if let Some(event) = body(engine)? {
+                let record = engine.flight.as_ref().and_then(|f| f.handed_to_device());
+                let done = OnStream { event, record };
                 engine.in_flight.push(*op, deadline, done, checked);
             }
             Ok(())
@@ -244,15 +265,21 @@ impl NcclEngine {
     /// One look at the calls in flight at `now` (see [`Cx::watch`]): when to look again,
     /// `None` when none is left. Errors break the group.
     pub(super) fn watch(&mut self, now: Instant) -> Result<Option<Instant>, Error> {
-        let Some((oldest, due)) = self.in_flight.oldest() else {
+        let Some((oldest, due, _)) = self.in_flight.oldest() else {
             return Ok(None);
         };
         let predecessor = self.predecessor();
+        let flight = self.flight.clone();
         let mut calls = std::mem::take(&mut self.in_flight);
         let mut gone_since = self.gone_since.take();
         let looked = self.with_cx(&oldest, Involved::All, due, |cx, _| {
-            cx.watch(&mut calls, now, predecessor, &mut gone_since)
+            let settled = |done: OnStream| device_finished(&flight, &done, None);
+            cx.watch(&mut calls, now, predecessor, &mut gone_since, settled)
         });
+        if let (Err(error), Some((_, _, done))) = (&looked, calls.oldest()) {
+            // The oldest call left is the one the error is about (or is stuck behind it).
+            device_finished(&flight, done, Some(error));
+        }
         self.in_flight = calls;
         self.gone_since = gone_since;
         looked

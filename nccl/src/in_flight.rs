@@ -85,8 +85,10 @@ impl<C> InFlight<C> {
     }
 
     /// The oldest call in flight.
-    pub(crate) fn oldest(&self) -> Option<(OpDesc, Deadline)> {
-        self.calls.front().map(|c| (c.op, c.deadline))
+    pub(crate) fn oldest(&self) -> Option<(OpDesc, Deadline, &C)> {
+        self.calls
+            .front()
+            .map(|c| (c.op, c.deadline, &c.completion))
     }
 
     /// The call in flight whose deadline comes first (the oldest among equals): a later
@@ -99,37 +101,51 @@ impl<C> InFlight<C> {
     }
 
     /// A later call on the same stream has finished on the GPU, so every call in flight
-    /// has too: only their fingerprints may be left to confirm.
-    pub(crate) fn all_finished(&mut self) {
+    /// has too: those whose fingerprint was confirmed go to `settled`; only the others
+    /// are left.
+    pub(crate) fn all_finished(&mut self, settled: impl FnMut(C)) {
         for call in &mut self.calls {
             call.finished = true;
         }
-        self.calls.retain(|c| c.unconfirmed);
+        self.forget_settled(settled);
     }
 
     /// The calls whose fingerprint is still to be confirmed, oldest first, with their
-    /// deadlines; they are forgotten (the caller confirms them, or the group breaks).
-    pub(crate) fn take_unconfirmed(&mut self) -> Vec<(OpDesc, Deadline)> {
-        let left = self
-            .calls
-            .iter()
+    /// deadlines and completions; every call is forgotten (the caller confirms them, or
+    /// the group breaks).
+    pub(crate) fn take_unconfirmed(&mut self) -> Vec<(OpDesc, Deadline, C)> {
+        self.calls
+            .drain(..)
             .filter(|c| c.unconfirmed)
-            .map(|c| (c.op, c.deadline))
-            .collect();
-        self.calls.clear();
-        left
+            .map(|c| (c.op, c.deadline, c.completion))
+            .collect()
+    }
+
+    /// Hands every settled call's completion to `settled`, oldest first, and forgets it.
+    fn forget_settled(&mut self, mut settled: impl FnMut(C)) {
+        let mut left = VecDeque::with_capacity(self.calls.len());
+        for call in self.calls.drain(..) {
+            if call.finished && !call.unconfirmed {
+                settled(call.completion);
+            } else {
+                left.push_back(call);
+            }
+        }
+        self.calls = left;
     }
 
     /// Looks at every call at `now`: asks `finished` about each whose completion is
     /// unknown, oldest first, stopping at the first that has not (a stream finishes in
     /// order); asks `agreed` about each unconfirmed fingerprint, oldest first, stopping
     /// at the first that has not arrived (fingerprints arrive in order). Settled calls
-    /// are forgotten. Errors of the two questions end the look and are returned.
+    /// go to `settled` and are forgotten. Errors of the two questions end the look and
+    /// are returned.
     pub(crate) fn poll<E>(
         &mut self,
         now: Instant,
         mut finished: impl FnMut(&C) -> Result<bool, E>,
         mut agreed: impl FnMut(&OpDesc) -> Result<bool, E>,
+        settled: impl FnMut(C),
     ) -> Result<Watch, E> {
         for call in self.calls.iter_mut().filter(|c| c.unconfirmed) {
             if !agreed(&call.op)? {
@@ -143,7 +159,7 @@ impl<C> InFlight<C> {
             }
             call.finished = true;
         }
-        self.calls.retain(|c| !c.finished || c.unconfirmed);
+        self.forget_settled(settled);
         if let Some(late) = self.calls.iter().find(|c| c.deadline.at() <= now) {
             return Ok(Watch::Overdue {
                 op: late.op,
@@ -187,6 +203,8 @@ mod tests {
         Ok(f.get())
     }
 
+    fn ignore(_: Flag) {}
+
     #[test]
     fn calls_are_settled_in_stream_order_and_then_forgotten() {
         let mut calls = InFlight::default();
@@ -206,14 +224,21 @@ mod tests {
                     Ok::<_, ()>(f.get())
                 },
                 never_agreed,
+                ignore,
             )
             .unwrap();
         assert_eq!(asked, vec![false], "stops at the first unfinished call");
         assert_eq!(watch, Watch::Again(now + WATCH_EVERY));
         assert_eq!(calls.len(), 2);
         a.set(true);
-        assert_eq!(calls.poll(now, fired, never_agreed).unwrap(), Watch::Idle);
+        let mut settled = Vec::new();
+        let watch = calls.poll(now, fired, never_agreed, |f: Flag| settled.push(f));
+        assert_eq!(watch.unwrap(), Watch::Idle);
         assert_eq!(calls.len(), 0);
+        assert!(
+            settled.len() == 2 && std::rc::Rc::ptr_eq(&settled[0], &a),
+            "oldest first"
+        );
     }
 
     #[test]
@@ -223,12 +248,12 @@ mod tests {
         calls.push(op(7), Deadline::after(Duration::from_secs(1)), a, false);
         calls.push(op(8), Deadline::after(Duration::from_secs(9)), b, false);
         let early = Instant::now();
-        match calls.poll(early, fired, never_agreed).unwrap() {
+        match calls.poll(early, fired, never_agreed, ignore).unwrap() {
             Watch::Again(at) => assert!(at <= early + WATCH_EVERY),
             other => panic!("nothing is due yet: {other:?}"),
         }
         let later = Instant::now() + Duration::from_secs(2);
-        match calls.poll(later, fired, never_agreed).unwrap() {
+        match calls.poll(later, fired, never_agreed, ignore).unwrap() {
             Watch::Overdue {
                 op,
                 stage,
@@ -248,7 +273,7 @@ mod tests {
         let deadline = Deadline::after(Duration::from_millis(3));
         calls.push(op(1), deadline, flag(), false);
         let now = Instant::now();
-        match calls.poll(now, fired, never_agreed).unwrap() {
+        match calls.poll(now, fired, never_agreed, ignore).unwrap() {
             Watch::Again(at) => assert!(at <= deadline.at(), "looks again at the deadline"),
             Watch::Overdue { .. } => {} // a slow machine got there first
             Watch::Idle => panic!("a call is in flight"),
@@ -263,7 +288,7 @@ mod tests {
         calls.push(op(3), Deadline::after(Duration::from_secs(1)), done, true);
         let now = Instant::now();
         assert!(matches!(
-            calls.poll(now, fired, never_agreed).unwrap(),
+            calls.poll(now, fired, never_agreed, ignore).unwrap(),
             Watch::Again(_)
         ));
         assert_eq!(
@@ -273,14 +298,14 @@ mod tests {
         );
         let late = now + Duration::from_secs(2);
         assert!(matches!(
-            calls.poll(late, fired, never_agreed).unwrap(),
+            calls.poll(late, fired, never_agreed, ignore).unwrap(),
             Watch::Overdue {
                 stage: Stage::Unconfirmed,
                 ..
             }
         ));
         let agreed = |_: &OpDesc| Ok::<_, ()>(true);
-        assert_eq!(calls.poll(now, fired, agreed).unwrap(), Watch::Idle);
+        assert_eq!(calls.poll(now, fired, agreed, ignore).unwrap(), Watch::Idle);
     }
 
     #[test]
@@ -291,14 +316,15 @@ mod tests {
         calls.push(op(2), deadline, flag(), true);
         let mut compared = Vec::new();
         let unfinished = |_: &Flag| Ok::<_, &str>(false);
-        let watch = calls.poll(Instant::now(), unfinished, |op: &OpDesc| {
+        let agreed = |op: &OpDesc| {
             compared.push(op.seq);
             if op.seq == 2 {
                 Err("mismatch at 2")
             } else {
                 Ok(true)
             }
-        });
+        };
+        let watch = calls.poll(Instant::now(), unfinished, agreed, ignore);
         assert_eq!(watch, Err("mismatch at 2"));
         assert_eq!(compared, vec![1, 2]);
     }
@@ -314,11 +340,16 @@ mod tests {
             Some(1),
             "equal deadlines: the oldest"
         );
-        calls.all_finished();
-        assert_eq!(calls.len(), 1, "only the unconfirmed one is left");
+        let mut settled = 0;
+        calls.all_finished(|_| settled += 1);
+        assert_eq!(
+            (settled, calls.len()),
+            (1, 1),
+            "only the unconfirmed one is left"
+        );
         let left = calls.take_unconfirmed();
-        assert_eq!(left.iter().map(|(op, _)| op.seq).collect::<Vec<_>>(), [2]);
+        assert_eq!(left.iter().map(|(op, ..)| op.seq).collect::<Vec<_>>(), [2]);
         assert_eq!(calls.len(), 0);
-        assert_eq!(calls.oldest(), None);
+        assert!(calls.oldest().is_none());
     }
 }

@@ -10,6 +10,7 @@ use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 use ringccl_collectives::control::GroupControl;
 use ringccl_collectives::{Deadline, Error, OpDesc, PEER_FAILURE_GRACE};
 
+use super::engine::OnStream;
 use super::ffi::{self, Call, NcclCode, Progress, RawComm};
 use super::in_flight::{InFlight, Stage, Watch};
 use crate::DeviceError;
@@ -130,21 +131,22 @@ impl Cx<'_> {
             .map_err(self.driver("recording a completion event"))
     }
 
-    /// One look at the calls in flight (this context is the oldest's): retires those
-    /// settled, and fails when NCCL reports an error, a peer this rank needs is gone
+    /// One look at the calls in flight (this context is the oldest's): hands those
+    /// settled to `settled`, and fails when NCCL reports an error, a peer this rank needs is gone
     /// (`gone_since` keeps when it was first seen gone), the group was aborted, or a call
     /// is past its deadline. Returns when to look again (`None`: nothing left).
     pub(super) fn watch(
         &self,
-        calls: &mut InFlight<CudaEvent>,
+        calls: &mut InFlight<OnStream>,
         now: Instant,
         predecessor: usize,
         gone_since: &mut Option<(usize, Instant)>,
+        settled: impl FnMut(OnStream),
     ) -> Result<Option<Instant>, Error> {
         let verdict = calls.poll(
             now,
-            |event| {
-                event
+            |done| {
+                done.event
                     .try_is_complete()
                     .map_err(self.driver("querying a completion event"))
             },
@@ -152,6 +154,7 @@ impl Cx<'_> {
                 Some(control) => control.try_fingerprint(op, predecessor),
                 None => Ok(true),
             },
+            settled,
         )?;
         if verdict == Watch::Idle {
             *gone_since = None;

@@ -5,8 +5,12 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The version written in [`FlightDump::format`]; readers refuse other versions.
-pub const FORMAT_VERSION: u32 = 1;
+/// The version written in [`FlightDump::format`]. Format 2 added
+/// [`CallState::OnDevice`]; readers accept formats 1 and 2.
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The oldest format readers accept.
+pub const OLDEST_FORMAT_READ: u32 = 1;
 
 /// The file one rank writes for one group: `rank-<rank>.json` for the group made by
 /// `init_process_group`, `rank-<rank>.<group>.json` for groups formed from it.
@@ -80,6 +84,9 @@ pub enum CallState {
     Queued,
     /// Moving data now.
     Running,
+    /// Handed to a device without a wait (NCCL has it on its stream); the device has
+    /// not finished it yet. Format 2.
+    OnDevice,
     /// Finished with `Ok`.
     Done,
     /// Finished with an error (see [`FlightEntry::error`]).

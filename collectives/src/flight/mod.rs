@@ -24,7 +24,9 @@ mod requests;
 mod ring;
 mod tick_clock;
 
-pub use dump::{CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FORMAT_VERSION};
+pub use dump::{
+    CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FORMAT_VERSION, OLDEST_FORMAT_READ,
+};
 pub use files::{file_name, group_tag, MAIN_GROUP};
 pub(crate) use recorder::break_reason;
 pub use recorder::{

@@ -142,6 +142,9 @@ pub struct FlightRecorder {
     /// The group broke and its dump was taken: later breaks do not dump again, and the
     /// beacon stays behind for the diagnosis.
     broken: AtomicBool,
+    /// The running call was handed to a device without a wait: it ends
+    /// [`CallState::OnDevice`] rather than done.
+    handed_off: AtomicBool,
     /// Times are read from the monotonic clock and written as Unix time: `epoch` was
     /// `epoch_us` microseconds after the Unix epoch.
     epoch: Instant,
@@ -202,6 +205,7 @@ impl FlightRecorder {
             beacon,
             control,
             broken: AtomicBool::new(false),
+            handed_off: AtomicBool::new(false),
             epoch: Instant::now(),
             epoch_us: now_us(),
         });
@@ -391,6 +395,7 @@ impl FlightRecorder {
     /// assert_eq!((entry.kind.as_str(), entry.state, entry.root), ("send", CallState::Running, Some(1)));
     /// ```
     pub fn start(&self, sequence: Sequence, seq: u64) {
+        self.handed_off.store(false, Ordering::Relaxed);
         let turn = self.turn.swap(0, Ordering::Relaxed);
         // A call whose turn came as it was issued started then.
         let at_once = turn & AT_ONCE != 0;
@@ -449,6 +454,7 @@ impl FlightRecorder {
     /// assert_eq!(recorder.snapshot("requested").entries[0].state, CallState::Done);
     /// ```
     pub fn finish(&self, error: Option<&Error>) {
+        let on_device = self.handed_off.swap(false, Ordering::Relaxed);
         let error = error.map(ToString::to_string);
         let mut book = self.lock();
         let Some(call) = self.live.call() else {
@@ -466,12 +472,13 @@ impl FlightRecorder {
                 if let Some(started) = slot.started_us.filter(|&s| s != AT_ISSUE) {
                     now = now.max(started);
                 }
-                slot.state = if error.is_some() {
-                    CallState::Failed
-                } else {
-                    CallState::Done
+                slot.state = match (&error, on_device) {
+                    (Some(_), _) => CallState::Failed,
+                    (None, true) => CallState::OnDevice,
+                    (None, false) => CallState::Done,
                 };
-                slot.ended_us = Some(now);
+                // A call on the device ends when the device says so.
+                slot.ended_us = (slot.state != CallState::OnDevice).then_some(now);
                 slot.error = error;
             }
             // Overwritten while it ran (a ring smaller than the calls queued).
@@ -480,6 +487,59 @@ impl FlightRecorder {
             }
         }
         self.finished_one(&mut book, now);
+    }
+
+    /// The engine handed the running call to its device without waiting (NCCL's
+    /// stream-ordered calls): when the runner finishes it, it stays
+    /// [`CallState::OnDevice`] until [`FlightRecorder::device_finished`]. Returns the
+    /// call's number for that, `None` when no call is running.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// use ringccl_collectives::Sequence;
+    /// let recorder = FlightRecorder::new(0, 1, "nccl", FlightConfig::default());
+    /// recorder.start(Sequence::Collective, 1);
+    /// let call = recorder.handed_to_device().unwrap();
+    /// recorder.finish(None);
+    /// assert_eq!(recorder.snapshot("requested").entries[0].state, CallState::OnDevice);
+    /// recorder.device_finished(call, None);
+    /// assert_eq!(recorder.snapshot("requested").entries[0].state, CallState::Done);
+    /// ```
+    pub fn handed_to_device(&self) -> Option<u64> {
+        let call = self.live.call()?;
+        self.handed_off.store(true, Ordering::Relaxed);
+        Some(call)
+    }
+
+    /// Call `call`, left [`CallState::OnDevice`], has finished on the device (failed,
+    /// with `error`). A call the ring has since overwritten is ignored.
+    ///
+    /// ```
+    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// use ringccl_collectives::{Error, Sequence};
+    /// let recorder = FlightRecorder::new(0, 1, "nccl", FlightConfig::default());
+    /// recorder.start(Sequence::Collective, 1);
+    /// let call = recorder.handed_to_device().unwrap();
+    /// recorder.finish(None);
+    /// recorder.device_finished(call, Some(&Error::InvalidArgument("overdue".into())));
+    /// let entry = &recorder.snapshot("requested").entries[0];
+    /// assert_eq!((entry.state, entry.error.is_some(), entry.ended_us.is_some()), (CallState::Failed, true, true));
+    /// ```
+    pub fn device_finished(&self, call: u64, error: Option<&Error>) {
+        let error = error.map(ToString::to_string);
+        let mut book = self.lock();
+        let now = book.clock.now_us(|| self.now());
+        if let Some(slot) = book.ring.get_mut(call) {
+            if slot.state == CallState::OnDevice {
+                slot.state = if error.is_some() {
+                    CallState::Failed
+                } else {
+                    CallState::Done
+                };
+                slot.ended_us = Some(now);
+                slot.error = error;
+            }
+        }
     }
 
     /// The runner refused a call in `sequence` before it started (misuse, or a broken

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
 use crate::flight::beacon::{Beacon, BEACON_LEN};
-use crate::flight::dump::{FlightDump, FORMAT_VERSION};
+use crate::flight::dump::{FlightDump, FORMAT_VERSION, OLDEST_FORMAT_READ};
 
 use super::evidence::{BeaconReading, Evidence};
 
@@ -137,10 +137,12 @@ pub fn read_dump(path: &Path) -> Result<FlightDump, String> {
     let value: serde_json::Value =
         serde_json::from_slice(&text).map_err(|e| format!("is not JSON ({e})"))?;
     match value.get("format").and_then(serde_json::Value::as_u64) {
-        Some(format) if format == u64::from(FORMAT_VERSION) => {}
+        Some(format)
+            if (u64::from(OLDEST_FORMAT_READ)..=u64::from(FORMAT_VERSION)).contains(&format) => {}
         Some(other) => {
             return Err(format!(
-                "has dump format {other}, this reader knows format {FORMAT_VERSION}"
+                "has dump format {other}, this reader knows formats \
+                 {OLDEST_FORMAT_READ} to {FORMAT_VERSION}"
             ))
         }
         None => return Err("is not a flight dump (no \"format\" field)".into()),

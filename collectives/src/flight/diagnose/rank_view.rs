@@ -105,7 +105,12 @@ impl RankView {
             .find(|e| e.state == CallState::Done)
             .map_or(0, |e| e.call);
         let unfinished = entries.iter().find(|e| !finished(e));
-        let running = entries.iter().find(|e| e.state == CallState::Running);
+        // A call still on the device (NCCL's stream-ordered calls) is what the rank is
+        // in, from its peers' point of view, when nothing runs on the host.
+        let running = entries
+            .iter()
+            .find(|e| e.state == CallState::Running)
+            .or_else(|| entries.iter().find(|e| e.state == CallState::OnDevice));
         let first_failure = entries
             .iter()
             .find(|e| e.state == CallState::Failed && e.call > last_done_call);
