@@ -12,7 +12,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
 use common::{heavy_lock, run_threads};
@@ -277,15 +277,63 @@ extern "C" __global__ void spin(unsigned long long ns) {
     module
 }
 
-/// A group of one under NCCL on GPU 0, with `timeout`, and a stream there.
-fn nccl_alone(timeout: Duration) -> (ProcessGroup, Arc<CudaStream>) {
+/// One bucket's all-reduce stuck behind the trainer's stream: a group of one under NCCL
+/// (calls due within `timeout`), a `DeviceDdp` of one parameter, and its gradient `grad`
+/// marked and the step finished while the stream is busy for `busy_s` seconds ahead.
+struct BehindBusyStream {
+    pg: ProcessGroup,
+    stream: Arc<CudaStream>,
+    ddp: DeviceDdp<f32>,
+    grad: ringccl::cudarc::driver::CudaSlice<f32>,
+    /// When the gradient was marked, and how long `finish` took after that.
+    started: Instant,
+    finish_took: Duration,
+    /// The busy kernel's module: it must outlive the kernel.
+    busy: Arc<ringccl::cudarc::driver::CudaModule>,
+    _heavy: std::sync::MutexGuard<'static, ()>,
+}
+
+/// [`BehindBusyStream`], or `None` (with the reason printed) without NCCL.
+fn finish_behind_busy_stream(
+    test: &str,
+    timeout: Duration,
+    grad: &[f32],
+    busy_s: f64,
+) -> Option<BehindBusyStream> {
+    if let Err(e) = NcclBackend::probe() {
+        println!("{test}: skipped: no CUDA driver/NCCL ({e})");
+        return None;
+    }
+    let heavy = heavy_lock();
     let opts = InitOptions::new(0, 1, "127.0.0.1:0").timeout(timeout);
     let pg = ringccl::init_process_group("nccl", opts).unwrap();
-    let stream = CudaContext::new(pg.cuda_device().unwrap())
-        .unwrap()
-        .new_stream()
-        .unwrap();
-    (pg, stream)
+    let context = CudaContext::new(pg.cuda_device().unwrap()).unwrap();
+    let stream = context.new_stream().unwrap();
+    let params = [("w", grad.len())];
+    let mut ddp =
+        DeviceDdp::<f32>::with_params(&pg, &stream, params, DdpConfig::default()).unwrap();
+    let grad = stream.clone_htod(grad).unwrap();
+    stream.synchronize().unwrap();
+    let busy = occupy(&stream, busy_s);
+    let started = Instant::now();
+    ddp.mark_grad_ready(0, &grad.slice(..)).unwrap();
+    ddp.finish().unwrap();
+    let finish_took = started.elapsed();
+    println!("{test}: finish returned after {finish_took:?} with {busy_s} s of GPU work ahead");
+    assert!(
+        finish_took < Duration::from_secs(2),
+        "finish waited for the GPU: {finish_took:?}"
+    );
+    Some(BehindBusyStream {
+        pg,
+        stream,
+        ddp,
+        grad,
+        started,
+        finish_took,
+        busy,
+        _heavy: heavy,
+    })
 }
 
 /// Under NCCL, `finish` orders the trainer's stream after the buckets and returns
@@ -295,41 +343,23 @@ fn nccl_alone(timeout: Duration) -> (ProcessGroup, Arc<CudaStream>) {
 #[test]
 fn finish_orders_the_trainers_stream_without_waiting_on_the_host() {
     let test = "finish_orders_the_trainers_stream_without_waiting_on_the_host";
-    if let Err(e) = NcclBackend::probe() {
-        println!("{test}: skipped: no CUDA driver/NCCL ({e})");
+    let values: Vec<f32> = (0..1024).map(|i| i as f32 * 0.25).collect();
+    let Some(mut run) = finish_behind_busy_stream(test, Duration::from_secs(60), &values, 3.0)
+    else {
         return;
-    }
-    let _heavy = heavy_lock();
-    let (pg, stream) = nccl_alone(Duration::from_secs(60));
-    let mut ddp =
-        DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 1024)], DdpConfig::default()).unwrap();
-    let g: Vec<f32> = (0..1024).map(|i| i as f32 * 0.25).collect();
-    let g = stream.clone_htod(&g).unwrap();
-    stream.synchronize().unwrap();
-    let busy = occupy(&stream, 3.0);
-    let started = std::time::Instant::now();
-    ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
-    ddp.finish().unwrap();
-    let returned = started.elapsed();
-    println!("{test}: finish returned after {returned:?} with 3 s of GPU work ahead");
-    assert!(
-        returned < Duration::from_secs(2),
-        "finish waited for the GPU: {returned:?}"
-    );
-    let got = stream.clone_dtoh(&ddp.grad(0).unwrap()).unwrap();
-    let waited = started.elapsed();
+    };
+    let got = run.stream.clone_dtoh(&run.ddp.grad(0).unwrap()).unwrap();
+    let waited = run.started.elapsed();
     assert!(
         waited >= Duration::from_millis(2900),
         "the read on the trainer's stream comes after the busy kernel: {waited:?}"
     );
-    let want = stream.clone_dtoh(&g).unwrap();
-    assert_eq!(got, want, "world size 1: the average is the gradient");
-    ddp.synchronize().unwrap();
+    assert_eq!(got, values, "world size 1: the average is the gradient");
+    run.ddp.synchronize().unwrap();
     // The next step runs as usual, and the host can wait for it when it must.
-    ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
-    ddp.finish().unwrap();
-    ddp.synchronize().unwrap();
-    drop(busy);
+    run.ddp.mark_grad_ready(0, &run.grad.slice(..)).unwrap();
+    run.ddp.finish().unwrap();
+    run.ddp.synchronize().unwrap();
     println!("{test}: ok");
 }
 
@@ -341,28 +371,16 @@ fn finish_orders_the_trainers_stream_without_waiting_on_the_host() {
 #[test]
 fn a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op() {
     let test = "a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op";
-    if let Err(e) = NcclBackend::probe() {
-        println!("{test}: skipped: no CUDA driver/NCCL ({e})");
+    let Some(mut run) = finish_behind_busy_stream(test, Duration::from_secs(2), &[1.0; 1024], 6.0)
+    else {
         return;
-    }
-    let _heavy = heavy_lock();
-    let (pg, stream) = nccl_alone(Duration::from_secs(2));
-    let mut ddp =
-        DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 1024)], DdpConfig::default()).unwrap();
-    let g = stream.clone_htod(&[1.0f32; 1024]).unwrap();
-    stream.synchronize().unwrap();
-    let busy = occupy(&stream, 6.0);
-    let started = std::time::Instant::now();
-    ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
-    ddp.finish().unwrap();
-    let returned = started.elapsed();
-    let err = ddp.synchronize().unwrap_err();
-    let waited = started.elapsed();
+    };
+    let err = run.ddp.synchronize().unwrap_err();
+    let waited = run.started.elapsed();
     let text = err.to_string();
-    println!("{test}: finish after {returned:?}; error after {waited:?}: {text}");
-    assert!(
-        returned < Duration::from_secs(2),
-        "finish does not wait for the GPU: {returned:?}"
+    println!(
+        "{test}: finish after {:?}; error after {waited:?}: {text}",
+        run.finish_took
     );
     // The 2 s deadline, plus at most ABORT_LIMIT (10 s) for ncclCommAbort, plus slack.
     assert!(
@@ -374,11 +392,11 @@ fn a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op() {
         text.contains("aborted"),
         "says the communicator was aborted: {text}"
     );
-    let later = pg.all_reduce(&mut [1.0f32], ringccl::ReduceOp::Sum);
+    let later = run.pg.all_reduce(&mut [1.0f32], ringccl::ReduceOp::Sum);
     assert!(later.is_err(), "the aborted group refuses later calls");
-    assert!(ddp.finish().is_err(), "the DDP is broken too");
-    stream.synchronize().unwrap();
-    drop(busy);
+    assert!(run.ddp.finish().is_err(), "the DDP is broken too");
+    run.stream.synchronize().unwrap();
+    drop(run.busy);
     println!("{test}: ok");
 }
 
@@ -388,22 +406,14 @@ fn a_deadline_that_passes_while_nccl_waits_aborts_and_names_the_op() {
 #[test]
 fn an_overdue_bucket_nobody_waits_for_fails_the_next_call() {
     let test = "an_overdue_bucket_nobody_waits_for_fails_the_next_call";
-    if let Err(e) = NcclBackend::probe() {
-        println!("{test}: skipped: no CUDA driver/NCCL ({e})");
+    let Some(mut run) = finish_behind_busy_stream(test, Duration::from_secs(2), &[1.0; 256], 5.0)
+    else {
         return;
-    }
-    let _heavy = heavy_lock();
-    let (pg, stream) = nccl_alone(Duration::from_secs(2));
-    let mut ddp =
-        DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 256)], DdpConfig::default()).unwrap();
-    let g = stream.clone_htod(&[1.0f32; 256]).unwrap();
-    stream.synchronize().unwrap();
-    let busy = occupy(&stream, 5.0);
-    ddp.mark_grad_ready(0, &g.slice(..)).unwrap();
-    ddp.finish().unwrap();
+    };
     // Past the deadline, and past the abort (which waits for the busy kernel).
     std::thread::sleep(Duration::from_millis(5500));
-    let err = pg
+    let err = run
+        .pg
         .all_reduce(&mut [1.0f32], ringccl::ReduceOp::Sum)
         .unwrap_err();
     let text = err.to_string();
@@ -412,8 +422,7 @@ fn an_overdue_bucket_nobody_waits_for_fails_the_next_call() {
         text.contains("did not finish on the GPU") && text.contains("all_reduce"),
         "the bucket's own timeout, naming it: {text}"
     );
-    assert!(ddp.finish().is_err() || ddp.synchronize().is_err());
-    stream.synchronize().unwrap();
-    drop(busy);
+    assert!(run.ddp.synchronize().is_err(), "the DDP's group is broken");
+    run.stream.synchronize().unwrap();
     println!("{test}: ok");
 }

@@ -141,24 +141,7 @@ impl NcclBackend {
         op: ReduceOp,
         deadline: Deadline,
     ) -> Result<(), Error> {
-        validate_reduce(T::DTYPE, op)?;
-        self.check_device("all_reduce", buf)?;
-        let count = buf.len();
-        self.group
-            .run(Sequence::Collective, deadline, |engine, seq| {
-                let op_desc = OpDesc::all_reduce(seq, T::DTYPE, count, op);
-                engine.running_enqueued(&op_desc, deadline, |engine| {
-                    engine.with_cx(&op_desc, Involved::All, deadline, |cx, _| {
-                        let region = DeviceRegion::writing(buf, cx.stream);
-                        cx.enqueue(&[Call::AllReduce {
-                            buf: &region,
-                            count,
-                            dtype: T::DTYPE,
-                            op,
-                        }])
-                    })
-                })
-            })
+        self.all_reduce_in_place(buf, op, deadline, true)
     }
 
     /// One look at the stream-ordered calls in flight: settles those the GPU has
@@ -211,22 +194,46 @@ impl NcclBackend {
         op: ReduceOp,
         deadline: Deadline,
     ) -> Result<(), Error> {
+        self.all_reduce_in_place(buf, op, deadline, false)
+    }
+
+    /// The two all-reduces of a device buffer: waited for on the host, or
+    /// `stream_ordered` (handed to the GPU and watched).
+    fn all_reduce_in_place<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+        deadline: Deadline,
+        stream_ordered: bool,
+    ) -> Result<(), Error> {
         validate_reduce(T::DTYPE, op)?;
         self.check_device("all_reduce", buf)?;
         let count = buf.len();
-        self.run(
-            |seq| OpDesc::all_reduce(seq, T::DTYPE, count, op),
-            deadline,
-            |cx| {
-                let region = DeviceRegion::writing(buf, cx.stream);
-                cx.launch(&[Call::AllReduce {
-                    buf: &region,
-                    count,
-                    dtype: T::DTYPE,
-                    op,
-                }])
-            },
-        )
+        self.group
+            .run(Sequence::Collective, deadline, |engine, seq| {
+                let desc = OpDesc::all_reduce(seq, T::DTYPE, count, op);
+                let mut enqueue = |engine: &mut NcclEngine, wait: bool| {
+                    engine.with_cx(&desc, Involved::All, deadline, |cx, _| {
+                        let region = DeviceRegion::writing(buf, cx.stream);
+                        let calls = [Call::AllReduce {
+                            buf: &region,
+                            count,
+                            dtype: T::DTYPE,
+                            op,
+                        }];
+                        if wait {
+                            cx.launch(&calls).map(|()| None)
+                        } else {
+                            cx.enqueue(&calls)
+                        }
+                    })
+                };
+                if stream_ordered {
+                    engine.running_enqueued(&desc, deadline, |e| enqueue(e, false))
+                } else {
+                    engine.running(&desc, deadline, |e| enqueue(e, true).map(drop))
+                }
+            })
     }
 
     /// Broadcasts a device buffer from `root`; see [`Backend::broadcast`].
