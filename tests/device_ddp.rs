@@ -285,7 +285,7 @@ struct BehindBusyStream {
     stream: Arc<CudaStream>,
     ddp: DeviceDdp<f32>,
     grad: ringccl::cudarc::driver::CudaSlice<f32>,
-    /// When the gradient was marked, and how long `finish` took after that.
+    /// When the busy kernel was launched, and how long marking and `finish` took after.
     started: Instant,
     finish_took: Duration,
     /// The busy kernel's module: it must outlive the kernel.
@@ -314,8 +314,8 @@ fn finish_behind_busy_stream(
         DeviceDdp::<f32>::with_params(&pg, &stream, params, DdpConfig::default()).unwrap();
     let grad = stream.clone_htod(grad).unwrap();
     stream.synchronize().unwrap();
-    let busy = occupy(&stream, busy_s);
     let started = Instant::now();
+    let busy = occupy(&stream, busy_s);
     ddp.mark_grad_ready(0, &grad.slice(..)).unwrap();
     ddp.finish().unwrap();
     let finish_took = started.elapsed();
@@ -351,7 +351,7 @@ fn finish_orders_the_trainers_stream_without_waiting_on_the_host() {
     let got = run.stream.clone_dtoh(&run.ddp.grad(0).unwrap()).unwrap();
     let waited = run.started.elapsed();
     assert!(
-        waited >= Duration::from_millis(2900),
+        waited >= Duration::from_secs(3),
         "the read on the trainer's stream comes after the busy kernel: {waited:?}"
     );
     assert_eq!(got, values, "world size 1: the average is the gradient");

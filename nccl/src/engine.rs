@@ -109,7 +109,6 @@ impl NcclEngine {
             involved,
             deadline,
             control: self.control.as_deref(),
-            earlier: self.in_flight.first_due(),
         };
         self.stream
             .context()
@@ -174,31 +173,23 @@ impl NcclEngine {
     /// with the same count, get different results and no error), so each rank sends its
     /// description to the next rank over the control connections while NCCL runs, and
     /// compares the previous rank's with its own before it returns.
+    ///
+    /// Calls still in flight settle first, each within its own deadline: this call is
+    /// queued behind them on the stream anyway, and its staging copies could otherwise
+    /// wait on the host for them where no deadline reaches.
     pub(super) fn running(
         &mut self,
         op: &OpDesc,
         deadline: Deadline,
         body: impl FnOnce(&mut NcclEngine) -> Result<(), Error>,
     ) -> Result<(), Error> {
+        self.wait_in_flight()?;
         self.published(op, deadline, |engine, checked| {
             body(engine)?;
-            // This call has finished on the GPU, so every call before it on the stream
-            // has too; their fingerprints come before this one's.
-            let flight = engine.flight.clone();
-            engine
-                .in_flight
-                .all_finished(|done| device_finished(&flight, &done, None));
-            let predecessor = engine.predecessor();
-            for (earlier, due, done) in engine.in_flight.take_unconfirmed() {
-                let agreed = match &engine.control {
-                    Some(control) => control.check_fingerprint(&earlier, predecessor, due),
-                    None => Ok(()),
-                };
-                device_finished(&flight, &done, agreed.as_ref().err());
-                agreed?;
-            }
             match &engine.control {
-                Some(control) if checked => control.check_fingerprint(op, predecessor, deadline),
+                Some(control) if checked => {
+                    control.check_fingerprint(op, engine.predecessor(), deadline)
+                }
                 _ => Ok(()),
             }
         })
@@ -455,6 +446,15 @@ impl Drop for NcclEngine {
         let Some(comm) = self.comm.take() else {
             return; // aborted when the group broke
         };
+        if self.in_flight.len() > 0 {
+            warn!(
+                rank = self.rank,
+                calls = self.in_flight.len(),
+                "the group is dropped with calls still in flight on the GPU: NCCL's \
+                 shutdown finishes them, but their errors and same-collective checks go \
+                 unreported; synchronize (DeviceDdp::synchronize) before dropping the group"
+            );
+        }
         if self.stream.context().bind_to_thread().is_err() {
             comm.abort();
             return;

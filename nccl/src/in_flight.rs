@@ -91,36 +91,6 @@ impl<C> InFlight<C> {
             .map(|c| (c.op, c.deadline, &c.completion))
     }
 
-    /// The call in flight whose deadline comes first (the oldest among equals): a later
-    /// call waiting on the same stream gives up at that deadline, naming that call.
-    pub(crate) fn first_due(&self) -> Option<(OpDesc, Deadline)> {
-        self.calls
-            .iter()
-            .min_by_key(|c| c.deadline.at())
-            .map(|c| (c.op, c.deadline))
-    }
-
-    /// A later call on the same stream has finished on the GPU, so every call in flight
-    /// has too: those whose fingerprint was confirmed go to `settled`; only the others
-    /// are left.
-    pub(crate) fn all_finished(&mut self, settled: impl FnMut(C)) {
-        for call in &mut self.calls {
-            call.finished = true;
-        }
-        self.forget_settled(settled);
-    }
-
-    /// The calls whose fingerprint is still to be confirmed, oldest first, with their
-    /// deadlines and completions; every call is forgotten (the caller confirms them, or
-    /// the group breaks).
-    pub(crate) fn take_unconfirmed(&mut self) -> Vec<(OpDesc, Deadline, C)> {
-        self.calls
-            .drain(..)
-            .filter(|c| c.unconfirmed)
-            .map(|c| (c.op, c.deadline, c.completion))
-            .collect()
-    }
-
     /// Hands every settled call's completion to `settled`, oldest first, and forgets it.
     fn forget_settled(&mut self, mut settled: impl FnMut(C)) {
         let mut left = VecDeque::with_capacity(self.calls.len());
@@ -327,29 +297,5 @@ mod tests {
         let watch = calls.poll(Instant::now(), unfinished, agreed, ignore);
         assert_eq!(watch, Err("mismatch at 2"));
         assert_eq!(compared, vec![1, 2]);
-    }
-
-    #[test]
-    fn a_later_call_that_finished_settles_the_gpu_side_of_earlier_ones() {
-        let mut calls = InFlight::default();
-        let deadline = Deadline::after(Duration::from_secs(60));
-        calls.push(op(1), deadline, flag(), false);
-        calls.push(op(2), deadline, flag(), true);
-        assert_eq!(
-            calls.first_due().map(|(op, _)| op.seq),
-            Some(1),
-            "equal deadlines: the oldest"
-        );
-        let mut settled = 0;
-        calls.all_finished(|_| settled += 1);
-        assert_eq!(
-            (settled, calls.len()),
-            (1, 1),
-            "only the unconfirmed one is left"
-        );
-        let left = calls.take_unconfirmed();
-        assert_eq!(left.iter().map(|(op, ..)| op.seq).collect::<Vec<_>>(), [2]);
-        assert_eq!(calls.len(), 0);
-        assert!(calls.oldest().is_none());
     }
 }

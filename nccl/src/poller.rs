@@ -40,9 +40,6 @@ pub(super) struct Cx<'a> {
     pub(super) deadline: Deadline,
     /// The group's shared state, once running: an abort (here or by a peer) ends the wait.
     pub(super) control: Option<&'a GroupControl>,
-    /// The earliest-due call still in flight before this one on the stream: this call
-    /// cannot finish before it, so waiting gives up at its deadline, naming it.
-    pub(super) earlier: Option<(OpDesc, Deadline)>,
 }
 
 impl Cx<'_> {
@@ -248,9 +245,8 @@ impl Cx<'_> {
     }
 
     /// Polls `done` until it says so, with a short spin, then sleeps that grow to 1 ms;
-    /// fails at the deadline (or an earlier call's, see [`Cx::earlier`]) or when a peer
-    /// this operation needs has been gone for [`PEER_FAILURE_GRACE`] (it may have
-    /// finished its part and exited).
+    /// fails at the deadline or when a peer this operation needs has been gone for
+    /// [`PEER_FAILURE_GRACE`] (it may have finished its part and exited).
     pub(super) fn poll(&self, mut done: impl FnMut() -> Result<bool, Error>) -> Result<(), Error> {
         let start = Instant::now();
         let mut next_liveness = start + LIVENESS_EVERY;
@@ -261,9 +257,6 @@ impl Cx<'_> {
                 return Ok(());
             }
             let now = Instant::now();
-            if let Some((op, deadline)) = self.earlier.filter(|(_, d)| now >= d.at()) {
-                return Err(self.timeout_of(&op, deadline));
-            }
             if now >= self.deadline.at() {
                 return Err(self.timeout_of(self.op, self.deadline));
             }

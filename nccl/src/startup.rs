@@ -83,7 +83,6 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
         involved: Involved::All,
         deadline,
         control: None,
-        earlier: None,
     };
     let joined = cx.poll(|| {
         Ok(comm

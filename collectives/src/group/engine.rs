@@ -45,7 +45,8 @@ pub trait Engine: Send + fmt::Debug {
         let _ = recorder;
     }
 
-    /// The group has broken: release whatever could still be waiting on peers (NCCL
-    /// aborts its communicator). Called once, under the runner's lock.
+    /// The group has broken or been aborted: release whatever could still be waiting on
+    /// peers (NCCL aborts its communicator). Called under the runner's lock, possibly
+    /// more than once: later calls must do nothing.
     fn abort(&mut self) {}
 }

@@ -154,8 +154,9 @@ impl<E: Engine> GroupRunner<E> {
 
     /// Runs `body` on the engine between calls, without a number: an engine's watch over
     /// work it handed to its device without waiting (NCCL's stream-ordered calls). A
-    /// broken or aborted group refuses, as for a call; an error that breaks the group
-    /// breaks it, as a call's would, and is returned.
+    /// broken or aborted group refuses, as for a call; an error is diagnosed and breaks
+    /// the group as a call's would (a peer's abort is returned as that abort), and is
+    /// returned.
     pub fn tend<R>(&self, body: impl FnOnce(&mut E) -> Result<R, Error>) -> Result<R, Error> {
         let mut state = self.lock()?;
         if let Some(cause) = &state.broken {
@@ -171,7 +172,8 @@ impl<E: Engine> GroupRunner<E> {
             self.flight.write_break(dump);
             return Err(error);
         }
-        let result = body(&mut state.engine);
+        let result = body(&mut state.engine)
+            .map_err(|e| self.diagnose(&mut state, e, Deadline::after(PEER_FAILURE_GRACE)));
         let dump = match &result {
             Err(e) if e.breaks_group() => self.break_group(&mut state, e),
             _ => None,
@@ -184,10 +186,17 @@ impl<E: Engine> GroupRunner<E> {
     /// [`GroupRunner::tend`] for a background thread that has nobody to give an error
     /// to: an error that breaks the group aborts it at once (the engine is released,
     /// the peers are told) and is kept for this rank's next call, which returns it.
-    /// Returns `body`'s value, or `None` when the group is broken or aborted.
+    /// Once the group is aborted, by this rank or a peer, the engine is released at
+    /// once too, so that nothing on the device waits on the dead group until a next
+    /// call comes (which returns the abort). Returns `body`'s value, or `None` when the
+    /// group is broken or aborted.
     pub fn tend_unattended<R>(&self, body: impl FnOnce(&mut E) -> Result<R, Error>) -> Option<R> {
         let mut state = self.state.lock().ok()?;
-        if state.broken.is_some() || self.control.is_aborted() {
+        if state.broken.is_some() {
+            return None;
+        }
+        if self.control.is_aborted() {
+            state.engine.abort();
             return None;
         }
         match body(&mut state.engine) {
@@ -199,6 +208,10 @@ impl<E: Engine> GroupRunner<E> {
                     .abort(self.rank, error.to_string(), Some(error));
                 drop(state);
                 self.flight.write_break(dump);
+                None
+            }
+            Err(_) if self.control.is_aborted() => {
+                state.engine.abort();
                 None
             }
             Err(error) => {

@@ -217,3 +217,74 @@ fn an_error_found_unattended_aborts_at_once_and_the_next_call_returns_it() {
     assert!(matches!(b.barrier(soon()), Err(Error::GroupBroken { .. })));
     assert_eq!(b.tend_unattended(|_| Ok(())), None);
 }
+
+/// An engine that only counts how often it was told to abort.
+#[derive(Debug, Default)]
+struct CountsAborts(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl crate::Engine for CountsAborts {
+    fn execute(
+        &mut self,
+        _op: &crate::OpDesc,
+        _request: crate::Request<'_>,
+        _deadline: Deadline,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_peers_abort_releases_the_engine_from_the_unattended_watch_at_once() {
+    use std::sync::atomic::Ordering;
+    let engine = CountsAborts::default();
+    let aborts = std::sync::Arc::clone(&engine.0);
+    let runner = crate::GroupRunner::with_engine("test", 0, 2, Duration::from_secs(5), engine);
+    assert_eq!(runner.tend_unattended(|_| Ok(1)), Some(1));
+    assert_eq!(aborts.load(Ordering::SeqCst), 0);
+    runner
+        .control()
+        .abort(1, "rank 1 timed out in op #9".into(), None);
+    // Nobody calls: the watch alone releases the engine, so that a device waiting on
+    // the dead group is freed.
+    assert_eq!(runner.tend_unattended(|_| Ok(1)), None);
+    assert_eq!(aborts.load(Ordering::SeqCst), 1);
+    // The next call (or tending) returns the peer's abort, naming it.
+    match runner.tend(|_| Ok(())) {
+        Err(Error::GroupAborted { by: 1, reason, .. }) => assert!(reason.contains("op #9")),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        runner.barrier(soon()),
+        Err(Error::GroupBroken { .. })
+    ));
+}
+
+#[test]
+fn an_error_found_while_tending_after_a_peers_abort_is_that_abort() {
+    let runner = crate::GroupRunner::with_engine(
+        "test",
+        0,
+        2,
+        Duration::from_secs(5),
+        CountsAborts::default(),
+    );
+    let err = runner.tend(|engine| {
+        // The abort lands while the body runs; the body sees it as a broken group.
+        let _ = engine;
+        Err::<(), _>(Error::GroupBroken {
+            rank: 0,
+            cause: "aborted".into(),
+        })
+        .inspect_err(|_| {
+            runner.control().abort(1, "rank 1 gave up".into(), None);
+        })
+    });
+    assert!(
+        matches!(err, Err(Error::GroupAborted { by: 1, .. })),
+        "{err:?}"
+    );
+}
