@@ -13,7 +13,8 @@
 #      gloo with device buffers at 2, 3 and 4 ranks sharing the GPU; init failure paths;
 #      two NCCL ranks on one GPU fail cleanly (NCCL refuses that) or work.
 #   2. ringccl-bench --backend nccl (device memory, as nccl-tests), every dtype and op.
-#   3. ringccl-bench --backend nccl beside PyTorch's own NCCL all-reduce, both at world
+#   3. ringccl-bench --backend nccl (blocking, and --stream-ordered) beside PyTorch's own
+#      NCCL all-reduce (sync each, and loop), both at world
 #      size 1 on this GPU in the same run, and the ratio of their per-call times.
 #   4. ringccl-bench --backend gloo --memory device at 2 and 4 ranks.
 #   5. tests/device_ddp.rs (device DDP bit for bit against host DDP, NCCL's deadline) and
@@ -160,25 +161,31 @@ versus_torch() {
     rm -f "$out/ringccl.json"
     "$out/ringccl-bench" --backend nccl --np 1 -b 8 -e 64M -f 8 --budget 0.3 \
         --json "$out/ringccl.json" || return 1
+    rm -f "$out/ringccl-stream.json"
+    "$out/ringccl-bench" --backend nccl --np 1 -b 8 -e 64M -f 8 --budget 0.3 \
+        --stream-ordered --json "$out/ringccl-stream.json" || return 1
     cat "$out/torch.txt"
-    "$py" - "$out/torch.txt" "$out/ringccl.json" <<'EOF'
+    "$py" - "$out/torch.txt" "$out/ringccl.json" "$out/ringccl-stream.json" <<'EOF'
 import json, sys
 torch = {}
 for line in open(sys.argv[1]):
     parts = line.split()
     if parts and parts[0].isdigit():
         torch[int(parts[0])] = (float(parts[1]), float(parts[2]))
-print(f"{'bytes':>12} {'ringccl us':>11} {'torch us':>9} {'ratio':>6}  (torch sync-each / ringccl; above 1: ringccl faster)")
-worst = None
-for line in open(sys.argv[2]):
-    row = json.loads(line)
-    t = torch.get(row["size"])
-    if t is None:
-        continue
-    ratio = t[0] / row["time_us"]
-    worst = ratio if worst is None else min(worst, ratio)
-    print(f"{row['size']:>12} {row['time_us']:>11.2f} {t[0]:>9.2f} {ratio:>6.2f}")
-print(f"ratio worst over sizes: {worst:.2f}" if worst else "ratio: no common sizes")
+def compare(path, column, title):
+    print(f"{'bytes':>12} {'ringccl us':>11} {'torch us':>9} {'ratio':>6}  ({title}; above 1: ringccl faster)")
+    worst = None
+    for line in open(path):
+        row = json.loads(line)
+        t = torch.get(row["size"])
+        if t is None:
+            continue
+        ratio = t[column] / row["time_us"]
+        worst = ratio if worst is None else min(worst, ratio)
+        print(f"{row['size']:>12} {row['time_us']:>11.2f} {t[column]:>9.2f} {ratio:>6.2f}")
+    print(f"ratio worst over sizes ({title}): {worst:.2f}" if worst else "ratio: no common sizes")
+compare(sys.argv[2], 0, "torch sync-each / ringccl blocking")
+compare(sys.argv[3], 1, "torch loop / ringccl --stream-ordered loop")
 EOF
 }
 

@@ -151,6 +151,49 @@ impl ProcessGroup {
         }
     }
 
+    /// [`ProcessGroup::all_reduce_device`] without a wait on the host, as PyTorch's
+    /// NCCL collectives run: under `"nccl"` it returns once NCCL has the call on its
+    /// stream. Later uses of `buf` through cudarc, on any stream, are ordered after the
+    /// reduction (cudarc records its write), so a kernel launched on `buf` next sees the
+    /// result without a host wait.
+    ///
+    /// The call keeps the deadline it was issued with: the group's worker thread watches
+    /// it, and one that fails or outruns it aborts the communicator (releasing any
+    /// stream that waits on it) and the group; this rank's next call returns the error,
+    /// naming the op. [`ProcessGroup::synchronize_device`] waits for it on the host, and
+    /// so does any call that waits on the host (a host-buffer collective) before it
+    /// starts. Under `"gloo"` it is [`ProcessGroup::all_reduce_device`]: staged through
+    /// the host, finished when it returns.
+    ///
+    /// ```no_run
+    /// use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pg = ringccl::init_process_group("nccl", ringccl::InitOptions::from_env()?)?;
+    /// let stream = CudaContext::new(pg.cuda_device().unwrap_or(0))?.new_stream()?;
+    /// let mut grads = stream.clone_htod(&[1.0f32; 1024])?;
+    /// for _ in 0..10 {
+    ///     pg.all_reduce_device_enqueued(&mut grads, ringccl::ReduceOp::Sum)?; // no host wait
+    /// }
+    /// pg.synchronize_device()?; // the ten have finished, or this says which did not
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn all_reduce_device_enqueued<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        match &self.shared().nccl {
+            Some(nccl) => {
+                self.in_order("all_reduce", |_, d| {
+                    nccl.all_reduce_device_enqueued(buf, op, d)
+                })?;
+                self.watch_in_flight()
+            }
+            None => self.all_reduce_device(buf, op),
+        }
+    }
+
     /// Like [`ProcessGroup::broadcast`], on a buffer in GPU memory (see
     /// [`ProcessGroup::all_reduce_device`] for how each backend handles it).
     pub fn broadcast_device<T: DeviceElement>(

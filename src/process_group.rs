@@ -112,6 +112,36 @@ impl ProcessGroup {
         None
     }
 
+    /// The slot of the group's background worker.
+    fn worker(&self) -> Result<std::sync::MutexGuard<'_, Option<Worker>>, Error> {
+        self.shared.worker.lock().map_err(|_| Error::GroupBroken {
+            rank: self.rank(),
+            cause: "a thread panicked while queueing an operation".into(),
+        })
+    }
+
+    /// The group's background worker, started on first use.
+    fn started<'a>(&self, slot: &'a mut Option<Worker>) -> Result<&'a Worker, Error> {
+        Ok(match slot {
+            Some(worker) => worker,
+            empty => empty.insert(Worker::start(
+                Arc::clone(&self.shared.backend),
+                Arc::clone(&self.shared.sequencer),
+                self.worker_exit_wait(),
+                self.idle_watch(),
+            )?),
+        })
+    }
+
+    /// Has the background worker (started if need be) watch the work this group handed
+    /// to the GPU without waiting.
+    #[cfg(feature = "nccl")]
+    pub(crate) fn watch_in_flight(&self) -> Result<(), Error> {
+        let mut slot = self.worker()?;
+        self.started(&mut slot)?.nudge();
+        Ok(())
+    }
+
     /// What the worker does between operations: under NCCL, it watches the
     /// stream-ordered calls in flight against their deadlines (PyTorch's watchdog, with
     /// the deadline each call was issued with).
@@ -297,19 +327,8 @@ impl ProcessGroup {
     {
         let rank = self.rank();
         let deadline = Deadline::after(self.shared.backend.timeout());
-        let mut slot = self.shared.worker.lock().map_err(|_| Error::GroupBroken {
-            rank,
-            cause: "a thread panicked while queueing an operation".into(),
-        })?;
-        let worker = match &mut *slot {
-            Some(worker) => worker,
-            empty => empty.insert(Worker::start(
-                Arc::clone(&self.shared.backend),
-                Arc::clone(&self.shared.sequencer),
-                self.worker_exit_wait(),
-                self.idle_watch(),
-            )?),
-        };
+        let mut slot = self.worker()?;
+        let worker = self.started(&mut slot)?;
         let (done, result) = crossbeam_channel::bounded(1);
         let run: RunOnBackend = Box::new(move |turn| {
             let result = turn.and_then(|(backend, turn)| {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender};
 use ringccl_collectives::{Backend, Deadline};
 
 use crate::process_group::settle;
@@ -35,6 +35,9 @@ pub(crate) struct Job {
 pub(crate) struct Worker {
     /// `None` once dropping began (closing the queue).
     queue: Option<Sender<Job>>,
+    /// Tells an idle worker to look at the work in flight (work handed to the device
+    /// from another thread); holds at most one pending nudge.
+    nudge: Sender<()>,
     /// How long dropping the handle waits for the thread to finish (`None`: not at all).
     wait_on_drop: Option<Duration>,
     /// Disconnected once the thread has finished and dropped its backend handle.
@@ -57,13 +60,14 @@ impl Worker {
         idle: Option<IdleWatch>,
     ) -> Result<Worker, Error> {
         let (queue, jobs) = crossbeam_channel::unbounded::<Job>();
+        let (nudge, nudged) = crossbeam_channel::bounded::<()>(1);
         let (finishing, finished) = crossbeam_channel::bounded::<()>(0);
         let rank = backend.rank();
         let handle = thread::Builder::new()
             .name(format!("ringccl-worker-{rank}"))
             .spawn(move || {
                 let mut idle = idle;
-                work(&*backend, &sequencer, &jobs, idle.as_mut());
+                work(&*backend, &sequencer, &jobs, &nudged, idle.as_mut());
                 // The watch may hold the backend too: both go before the drop is told.
                 drop(idle);
                 drop(backend);
@@ -76,11 +80,21 @@ impl Worker {
             })?;
         Ok(Worker {
             queue: Some(queue),
+            nudge,
             wait_on_drop,
             finished,
             thread: handle.thread().id(),
             rank,
         })
+    }
+
+    /// Has the worker look at the work in flight now (and keep looking while there is
+    /// any), even if no operation comes.
+    // Only device work is handed off without a wait, so only the GPU build nudges.
+    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
+    pub(crate) fn nudge(&self) {
+        // Full: a nudge is already pending. Disconnected: the worker has stopped.
+        let _ = self.nudge.try_send(());
     }
 
     /// Queues `job`; gives it back if the worker is gone.
@@ -117,6 +131,7 @@ fn work(
     backend: &dyn Backend,
     sequencer: &Sequencer,
     jobs: &Receiver<Job>,
+    nudged: &Receiver<()>,
     mut idle: Option<&mut IdleWatch>,
 ) {
     // When to look at the work in flight next; `None`: nothing is in flight.
@@ -124,20 +139,20 @@ fn work(
     // Ends when the group (the only sender) is dropped and the queue is drained; work
     // still in flight then is the backend's teardown's to finish.
     loop {
-        let next = match look_at {
-            None => jobs.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(at) => jobs.recv_deadline(at),
-        };
-        match next {
-            Ok(job) => {
-                let turn = sequencer
-                    .turn(job.ticket, job.deadline)
-                    .map(|turn| (backend, turn))
-                    .map_err(|refusal| settle(backend, refusal));
-                (job.run)(turn);
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+        let timer = look_at.map_or_else(crossbeam_channel::never, crossbeam_channel::at);
+        crossbeam_channel::select! {
+            recv(jobs) -> job => match job {
+                Ok(job) => {
+                    let turn = sequencer
+                        .turn(job.ticket, job.deadline)
+                        .map(|turn| (backend, turn))
+                        .map_err(|refusal| settle(backend, refusal));
+                    (job.run)(turn);
+                }
+                Err(_) => return,
+            },
+            recv(nudged) -> _ => {}
+            recv(timer) -> _ => {}
         }
         look_at = idle.as_mut().and_then(|watch| watch());
     }

@@ -160,6 +160,34 @@ fn other_collectives_check_out_too() {
     }
 }
 
+/// `--stream-ordered` times stream-ordered device calls (measured by gpu-check.sh); on
+/// host buffers it has nothing to time and says so instead of timing something else.
+#[test]
+fn stream_ordered_timing_on_host_buffers_is_refused() {
+    let out = bench(
+        &[
+            "--np",
+            "1",
+            "--memory",
+            "host",
+            "--stream-ordered",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "-n",
+            "2",
+        ],
+        false,
+    );
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success(), "{all}");
+    assert!(
+        all.contains("--stream-ordered needs device buffers"),
+        "{all}"
+    );
+}
+
 #[test]
 fn an_injected_fault_is_counted_as_wrong() {
     let _guard = heavy_lock();

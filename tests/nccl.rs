@@ -270,7 +270,19 @@ fn device_ops<T: TestElem + DeviceElement>(pg: &ProcessGroup, stream: &Arc<CudaS
             "{} all_reduce_device_async",
             T::DTYPE
         );
+
+        // Stream-ordered: no host wait; cudarc orders the read after NCCL's write.
+        let mut buf = stream.clone_htod(&mine).unwrap();
+        pg.all_reduce_device_enqueued(&mut buf, op).unwrap();
+        let got = stream.clone_dtoh(&buf).unwrap();
+        assert_eq!(
+            bytes(&got),
+            bytes(&want),
+            "{} all_reduce_device_enqueued",
+            T::DTYPE
+        );
     }
+    pg.synchronize_device().unwrap();
     let op = ReduceOp::Sum;
     let mine: Vec<T> = (0..len).map(|i| T::input(rank, i, op)).collect();
     let mut buf = stream.clone_htod(&mine).unwrap();

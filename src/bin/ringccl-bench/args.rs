@@ -88,6 +88,11 @@ pub(crate) struct Args {
     /// Fusion bucket size for all_reduce_bucketed.
     #[arg(long, default_value = "25M", value_parser = parse_size)]
     pub(crate) bucket: usize,
+    /// With --memory device under nccl, all_reduce only: each call returns once NCCL has
+    /// it on its stream (`all_reduce_device_enqueued`), and a batch of calls is timed up
+    /// to the host's wait for the last (nccl-tests' way), instead of each call waited for.
+    #[arg(long)]
+    pub(crate) stream_ordered: bool,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     pub(crate) bench: bool,

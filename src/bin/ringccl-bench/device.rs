@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::bench_op::BenchOp;
 use super::check::{count_wrong, inject_fault};
 use super::elements::{expected, input, BenchElem};
-use super::measure::{time_op, Iterations, Timing};
+use super::measure::{time_batches, time_op, Iterations, Timing};
 
 /// The collectives with a device-buffer method.
 pub(crate) fn supports(coll: BenchOp) -> bool {
@@ -88,7 +88,14 @@ pub(crate) fn measure<T: BenchElem>(
     checks: usize,
     warmup: usize,
     iterations: Iterations,
+    stream_ordered: bool,
 ) -> Result<(i64, Timing), Error> {
+    if stream_ordered && kind != CollectiveKind::AllReduce {
+        return Err(Error::InvalidArgument(format!(
+            "--stream-ordered measures all_reduce only, not {}",
+            kind.name()
+        )));
+    }
     let (rank, n) = (pg.rank(), pg.world_size());
     let per = count / n;
     // all_gather sends `per` elements and receives `count`; reduce_scatter the reverse.
@@ -138,8 +145,14 @@ pub(crate) fn measure<T: BenchElem>(
     let mut out = stream
         .alloc_zeros::<T>(out_len)
         .map_err(driver(pg, "allocating the output"))?;
-    let timing = time_op(pg, warmup, iterations, || {
-        call(pg, kind, op, &mut buf, &mut out)
-    })?;
+    let timing = if stream_ordered {
+        time_batches(pg, warmup, iterations, || {
+            pg.all_reduce_device_enqueued(&mut buf, op)
+        })?
+    } else {
+        time_op(pg, warmup, iterations, || {
+            call(pg, kind, op, &mut buf, &mut out)
+        })?
+    };
     Ok((total[0], timing))
 }

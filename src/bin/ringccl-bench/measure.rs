@@ -80,6 +80,51 @@ pub(crate) fn time_op(
     })
 }
 
+/// Times `enqueue`, a stream-ordered device call, as nccl-tests does: batches of calls
+/// back to back, each batch timed up to the host's wait for its last call
+/// ([`ProcessGroup::synchronize_device`]); the slowest rank's time per call. The median
+/// and the loop figure are both that time.
+#[cfg(feature = "nccl")]
+pub(crate) fn time_batches(
+    pg: &ProcessGroup,
+    warmup: usize,
+    iterations: Iterations,
+    mut enqueue: impl FnMut() -> Result<(), Error>,
+) -> Result<Timing, Error> {
+    let mut batch = |k: usize| -> Result<f64, Error> {
+        pg.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..k {
+            enqueue()?;
+        }
+        pg.synchronize_device()?;
+        let mut elapsed = [t0.elapsed().as_secs_f64()];
+        pg.all_reduce(&mut elapsed, ReduceOp::Max)?;
+        Ok(elapsed[0])
+    };
+    batch(warmup)?;
+    let iters = match iterations {
+        Iterations::Fixed(n) => n.max(1),
+        Iterations::Budget(budget) => {
+            let mut k = 1usize;
+            let per_call = loop {
+                let elapsed = batch(k)?;
+                if elapsed >= 0.1 || k >= 20_000 {
+                    break elapsed / k as f64;
+                }
+                k *= 2;
+            };
+            ((budget / per_call.max(1e-9)) as usize).clamp(5, 20_000)
+        }
+    };
+    let per_call_us = batch(iters)? / iters as f64 * 1e6;
+    Ok(Timing {
+        median_us: per_call_us,
+        loop_us: per_call_us,
+        iters,
+    })
+}
+
 /// Slowest rank's time for `f`, median of `reps` repetitions, in microseconds.
 pub(crate) fn slowest_median_us(
     pg: &ProcessGroup,

@@ -25,6 +25,11 @@ fn sweep<T: BenchElem>(
 ) -> Result<(), Error> {
     let n = pg.world_size();
     let es = T::DTYPE.size();
+    if args.stream_ordered && on_device.is_none() {
+        return Err(Error::InvalidArgument(
+            "--stream-ordered needs device buffers (--memory device, or auto under nccl)".into(),
+        ));
+    }
     let iterations = match args.iters {
         Some(n) => Iterations::Fixed(n),
         None => Iterations::Budget(args.budget),
@@ -60,6 +65,7 @@ fn sweep<T: BenchElem>(
                 args.check,
                 args.warmup,
                 iterations,
+                args.stream_ordered,
             )?,
             #[cfg(not(feature = "nccl"))]
             Some(device) => match *device {},
