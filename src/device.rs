@@ -188,7 +188,12 @@ impl ProcessGroup {
                 self.in_order("all_reduce", |_, d| {
                     nccl.all_reduce_device_enqueued(buf, op, d)
                 })?;
-                self.watch_in_flight()
+                // The call is on its way: a worker that cannot start is reported, and the
+                // next call that waits on the host settles the call instead.
+                if let Err(e) = self.watch_in_flight() {
+                    tracing::warn!(rank = self.rank(), error = %e, "no watch over the enqueued all_reduce");
+                }
+                Ok(())
             }
             None => self.all_reduce_device(buf, op),
         }

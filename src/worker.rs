@@ -151,7 +151,13 @@ fn work(
                 }
                 Err(_) => return,
             },
-            recv(nudged) -> _ => {}
+            recv(nudged) -> _ => {
+                if look_at.is_some() {
+                    // Already watching: the next look comes within the timer's period,
+                    // and a look per call would compete with the calls for the group.
+                    continue;
+                }
+            }
             recv(timer) -> _ => {}
         }
         look_at = idle.as_mut().and_then(|watch| watch());

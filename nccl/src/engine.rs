@@ -267,9 +267,12 @@ impl NcclEngine {
             let settled = |done: OnStream| device_finished(&flight, &done, None);
             cx.watch(&mut calls, now, predecessor, &mut gone_since, settled)
         });
-        if let (Err(error), Some((_, _, done))) = (&looked, calls.oldest()) {
-            // The oldest call left is the one the error is about (or is stuck behind it).
-            device_finished(&flight, done, Some(error));
+        if let Err(error) = &looked {
+            // The group breaks: no call left will settle. Each is recorded failed with
+            // the error, which names the call it is about.
+            for done in calls.iter() {
+                device_finished(&flight, done, Some(error));
+            }
         }
         self.in_flight = calls;
         self.gone_since = gone_since;

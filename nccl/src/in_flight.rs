@@ -84,6 +84,11 @@ impl<C> InFlight<C> {
         self.calls.len()
     }
 
+    /// The completions of the calls in flight, oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &C> {
+        self.calls.iter().map(|c| &c.completion)
+    }
+
     /// The oldest call in flight.
     pub(crate) fn oldest(&self) -> Option<(OpDesc, Deadline, &C)> {
         self.calls
@@ -91,17 +96,19 @@ impl<C> InFlight<C> {
             .map(|c| (c.op, c.deadline, &c.completion))
     }
 
-    /// Hands every settled call's completion to `settled`, oldest first, and forgets it.
+    /// Hands the settled calls at the front to `settled`, oldest first, and forgets them.
+    /// Completions and fingerprints both come in order, so a settled call behind an
+    /// unsettled one is left for a later look, and each look costs only what it settles.
     fn forget_settled(&mut self, mut settled: impl FnMut(C)) {
-        let mut left = VecDeque::with_capacity(self.calls.len());
-        for call in self.calls.drain(..) {
-            if call.finished && !call.unconfirmed {
+        while self
+            .calls
+            .front()
+            .is_some_and(|c| c.finished && !c.unconfirmed)
+        {
+            if let Some(call) = self.calls.pop_front() {
                 settled(call.completion);
-            } else {
-                left.push_back(call);
             }
         }
-        self.calls = left;
     }
 
     /// Looks at every call at `now`: asks `finished` about each whose completion is

@@ -593,7 +593,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         let len = data.len();
         let buffer = match spare {
             Some(spare) if spare.len() == len => Ok(spare),
-            // Every element is written by the kernel: no need to zero it.
+            // Zeroed once, on allocation; the kernel then writes every element.
             _ => stream.alloc_zeros::<N>(len).map_err(KernelError::from),
         };
         buffer

@@ -480,6 +480,10 @@ impl FlightRecorder {
                 // A call on the device ends when the device says so.
                 slot.ended_us = (slot.state != CallState::OnDevice).then_some(now);
                 slot.error = error;
+                if slot.state == CallState::OnDevice {
+                    // Counted as finished (for the beacon) in `device_finished`.
+                    return;
+                }
             }
             // Overwritten while it ran (a ring smaller than the calls queued).
             None => {
@@ -512,7 +516,8 @@ impl FlightRecorder {
     }
 
     /// Call `call`, left [`CallState::OnDevice`], has finished on the device (failed,
-    /// with `error`). A call the ring has since overwritten is ignored.
+    /// with `error`); only now does it count as finished (the beacon's count). A call
+    /// the ring has since overwritten is only counted.
     ///
     /// ```
     /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
@@ -529,8 +534,8 @@ impl FlightRecorder {
         let error = error.map(ToString::to_string);
         let mut book = self.lock();
         let now = book.clock.now_us(|| self.now());
-        if let Some(slot) = book.ring.get_mut(call) {
-            if slot.state == CallState::OnDevice {
+        match book.ring.get_mut(call) {
+            Some(slot) if slot.state == CallState::OnDevice => {
                 slot.state = if error.is_some() {
                     CallState::Failed
                 } else {
@@ -539,7 +544,12 @@ impl FlightRecorder {
                 slot.ended_us = Some(now);
                 slot.error = error;
             }
+            // Settled already.
+            Some(_) => return,
+            // Overwritten while on the device: counted now all the same.
+            None => {}
         }
+        self.finished_one(&mut book, now);
     }
 
     /// The runner refused a call in `sequence` before it started (misuse, or a broken

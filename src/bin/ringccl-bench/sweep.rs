@@ -25,9 +25,11 @@ fn sweep<T: BenchElem>(
 ) -> Result<(), Error> {
     let n = pg.world_size();
     let es = T::DTYPE.size();
-    if args.stream_ordered && on_device.is_none() {
+    if args.stream_ordered && (on_device.is_none() || pg.backend() != "nccl") {
         return Err(Error::InvalidArgument(
-            "--stream-ordered needs device buffers (--memory device, or auto under nccl)".into(),
+            "--stream-ordered needs device buffers under nccl (--backend nccl; --memory \
+             device or auto): other calls wait on the host anyway"
+                .into(),
         ));
     }
     let iterations = match args.iters {

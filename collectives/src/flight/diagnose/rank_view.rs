@@ -105,12 +105,12 @@ impl RankView {
             .find(|e| e.state == CallState::Done)
             .map_or(0, |e| e.call);
         let unfinished = entries.iter().find(|e| !finished(e));
-        // A call still on the device (NCCL's stream-ordered calls) is what the rank is
-        // in, from its peers' point of view, when nothing runs on the host.
+        // A call still on the device (NCCL's stream-ordered calls) is one the rank is in:
+        // the oldest such call or running one is where it waits (a host call behind a
+        // call on the device waits for it first).
         let running = entries
             .iter()
-            .find(|e| e.state == CallState::Running)
-            .or_else(|| entries.iter().find(|e| e.state == CallState::OnDevice));
+            .find(|e| matches!(e.state, CallState::Running | CallState::OnDevice));
         let first_failure = entries
             .iter()
             .find(|e| e.state == CallState::Failed && e.call > last_done_call);

@@ -381,3 +381,48 @@ fn a_rank_idle_at_the_break_keeps_its_dump_and_records_the_call_refused_after() 
         (Some(5), "all_reduce(sum, 1024 x f32)", CallState::Failed)
     );
 }
+
+#[test]
+fn a_call_on_the_device_counts_as_finished_only_once_the_device_is_done() {
+    let dir = TempDir::new("flight-on-device");
+    let recorder = FlightRecorder::new(
+        0,
+        1,
+        "nccl",
+        FlightConfig {
+            dir: Some(dir.0.clone()),
+            transport: "nccl",
+            ..FlightConfig::default()
+        },
+    );
+    let beacon_path = recorder.beacon_path().unwrap().to_path_buf();
+    let finished = || Beacon::decode(&fs::read(&beacon_path).unwrap()).unwrap().finished;
+    recorder.start(Sequence::Collective, 1);
+    let first = recorder.handed_to_device().unwrap();
+    recorder.finish(None);
+    recorder.start(Sequence::Collective, 2);
+    let second = recorder.handed_to_device().unwrap();
+    recorder.finish(None);
+    // A host call after them is recorded done as usual: the flag is per call.
+    recorder.start(Sequence::Collective, 3);
+    recorder.finish(None);
+    let states = |r: &FlightRecorder| -> Vec<CallState> {
+        r.snapshot("requested").entries.iter().map(|e| e.state).collect()
+    };
+    assert_eq!(
+        states(&recorder),
+        [CallState::OnDevice, CallState::OnDevice, CallState::Done]
+    );
+    assert_eq!(finished(), 1, "only the host call has finished");
+    recorder.device_finished(first, None);
+    recorder.device_finished(second, Some(&timeout_error()));
+    recorder.device_finished(second, None); // settled already: ignored
+    assert_eq!(
+        states(&recorder),
+        [CallState::Done, CallState::Failed, CallState::Done]
+    );
+    assert_eq!(finished(), 3);
+    let failed = &recorder.snapshot("requested").entries[1];
+    assert!(failed.error.as_deref().unwrap_or("").contains("timed out"));
+    assert!(failed.ended_us.is_some());
+}
