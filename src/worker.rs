@@ -171,3 +171,104 @@ impl fmt::Debug for Worker {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringccl_collectives::{HostBackend, HostConfig, MemoryConfig, MemoryTransport};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A worker over a real one-rank group, whose idle watch counts its looks and asks
+    /// to be called again while `in_flight` is non-zero.
+    fn watched(in_flight: Arc<AtomicUsize>, looks: Arc<AtomicUsize>) -> Worker {
+        let transport = MemoryTransport::mesh(1, MemoryConfig::default())
+            .pop()
+            .expect("one rank");
+        let backend: Arc<dyn Backend> =
+            Arc::new(HostBackend::new("test", transport, HostConfig::default()));
+        let sequencer = Arc::new(Sequencer::new(0, None));
+        let idle: IdleWatch = Box::new(move || {
+            looks.fetch_add(1, Ordering::SeqCst);
+            (in_flight.load(Ordering::SeqCst) > 0)
+                .then(|| Instant::now() + Duration::from_millis(5))
+        });
+        Worker::start(backend, sequencer, Some(Duration::from_secs(5)), Some(idle))
+            .expect("the worker starts")
+    }
+
+    fn wait_until(what: &str, done: impl Fn() -> bool) {
+        let until = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < until, "timed out waiting until {what}");
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    #[test]
+    fn an_idle_worker_looks_only_when_nudged_and_keeps_looking_while_work_is_in_flight() {
+        let (in_flight, looks) = (Arc::new(AtomicUsize::new(0)), Arc::default());
+        let worker = watched(Arc::clone(&in_flight), Arc::clone(&looks));
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(looks.load(Ordering::SeqCst), 0, "nothing to watch: no look");
+        // Work handed off from another thread: the nudge starts the watch, which goes
+        // on by its own timer while anything is in flight.
+        in_flight.store(1, Ordering::SeqCst);
+        worker.nudge();
+        wait_until("several looks", || looks.load(Ordering::SeqCst) >= 5);
+        // Nudges while it watches are absorbed, not a look each.
+        let before = looks.load(Ordering::SeqCst);
+        for _ in 0..1000 {
+            worker.nudge();
+        }
+        thread::sleep(Duration::from_millis(20));
+        let after = looks.load(Ordering::SeqCst);
+        assert!(
+            after - before < 100,
+            "a look per nudge: {before} -> {after}"
+        );
+        // Nothing left in flight: the watch stops after one more look (a look every
+        // timer period would keep the count moving).
+        in_flight.store(0, Ordering::SeqCst);
+        wait_until("the looks stop", || {
+            let before = looks.load(Ordering::SeqCst);
+            thread::sleep(Duration::from_millis(60));
+            looks.load(Ordering::SeqCst) == before
+        });
+        // Dropping the handle ends the thread (the drop waits for it, bounded).
+        let started = Instant::now();
+        drop(worker);
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn every_job_is_followed_by_a_look_at_the_work_in_flight() {
+        let (in_flight, looks) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let worker = watched(in_flight, Arc::clone(&looks));
+        let (ran, jobs_done) = crossbeam_channel::unbounded();
+        for ticket in 1..=3u64 {
+            let ran = ran.clone();
+            let job = Job {
+                ticket,
+                deadline: Deadline::after(Duration::from_secs(20)),
+                run: Box::new(move |turn| {
+                    if let Ok((_, turn)) = turn {
+                        let _ = turn.finish();
+                    }
+                    let _ = ran.send(ticket);
+                }),
+            };
+            assert!(worker.submit(job).is_ok());
+        }
+        let order: Vec<u64> = (0..3)
+            .map(|_| {
+                jobs_done
+                    .recv_timeout(Duration::from_secs(20))
+                    .expect("the job ran")
+            })
+            .collect();
+        assert_eq!(order, [1, 2, 3], "in issue order");
+        wait_until("a look after each job", || {
+            looks.load(Ordering::SeqCst) >= 3
+        });
+    }
+}

@@ -396,7 +396,11 @@ fn a_call_on_the_device_counts_as_finished_only_once_the_device_is_done() {
         },
     );
     let beacon_path = recorder.beacon_path().unwrap().to_path_buf();
-    let finished = || Beacon::decode(&fs::read(&beacon_path).unwrap()).unwrap().finished;
+    let finished = || {
+        Beacon::decode(&fs::read(&beacon_path).unwrap())
+            .unwrap()
+            .finished
+    };
     recorder.start(Sequence::Collective, 1);
     let first = recorder.handed_to_device().unwrap();
     recorder.finish(None);
@@ -407,7 +411,11 @@ fn a_call_on_the_device_counts_as_finished_only_once_the_device_is_done() {
     recorder.start(Sequence::Collective, 3);
     recorder.finish(None);
     let states = |r: &FlightRecorder| -> Vec<CallState> {
-        r.snapshot("requested").entries.iter().map(|e| e.state).collect()
+        r.snapshot("requested")
+            .entries
+            .iter()
+            .map(|e| e.state)
+            .collect()
     };
     assert_eq!(
         states(&recorder),
