@@ -10,7 +10,8 @@
 //! # gloo with device buffers, 4 ranks sharing GPU 0 (threads of this process):
 //! target/release/examples/ddp_gpu --backend gloo --replicas 4 --reference on
 //! # overlap: a backward slowed down to 20 ms per layer, buckets marked as produced or
-//! # all at the end:
+//! # all at the end (--slow-backward-on gpu: the extra time is a kernel on the stream,
+//! # and the host runs ahead as in real training):
 //! target/release/examples/ddp_gpu --backend gloo --replicas 2 --hidden 1024 --layers 4 \
 //!     --slow-backward-ms 20 --overlap on
 //! ```
@@ -82,9 +83,14 @@ struct Args {
     /// on: mark each layer's gradients as backward produces them; off: all at the end.
     #[arg(long, default_value = "on")]
     overlap: String,
-    /// Extra time per layer of backward (a sleep), to show the buckets' overlap.
+    /// Extra time per layer of backward, to show the buckets' overlap.
     #[arg(long, default_value_t = 0)]
     slow_backward_ms: u64,
+    /// Where the extra time goes: host (the stream is drained, then the host sleeps) or
+    /// gpu (a kernel that spins that long, queued like backward's own kernels, so the
+    /// host runs ahead as it does in real training).
+    #[arg(long, default_value = "host")]
+    slow_backward_on: String,
     /// DDP's bucket size in MiB.
     #[arg(long, default_value_t = 25.0)]
     bucket_cap_mb: f64,
@@ -139,6 +145,11 @@ extern "C" __global__ void sgd(float* p, const float* g, float lr, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) p[i] = p[i] - lr * g[i];
 }
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+}
 "#;
 
 /// Layer widths: input, hidden..., 1.
@@ -191,6 +202,7 @@ struct Gpu {
     grad_b: CudaFunction,
     back_delta: CudaFunction,
     sgd: CudaFunction,
+    spin: CudaFunction,
 }
 
 fn grid(n: usize) -> LaunchConfig {
@@ -210,6 +222,7 @@ impl Gpu {
             grad_b: f("grad_b")?,
             back_delta: f("back_delta")?,
             sgd: f("sgd")?,
+            spin: f("spin")?,
             _module: module,
         })
     }
@@ -350,7 +363,14 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
                 unsafe { launch.launch(grid(args.local_batch * dims[l]))? };
                 delta = prev;
             }
-            if args.slow_backward_ms > 0 {
+            if args.slow_backward_ms > 0 && args.slow_backward_on == "gpu" {
+                let ns = args.slow_backward_ms * 1_000_000;
+                let mut launch = stream.launch_builder(&gpu.spin);
+                launch.arg(&ns);
+                // SAFETY: spin(unsigned long long) takes the one argument pushed and
+                // touches no memory.
+                unsafe { launch.launch(grid(1))? };
+            } else if args.slow_backward_ms > 0 {
                 stream.synchronize()?;
                 std::thread::sleep(Duration::from_millis(args.slow_backward_ms));
             }
@@ -505,8 +525,12 @@ fn report(args: &Args, world: usize, report: &Report) -> Result<(), Failure> {
         args.backend, args.steps, report.loss
     );
     println!(
-        "step_ms={:.3} backward_ms={:.3} overlap={} slow_backward_ms={}",
-        report.step_ms, report.backward_ms, args.overlap, args.slow_backward_ms
+        "step_ms={:.3} backward_ms={:.3} overlap={} slow_backward_ms={} slow_backward_on={}",
+        report.step_ms,
+        report.backward_ms,
+        args.overlap,
+        args.slow_backward_ms,
+        args.slow_backward_on
     );
     if let Some(host) = &report.host_params {
         let mut worst = 0.0f32;
@@ -534,6 +558,13 @@ fn report(args: &Args, world: usize, report: &Report) -> Result<(), Failure> {
 fn main() -> Result<(), Failure> {
     let args = Args::parse();
     ringccl::logging::init_from_env();
+    if !matches!(args.slow_backward_on.as_str(), "host" | "gpu") {
+        return Err(format!(
+            "--slow-backward-on {:?}: use host or gpu",
+            args.slow_backward_on
+        )
+        .into());
+    }
     match args.replicas {
         Some(n) => {
             let groups = ringccl::local_groups(&args.backend, n)?;

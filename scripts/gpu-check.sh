@@ -191,13 +191,15 @@ EOF
 
 # A backward slowed to 25 ms per layer (5 layers, 13M parameters, 2 ranks under gloo
 # staging device buckets): with buckets marked as produced the step should cost about the
-# backward alone; marked after backward, the backward plus the all-reduces.
+# backward alone; marked after backward, the backward plus the all-reduces. $1: where the
+# extra time goes, host (drain the stream, sleep) or gpu (a spinning kernel: the host
+# runs ahead, so a staging copy that waited for the whole stream would lose the overlap).
 overlap() {
-    local on off
+    local on off slow_on=${1:-host}
     on=$("$out/ddp_gpu" --backend gloo --replicas 2 --hidden 1600 --layers 5 --input 64 \
-        --steps 8 --slow-backward-ms 25 --overlap on) || return 1
+        --steps 8 --slow-backward-ms 25 --slow-backward-on "$slow_on" --overlap on) || return 1
     off=$("$out/ddp_gpu" --backend gloo --replicas 2 --hidden 1600 --layers 5 --input 64 \
-        --steps 8 --slow-backward-ms 25 --overlap off) || return 1
+        --steps 8 --slow-backward-ms 25 --slow-backward-on "$slow_on" --overlap off) || return 1
     echo "$on"
     echo "$off"
     local s_on b_on s_off
@@ -230,6 +232,7 @@ run() {
     step "ddp_gpu gloo 4 ranks sharing the GPU against host DDP" "$out/ddp_gpu" --backend gloo \
         --replicas 4 --reference on --steps 30
     step "ddp_gpu overlap" overlap
+    step "ddp_gpu overlap, slow backward on the GPU" overlap gpu
     step "bench nccl all types and ops" "$out/ringccl-bench" --backend nccl --np 1 \
         -b 8 -e 64M -f 64 -d all -o all -w 2 --budget 0.1
     step "bench nccl versus torch" versus_torch

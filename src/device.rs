@@ -77,6 +77,39 @@ pub(crate) enum Completion {
     Enqueued,
 }
 
+/// [`through_host`] for a call queued on the worker whose buffer's producer is known by
+/// `after`, an event on the producing stream: the copies run on a stream of their own,
+/// after that event (and the buffer's last writer cudarc knows of), so that the worker
+/// waits for the buffer's data and not for whatever the producing stream has queued
+/// since (the rest of backward). The copy back has finished when this returns; later
+/// users of `buf` wait for it (cudarc records the write).
+fn staged_after<T: DeviceElement>(
+    rank: usize,
+    what: &str,
+    buf: &mut CudaSlice<T>,
+    after: &CudaEvent,
+    op: impl FnOnce(&mut [T]) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let failed = |call: &'static str| staging_failed(rank, what, call);
+    let stream = buf
+        .context()
+        .new_stream()
+        .map_err(failed("creating the staging stream"))?;
+    stream
+        .wait(after)
+        .map_err(failed("ordering the staging copy after the buffer's producer"))?;
+    let mut host = stream
+        .clone_dtoh(buf)
+        .map_err(failed("copying the buffer to the host"))?;
+    op(&mut host)?;
+    stream
+        .memcpy_htod(&host, buf)
+        .map_err(failed("copying the result to the GPU"))?;
+    stream
+        .synchronize()
+        .map_err(failed("waiting for the copy to the GPU"))
+}
+
 impl ProcessGroup {
     /// Waits on the host until every device call this group handed to the GPU without
     /// waiting (the buckets of a [`DeviceDdp`](crate::DeviceDdp) step, after its
@@ -299,9 +332,10 @@ impl ProcessGroup {
     /// [`ProcessGroup::all_reduce_device_async`] ordered after `after`, an event on the
     /// stream that produced the buffer: under `"nccl"` NCCL's stream waits on it just
     /// before the call is enqueued (on the worker thread), so a call queued behind others
-    /// is not held back by work queued after its event. Under `"gloo"` the staging copy
-    /// runs on the buffer's own stream, which orders it already. `completion` says when
-    /// the `Work` completes.
+    /// is not held back by work queued after its event. Under `"gloo"`, with `after`, the
+    /// staging copies run on a stream of their own after that event (see
+    /// [`staged_after`]); without, on the buffer's own stream. `completion` says when the
+    /// `Work` completes.
     pub(crate) fn all_reduce_device_async_after<T: DeviceElement>(
         &self,
         mut buf: CudaSlice<T>,
@@ -333,9 +367,13 @@ impl ProcessGroup {
                 })
             }
             None => self.queue("all_reduce", move |backend, d| {
-                through_host(rank, "all_reduce", &mut buf, true, |host| {
+                let reduce = |host: &mut [T]| -> Result<(), Error> {
                     Ok(backend.all_reduce(BufferMut::from_slice(host), op, d)?)
-                })
+                };
+                match &after {
+                    Some(event) => staged_after(rank, "all_reduce", &mut buf, event, reduce),
+                    None => through_host(rank, "all_reduce", &mut buf, true, reduce),
+                }
                 .map(|()| buf)
             }),
         }

@@ -608,14 +608,11 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             ))
     }
 
-    /// Under `"nccl"`: an event after everything already queued on the trainer's stream
-    /// (the bucket's gradients), for NCCL's stream to wait on just before the bucket's
-    /// call. Under `"gloo"` the staging copy runs on the bucket's own stream, the
-    /// trainer's, and needs none.
+    /// An event after everything already queued on the trainer's stream (the bucket's
+    /// gradients): NCCL's stream waits on it just before the bucket's call; under
+    /// `"gloo"` the staging copy's stream does, so that the worker waits for the bucket
+    /// and not for the rest of backward queued since.
     fn trainer_event(&self) -> Result<Option<CudaEvent>, Error> {
-        if self.pg.nccl_stream().is_none() {
-            return Ok(None);
-        }
         self.stream
             .record_event(None)
             .map(Some)
