@@ -147,7 +147,7 @@ step() {
         summary+=("FAIL  $name ($((SECONDS - started)) s; log: $log)")
     fi
     # The lines worth pasting: skips, footers, oks, hangs, ratios.
-    grep -E 'skipped|Out of bounds|Avg bus bandwidth|test result|: ok|failed cleanly|backend nccl|backend gloo|HANG|ratio|panicked|max_param_diff|reference:|step_ms|after ' "$log" |
+    grep -E 'skipped|Out of bounds|Avg bus bandwidth|test result|: ok|failed cleanly|backend nccl|backend gloo|HANG|LOST|ratio|panicked|max_param_diff|reference:|step_ms|after ' "$log" |
         sed 's/^/    /' >>"$out/summary.txt"
 }
 
@@ -207,7 +207,9 @@ overlap() {
     b_on=$(echo "$on" | sed -n 's/.* backward_ms=\([0-9.]*\) .*/\1/p')
     s_off=$(echo "$off" | sed -n 's/^step_ms=\([0-9.]*\).*/\1/p')
     awk -v s="$s_on" -v b="$b_on" -v o="$s_off" 'BEGIN {
-        printf "overlap ratio: step %.1f ms with overlap, %.1f ms without, backward %.1f ms: step/backward %.2f (overlap on), %.2f (off)\n", s, o, b, s / b, o / b }'
+        printf "overlap ratio: step %.1f ms with overlap, %.1f ms without, backward %.1f ms: step/backward %.2f (overlap on), %.2f (off)\n", s, o, b, s / b, o / b
+        # The check: buckets marked as produced must beat buckets marked at the end.
+        if (!(s < o)) { print "overlap LOST: the step with overlap is no faster than without"; exit 1 } }'
 }
 
 run() {

@@ -66,6 +66,14 @@ fn through_host<T: DeviceElement>(
     Ok(())
 }
 
+/// What a queued device call is ordered after: `event`, recorded on the stream that
+/// produced the buffer; under `"gloo"`, its staging copies run on `staging` (a stream
+/// kept by the caller, so that none is made per call) after that event.
+pub(crate) struct After {
+    pub(crate) event: CudaEvent,
+    pub(crate) staging: Option<Arc<CudaStream>>,
+}
+
 /// When a queued device call's [`Work`] completes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Completion {
@@ -78,36 +86,35 @@ pub(crate) enum Completion {
 }
 
 /// [`through_host`] for a call queued on the worker whose buffer's producer is known by
-/// `after`, an event on the producing stream: the copies run on a stream of their own,
-/// after that event (and the buffer's last writer cudarc knows of), so that the worker
-/// waits for the buffer's data and not for whatever the producing stream has queued
-/// since (the rest of backward). The copy back has finished when this returns; later
-/// users of `buf` wait for it (cudarc records the write).
+/// `after`, an event on the producing stream: the copies run on `staging`, a stream of
+/// their own, after that event, so that the worker waits for the buffer's data and not
+/// for whatever the producing stream has queued since (the rest of backward). The copy
+/// back has finished when this returns, on every path, so later users of `buf` cannot
+/// race it.
 fn staged_after<T: DeviceElement>(
     rank: usize,
     what: &str,
     buf: &mut CudaSlice<T>,
     after: &CudaEvent,
+    staging: &Arc<CudaStream>,
     op: impl FnOnce(&mut [T]) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let failed = |call: &'static str| staging_failed(rank, what, call);
-    let stream = buf
-        .context()
-        .new_stream()
-        .map_err(failed("creating the staging stream"))?;
-    stream
-        .wait(after)
-        .map_err(failed("ordering the staging copy after the buffer's producer"))?;
-    let mut host = stream
+    staging.wait(after).map_err(failed(
+        "ordering the staging copy after the buffer's producer",
+    ))?;
+    let mut host = staging
         .clone_dtoh(buf)
         .map_err(failed("copying the buffer to the host"))?;
     op(&mut host)?;
-    stream
+    let copied = staging
         .memcpy_htod(&host, buf)
-        .map_err(failed("copying the result to the GPU"))?;
-    stream
+        .map_err(failed("copying the result to the GPU"));
+    // Also after a failed copy: nothing may still write `buf` once this returns.
+    let synced = staging
         .synchronize()
-        .map_err(failed("waiting for the copy to the GPU"))
+        .map_err(failed("waiting for the copy to the GPU"));
+    copied.and(synced)
 }
 
 impl ProcessGroup {
@@ -332,15 +339,15 @@ impl ProcessGroup {
     /// [`ProcessGroup::all_reduce_device_async`] ordered after `after`, an event on the
     /// stream that produced the buffer: under `"nccl"` NCCL's stream waits on it just
     /// before the call is enqueued (on the worker thread), so a call queued behind others
-    /// is not held back by work queued after its event. Under `"gloo"`, with `after`, the
-    /// staging copies run on a stream of their own after that event (see
+    /// is not held back by work queued after its event. Under `"gloo"`, with a staging
+    /// stream in `after`, the staging copies run there after the event (see
     /// [`staged_after`]); without, on the buffer's own stream. `completion` says when the
     /// `Work` completes.
     pub(crate) fn all_reduce_device_async_after<T: DeviceElement>(
         &self,
         mut buf: CudaSlice<T>,
         op: ReduceOp,
-        after: Option<CudaEvent>,
+        after: Option<After>,
         completion: Completion,
     ) -> Result<Work<CudaSlice<T>>, Error> {
         validate_reduce(T::DTYPE, op)?;
@@ -349,7 +356,7 @@ impl ProcessGroup {
             Some(nccl) => {
                 let nccl = nccl.clone();
                 self.queue("all_reduce", move |_, d| {
-                    if let Some(event) = &after {
+                    if let Some(After { event, .. }) = &after {
                         nccl.stream().wait(event).map_err(|e| {
                             RuntimeError::from(Error::Device {
                                 rank,
@@ -371,8 +378,11 @@ impl ProcessGroup {
                     Ok(backend.all_reduce(BufferMut::from_slice(host), op, d)?)
                 };
                 match &after {
-                    Some(event) => staged_after(rank, "all_reduce", &mut buf, event, reduce),
-                    None => through_host(rank, "all_reduce", &mut buf, true, reduce),
+                    Some(After {
+                        event,
+                        staging: Some(staging),
+                    }) => staged_after(rank, "all_reduce", &mut buf, event, staging, reduce),
+                    _ => through_host(rank, "all_reduce", &mut buf, true, reduce),
                 }
                 .map(|()| buf)
             }),

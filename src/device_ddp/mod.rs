@@ -25,11 +25,11 @@ use ringccl_ddp::{
     check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout, ParamSpec, Reducer,
 };
 use ringccl_nccl::cudarc::driver::{
-    CudaEvent, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice,
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice,
 };
 use ringccl_nccl::DeviceElement;
 
-use crate::device::Completion;
+use crate::device::{After, Completion};
 use crate::half::{bf16, f16};
 use crate::{Error, ProcessGroup, ReduceOp, Work};
 use kernels::{KernelError, Kernels};
@@ -164,6 +164,9 @@ pub struct DeviceDdp<T: DeviceGrad> {
     kernels: Kernels,
     hook: DeviceCommHook,
     buckets: Vec<DeviceBucket<T>>,
+    /// Under `"gloo"`: the stream the buckets' staging copies run on (one for the DDP's
+    /// life: making a stream per bucket could synchronize the whole context).
+    staging: Option<Arc<CudaStream>>,
     broken: Option<String>,
 }
 
@@ -215,6 +218,12 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         // its buckets fails before the collective check, not after its peers passed it.
         let rank = pg.rank();
         let kernels = Kernels::load(stream).map_err(kernel_failed(rank, "DeviceDdp::new"))?;
+        let staging = match pg.nccl_stream() {
+            Some(_) => None,
+            None => Some(stream.context().new_stream().map_err(|e| {
+                kernel_failed(rank, "creating the staging stream")(KernelError::from(e))
+            })?),
+        };
         let mut ddp = DeviceDdp {
             pg: pg.clone(),
             reducer: Reducer::new(rank, params, config),
@@ -222,6 +231,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             kernels,
             hook: DeviceCommHook::AllReduce,
             buckets: Vec::new(),
+            staging,
             broken: None,
         };
         ddp.buckets = ddp.allocate_layout(None)?;
@@ -610,12 +620,17 @@ impl<T: DeviceGrad> DeviceDdp<T> {
 
     /// An event after everything already queued on the trainer's stream (the bucket's
     /// gradients): NCCL's stream waits on it just before the bucket's call; under
-    /// `"gloo"` the staging copy's stream does, so that the worker waits for the bucket
-    /// and not for the rest of backward queued since.
-    fn trainer_event(&self) -> Result<Option<CudaEvent>, Error> {
+    /// `"gloo"` the staging stream does, so that the worker waits for the bucket and not
+    /// for the rest of backward queued since.
+    fn trainer_event(&self) -> Result<Option<After>, Error> {
         self.stream
             .record_event(None)
-            .map(Some)
+            .map(|event| {
+                Some(After {
+                    event,
+                    staging: self.staging.clone(),
+                })
+            })
             .map_err(|e| kernel_failed(self.pg.rank(), "recording the bucket's event")(e.into()))
     }
 
