@@ -20,8 +20,9 @@
 //! error, SGD). With `--reference on` every rank also trains the same model on the host
 //! with host DDP, step for step on the same group, and the run ends with
 //! `max_param_diff=` between the two (float tolerance: the GPU sums in another order),
-//! then `reference: ok` or an error. `step_ms=` and `backward_ms=` are the medians over
-//! the timed steps (the first two are warm-up).
+//! then `reference: ok` or an error. `step_ms=`, `backward_ms=` and `finish_ms=` (the
+//! host's time inside `finish()`) are the medians over the timed steps (the first two
+//! are warm-up).
 
 // Kernel launches through cudarc's launch builder (each with its SAFETY comment).
 #![allow(unsafe_code)]
@@ -279,6 +280,8 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
     let b = args.local_batch as i32;
     let mut step_ms = Vec::new();
     let mut backward_ms = Vec::new();
+    // The host's time inside finish(): under nccl it only orders the stream.
+    let mut finish_ms = Vec::new();
     let mut last_loss = 0.0f32;
     for step in 0..args.steps {
         let (x, y) = batch(args, rank, world, step);
@@ -392,7 +395,9 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
         }
         stream.synchronize()?;
         let backward_time = backward.elapsed();
+        let finishing = Instant::now();
         ddp.finish()?;
+        let finish_time = finishing.elapsed();
         for (p, param) in params.iter_mut().enumerate() {
             let g = ddp.grad(p)?;
             let n = param.len() as i32;
@@ -405,6 +410,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
         if step >= 2 {
             step_ms.push(started.elapsed().as_secs_f64() * 1e3);
             backward_ms.push(backward_time.as_secs_f64() * 1e3);
+            finish_ms.push(finish_time.as_secs_f64() * 1e3);
         }
         let mut total = [stream.clone_dtoh(&loss)?.iter().sum::<f32>()];
         pg.all_reduce(&mut total, ringccl::ReduceOp::Sum)?;
@@ -422,6 +428,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
         host_params: host.map(|(_, p)| p),
         step_ms: median(step_ms),
         backward_ms: median(backward_ms),
+        finish_ms: median(finish_ms),
         loss: last_loss,
     })
 }
@@ -431,6 +438,7 @@ struct Report {
     host_params: Option<Vec<Vec<f32>>>,
     step_ms: f64,
     backward_ms: f64,
+    finish_ms: f64,
     loss: f32,
 }
 
@@ -525,9 +533,11 @@ fn report(args: &Args, world: usize, report: &Report) -> Result<(), Failure> {
         args.backend, args.steps, report.loss
     );
     println!(
-        "step_ms={:.3} backward_ms={:.3} overlap={} slow_backward_ms={} slow_backward_on={}",
+        "step_ms={:.3} backward_ms={:.3} finish_ms={:.3} overlap={} slow_backward_ms={} \
+         slow_backward_on={}",
         report.step_ms,
         report.backward_ms,
+        report.finish_ms,
         args.overlap,
         args.slow_backward_ms,
         args.slow_backward_on
