@@ -109,24 +109,40 @@ fn a_mismatch_breaks_the_group_on_the_rank_that_sees_it() {
     );
 }
 
-/// An engine whose every call panics, for the runner's panic path.
-#[derive(Debug)]
-struct Panicking;
+/// An engine for the runner's own paths: its calls panic (`panics`) or do nothing, and
+/// it counts how often it is told to abort.
+#[derive(Debug, Default)]
+struct TestEngine {
+    panics: bool,
+    aborts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
 
-impl crate::Engine for Panicking {
+impl crate::Engine for TestEngine {
     fn execute(
         &mut self,
         _op: &crate::OpDesc,
         _request: crate::Request<'_>,
         _deadline: Deadline,
     ) -> Result<(), Error> {
-        panic!("kernel exploded");
+        if self.panics {
+            panic!("kernel exploded");
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self) {
+        self.aborts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 #[test]
 fn a_panic_inside_a_call_aborts_the_group_and_still_unwinds() {
-    let runner = crate::GroupRunner::with_engine("test", 0, 2, Duration::from_secs(5), Panicking);
+    let panicking = TestEngine {
+        panics: true,
+        ..TestEngine::default()
+    };
+    let runner = crate::GroupRunner::with_engine("test", 0, 2, Duration::from_secs(5), panicking);
     let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.barrier(soon())));
     assert!(unwound.is_err(), "the panic must reach the caller");
     let record = runner.control().aborted().expect("the group is aborted");
@@ -218,30 +234,11 @@ fn an_error_found_unattended_aborts_at_once_and_the_next_call_returns_it() {
     assert_eq!(b.tend_unattended(|_| Ok(())), None);
 }
 
-/// An engine that only counts how often it was told to abort.
-#[derive(Debug, Default)]
-struct CountsAborts(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl crate::Engine for CountsAborts {
-    fn execute(
-        &mut self,
-        _op: &crate::OpDesc,
-        _request: crate::Request<'_>,
-        _deadline: Deadline,
-    ) -> Result<(), Error> {
-        Ok(())
-    }
-
-    fn abort(&mut self) {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 #[test]
 fn a_peers_abort_releases_the_engine_from_the_unattended_watch_at_once() {
     use std::sync::atomic::Ordering;
-    let engine = CountsAborts::default();
-    let aborts = std::sync::Arc::clone(&engine.0);
+    let engine = TestEngine::default();
+    let aborts = std::sync::Arc::clone(&engine.aborts);
     let runner = crate::GroupRunner::with_engine("test", 0, 2, Duration::from_secs(5), engine);
     assert_eq!(runner.tend_unattended(|_| Ok(1)), Some(1));
     assert_eq!(aborts.load(Ordering::SeqCst), 0);
@@ -270,7 +267,7 @@ fn an_error_found_while_tending_after_a_peers_abort_is_that_abort() {
         0,
         2,
         Duration::from_secs(5),
-        CountsAborts::default(),
+        TestEngine::default(),
     );
     let err = runner.tend(|engine| {
         // The abort lands while the body runs; the body sees it as a broken group.
