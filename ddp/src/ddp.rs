@@ -231,11 +231,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), DdpError>(())
     /// ```
     pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
-        self.reducer
-            .buckets()
-            .iter()
-            .map(|b| b.params.clone())
-            .collect()
+        self.reducer.bucket_layout()
     }
 
     /// Steps finished so far (each `finish` counts, `no_sync` ones included).

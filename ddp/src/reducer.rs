@@ -158,6 +158,19 @@ impl Reducer {
         &self.buckets
     }
 
+    /// The buckets as parameter indices, in launch order.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let params = [ParamSpec::new("a", 2, DType::F32), ParamSpec::new("b", 1, DType::F32)];
+    /// let reducer = Reducer::new(0, &params, DdpConfig::default());
+    /// assert_eq!(reducer.bucket_layout(), vec![vec![1, 0]]);
+    /// ```
+    pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
+        self.buckets.iter().map(|b| b.params.clone()).collect()
+    }
+
     /// Where parameter `index`'s gradient lives: (bucket, offset in elements), and its
     /// length; `None` for an index that is not a registered parameter.
     ///

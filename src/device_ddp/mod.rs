@@ -312,11 +312,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// # }
     /// ```
     pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
-        self.reducer
-            .buckets()
-            .iter()
-            .map(|b| b.params.clone())
-            .collect()
+        self.reducer.bucket_layout()
     }
 
     /// Steps finished so far.
