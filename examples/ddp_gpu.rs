@@ -33,7 +33,10 @@ use std::time::{Duration, Instant};
 
 #[path = "shared/mlp_data.rs"]
 mod mlp_data;
-use mlp_data::{target, uniform};
+#[path = "shared/mlp_model.rs"]
+mod mlp_model;
+use mlp_data::{sample, target};
+use mlp_model::{initial_weights, layer_widths};
 
 use clap::Parser;
 use ringccl::cudarc::driver::{
@@ -155,23 +158,14 @@ extern "C" __global__ void spin(unsigned long long ns) {
 
 /// Layer widths: input, hidden..., 1.
 fn dims(args: &Args) -> Vec<usize> {
-    let mut dims = vec![args.input];
-    dims.extend(std::iter::repeat_n(args.hidden, args.layers));
-    dims.push(1);
-    dims
+    layer_widths(args.input, args.hidden, args.layers)
 }
 
 /// Initial parameters, `[w0, b0, w1, b1, ...]`, `ddp_mlp`'s.
 fn initial_params(args: &Args) -> Vec<Vec<f32>> {
     let mut params = Vec::new();
     for (l, d) in dims(args).windows(2).enumerate() {
-        let scale = (1.0 / d[0] as f32).sqrt();
-        let salt = args.seed ^ ((l as u64 + 1) << 32);
-        params.push(
-            (0..d[0] * d[1])
-                .map(|i| scale * uniform(salt, i as u64))
-                .collect(),
-        );
+        params.push(initial_weights(args.seed, l, d[0], d[1]));
         params.push(vec![0.0; d[1]]);
     }
     params
@@ -183,10 +177,8 @@ fn batch(args: &Args, rank: usize, world: usize, step: usize) -> (Vec<f32>, Vec<
     let mut x = Vec::with_capacity(args.local_batch * args.input);
     let mut y = Vec::with_capacity(args.local_batch);
     for j in 0..args.local_batch {
-        let sample = (step * global + rank * args.local_batch + j) % args.dataset;
-        let row: Vec<f32> = (0..args.input)
-            .map(|k| uniform(args.seed ^ 0xDA7A, (sample * args.input + k) as u64))
-            .collect();
+        let index = (step * global + rank * args.local_batch + j) % args.dataset;
+        let row = sample(args.seed, args.input, index);
         y.push(target(&row));
         x.extend(row);
     }

@@ -38,7 +38,10 @@ use std::time::Instant;
 
 #[path = "shared/mlp_data.rs"]
 mod mlp_data;
-use mlp_data::{target, uniform};
+#[path = "shared/mlp_model.rs"]
+mod mlp_model;
+use mlp_data::{sample, target};
+use mlp_model::{initial_weights, layer_widths};
 
 use clap::Parser;
 use ringccl::ddp::{
@@ -147,23 +150,14 @@ struct Mlp {
 
 impl Mlp {
     fn new(args: &Args) -> Mlp {
-        let mut dims = vec![args.input];
-        dims.extend(std::iter::repeat_n(args.hidden, args.layers));
-        dims.push(1);
-        let layers = dims
+        let layers = layer_widths(args.input, args.hidden, args.layers)
             .windows(2)
             .enumerate()
-            .map(|(l, d)| {
-                let scale = (1.0 / d[0] as f32).sqrt();
-                let salt = args.seed ^ ((l as u64 + 1) << 32);
-                Layer {
-                    w: (0..d[0] * d[1])
-                        .map(|i| scale * uniform(salt, i as u64))
-                        .collect(),
-                    b: vec![0.0; d[1]],
-                    inputs: d[0],
-                    outputs: d[1],
-                }
+            .map(|(l, d)| Layer {
+                w: initial_weights(args.seed, l, d[0], d[1]),
+                b: vec![0.0; d[1]],
+                inputs: d[0],
+                outputs: d[1],
             })
             .collect();
         Mlp { layers }
@@ -289,11 +283,7 @@ struct Data {
 impl Data {
     fn new(args: &Args) -> Data {
         let x: Vec<Vec<f32>> = (0..args.dataset)
-            .map(|i| {
-                (0..args.input)
-                    .map(|j| uniform(args.seed ^ 0xDA7A, (i * args.input + j) as u64))
-                    .collect()
-            })
+            .map(|i| sample(args.seed, args.input, i))
             .collect();
         let y = x.iter().map(|x| target(x)).collect();
         Data { x, y }

@@ -20,3 +20,10 @@ pub(crate) fn target(x: &[f32]) -> f32 {
         .map(|(j, v)| (v * (j as f32 + 1.0)).sin() / (j as f32 + 1.0))
         .sum()
 }
+
+/// Sample `i`'s `input` features (the data set is samples `0..dataset` of `seed`).
+pub(crate) fn sample(seed: u64, input: usize, i: usize) -> Vec<f32> {
+    (0..input)
+        .map(|j| uniform(seed ^ 0xDA7A, (i * input + j) as u64))
+        .collect()
+}

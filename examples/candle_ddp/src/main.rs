@@ -29,7 +29,7 @@ use std::time::Instant;
 
 #[path = "../../shared/mlp_data.rs"]
 mod mlp_data;
-use mlp_data::{target, uniform};
+use mlp_data::{sample, target, uniform};
 
 use candle_core::{Device, Tensor, Var};
 use clap::Parser;
@@ -221,8 +221,8 @@ struct Data {
 
 impl Data {
     fn new(args: &Args, dev: &Device) -> candle_core::Result<Data> {
-        let xs: Vec<f32> = (0..args.dataset * args.input)
-            .map(|i| uniform(args.seed ^ 0xDA7A, i as u64))
+        let xs: Vec<f32> = (0..args.dataset)
+            .flat_map(|i| sample(args.seed, args.input, i))
             .collect();
         let ys: Vec<f32> = xs.chunks_exact(args.input).map(target).collect();
         Ok(Data {
