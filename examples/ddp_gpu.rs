@@ -31,12 +31,15 @@ use std::error::Error as StdError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "shared/mlp_args.rs"]
+mod mlp_args;
 #[path = "shared/mlp_data.rs"]
 mod mlp_data;
 #[path = "shared/mlp_model.rs"]
 mod mlp_model;
+use mlp_args::MlpArgs;
 use mlp_data::{sample, target};
-use mlp_model::{initial_weights, layer_widths};
+use mlp_model::initial_weights;
 
 use clap::Parser;
 use ringccl::cudarc::driver::{
@@ -50,43 +53,17 @@ type Failure = Box<dyn StdError + Send + Sync>;
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
+    #[command(flatten)]
+    mlp: MlpArgs,
     /// gloo (device buffers staged through the host) or nccl.
     #[arg(long, default_value = "nccl")]
     backend: String,
-    /// Ranks on threads of this process (ringccl::local_groups); without it, the group
-    /// that ringrun (or RANK/WORLD_SIZE/MASTER_*) describes.
-    #[arg(long)]
-    replicas: Option<usize>,
-    /// Samples per rank per step.
-    #[arg(long, default_value_t = 16)]
-    local_batch: usize,
     /// Optimiser steps.
     #[arg(long, default_value_t = 20)]
     steps: usize,
-    /// Seed of the data and the initial parameters.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Input features.
-    #[arg(long, default_value_t = 8)]
-    input: usize,
-    /// Hidden units per layer.
-    #[arg(long, default_value_t = 32)]
-    hidden: usize,
-    /// Hidden layers.
-    #[arg(long, default_value_t = 2)]
-    layers: usize,
-    /// Dataset size.
-    #[arg(long, default_value_t = 1024)]
-    dataset: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = 0.05)]
-    lr: f32,
     /// on: also train on the host with host DDP and compare the parameters at the end.
     #[arg(long, default_value = "off")]
     reference: String,
-    /// on: mark each layer's gradients as backward produces them; off: all at the end.
-    #[arg(long, default_value = "on")]
-    overlap: String,
     /// Extra time per layer of backward, to show the buckets' overlap.
     #[arg(long, default_value_t = 0)]
     slow_backward_ms: u64,
@@ -95,9 +72,6 @@ struct Args {
     /// host runs ahead as it does in real training).
     #[arg(long, default_value = "host")]
     slow_backward_on: String,
-    /// DDP's bucket size in MiB.
-    #[arg(long, default_value_t = 25.0)]
-    bucket_cap_mb: f64,
 }
 
 const KERNELS: &str = r#"
@@ -156,16 +130,11 @@ extern "C" __global__ void spin(unsigned long long ns) {
 }
 "#;
 
-/// Layer widths: input, hidden..., 1.
-fn dims(args: &Args) -> Vec<usize> {
-    layer_widths(args.input, args.hidden, args.layers)
-}
-
 /// Initial parameters, `[w0, b0, w1, b1, ...]`, `ddp_mlp`'s.
 fn initial_params(args: &Args) -> Vec<Vec<f32>> {
     let mut params = Vec::new();
-    for (l, d) in dims(args).windows(2).enumerate() {
-        params.push(initial_weights(args.seed, l, d[0], d[1]));
+    for (l, d) in args.mlp.widths().windows(2).enumerate() {
+        params.push(initial_weights(args.mlp.seed, l, d[0], d[1]));
         params.push(vec![0.0; d[1]]);
     }
     params
@@ -173,12 +142,12 @@ fn initial_params(args: &Args) -> Vec<Vec<f32>> {
 
 /// This rank's samples at `step`: inputs (row-major) and labels.
 fn batch(args: &Args, rank: usize, world: usize, step: usize) -> (Vec<f32>, Vec<f32>) {
-    let global = args.local_batch * world;
-    let mut x = Vec::with_capacity(args.local_batch * args.input);
-    let mut y = Vec::with_capacity(args.local_batch);
-    for j in 0..args.local_batch {
-        let index = (step * global + rank * args.local_batch + j) % args.dataset;
-        let row = sample(args.seed, args.input, index);
+    let global = args.mlp.local_batch * world;
+    let mut x = Vec::with_capacity(args.mlp.local_batch * args.mlp.input);
+    let mut y = Vec::with_capacity(args.mlp.local_batch);
+    for j in 0..args.mlp.local_batch {
+        let index = (step * global + rank * args.mlp.local_batch + j) % args.mlp.dataset;
+        let row = sample(args.mlp.seed, args.mlp.input, index);
         y.push(target(&row));
         x.extend(row);
     }
@@ -228,7 +197,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
     let device = pg.cuda_device().unwrap_or(0);
     let stream = CudaContext::new(device)?.new_stream()?;
     let gpu = Gpu::new(&stream)?;
-    let dims = dims(args);
+    let dims = args.mlp.widths();
     let layers = dims.len() - 1;
     let names: Vec<(String, usize)> = dims
         .windows(2)
@@ -240,7 +209,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
             ]
         })
         .collect();
-    let config = DdpConfig::default().bucket_cap_bytes((args.bucket_cap_mb * 1048576.0) as usize);
+    let config = DdpConfig::default().bucket_cap_bytes(args.mlp.bucket_cap_bytes());
     let mut ddp = DeviceDdp::<f32>::with_params(
         pg,
         &stream,
@@ -269,7 +238,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
     } else {
         None
     };
-    let b = args.local_batch as i32;
+    let b = args.mlp.local_batch as i32;
     let mut step_ms = Vec::new();
     let mut backward_ms = Vec::new();
     // The host's time inside finish(): under nccl it only orders the stream.
@@ -285,7 +254,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
         let mut acts: Vec<CudaSlice<f32>> = vec![stream.clone_htod(&x)?];
         for l in 0..layers {
             let (i, o) = (dims[l] as i32, dims[l + 1] as i32);
-            let mut z = stream.alloc_zeros::<f32>(args.local_batch * dims[l + 1])?;
+            let mut z = stream.alloc_zeros::<f32>(args.mlp.local_batch * dims[l + 1])?;
             let act = i32::from(l + 1 < layers);
             let mut launch = stream.launch_builder(&gpu.dense);
             launch
@@ -299,14 +268,14 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
                 .arg(&act);
             // SAFETY: dense(w, b, h, z, batch, in, out, act): w holds out*in, b out, h
             // batch*in and z batch*out elements; one thread per element of z.
-            unsafe { launch.launch(grid(args.local_batch * dims[l + 1]))? };
+            unsafe { launch.launch(grid(args.mlp.local_batch * dims[l + 1]))? };
             acts.push(z);
         }
         // Backward, last layer first; each layer's gradients go to DDP as produced.
         let backward = Instant::now();
         let y_dev = stream.clone_htod(&y)?;
-        let mut delta = stream.alloc_zeros::<f32>(args.local_batch)?;
-        let mut loss = stream.alloc_zeros::<f32>(args.local_batch)?;
+        let mut delta = stream.alloc_zeros::<f32>(args.mlp.local_batch)?;
+        let mut loss = stream.alloc_zeros::<f32>(args.mlp.local_batch)?;
         let mut launch = stream.launch_builder(&gpu.out_delta);
         launch
             .arg(&acts[layers])
@@ -315,7 +284,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
             .arg(&mut loss)
             .arg(&b);
         // SAFETY: out_delta(a, y, d, loss, batch): all hold batch elements.
-        unsafe { launch.launch(grid(args.local_batch))? };
+        unsafe { launch.launch(grid(args.mlp.local_batch))? };
         let mut grads: Vec<Option<CudaSlice<f32>>> = vec![None; 2 * layers];
         for l in (0..layers).rev() {
             let (i, o) = (dims[l] as i32, dims[l + 1] as i32);
@@ -344,7 +313,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
             // SAFETY: grad_b(d, gb, batch, out): d batch*out, gb out elements.
             unsafe { launch.launch(grid(dims[l + 1]))? };
             if l > 0 {
-                let mut prev = stream.alloc_zeros::<f32>(args.local_batch * dims[l])?;
+                let mut prev = stream.alloc_zeros::<f32>(args.mlp.local_batch * dims[l])?;
                 let mut launch = stream.launch_builder(&gpu.back_delta);
                 launch
                     .arg(&params[2 * l])
@@ -355,7 +324,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
                     .arg(&o);
                 // SAFETY: back_delta(w, d, p, batch, in, out): w out*in, d batch*out, p
                 // batch*in elements; one thread per element of p.
-                unsafe { launch.launch(grid(args.local_batch * dims[l]))? };
+                unsafe { launch.launch(grid(args.mlp.local_batch * dims[l]))? };
                 delta = prev;
             }
             if args.slow_backward_ms > 0 && args.slow_backward_on == "gpu" {
@@ -369,14 +338,14 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
                 stream.synchronize()?;
                 std::thread::sleep(Duration::from_millis(args.slow_backward_ms));
             }
-            if args.overlap == "on" {
+            if args.mlp.overlap == "on" {
                 ddp.mark_grad_ready(2 * l + 1, &gb.slice(..))?;
                 ddp.mark_grad_ready(2 * l, &gw.slice(..))?;
             }
             grads[2 * l] = Some(gw);
             grads[2 * l + 1] = Some(gb);
         }
-        if args.overlap != "on" {
+        if args.mlp.overlap != "on" {
             for l in (0..layers).rev() {
                 for p in [2 * l + 1, 2 * l] {
                     if let Some(g) = &grads[p] {
@@ -394,7 +363,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
             let g = ddp.grad(p)?;
             let n = param.len() as i32;
             let mut launch = stream.launch_builder(&gpu.sgd);
-            launch.arg(param).arg(&g).arg(&args.lr).arg(&n);
+            launch.arg(param).arg(&g).arg(&args.mlp.lr).arg(&n);
             // SAFETY: sgd(p, g, lr, n): p and g hold n elements.
             unsafe { launch.launch(grid(n as usize))? };
         }
@@ -406,7 +375,7 @@ fn train(pg: &ProcessGroup, args: &Args) -> Result<Report, Failure> {
         }
         let mut total = [stream.clone_dtoh(&loss)?.iter().sum::<f32>()];
         pg.all_reduce(&mut total, ringccl::ReduceOp::Sum)?;
-        last_loss = total[0] / (args.local_batch * world) as f32;
+        last_loss = total[0] / (args.mlp.local_batch * world) as f32;
         if rank == 0 && (step % 5 == 0 || step + 1 == args.steps) {
             println!("step {step} loss {last_loss:.6}");
         }
@@ -507,7 +476,10 @@ fn host_step(
     ddp.finish()?;
     for (p, param) in params.iter_mut().enumerate() {
         let g = ddp.grad(p)?;
-        param.iter_mut().zip(g).for_each(|(p, g)| *p -= args.lr * g);
+        param
+            .iter_mut()
+            .zip(g)
+            .for_each(|(p, g)| *p -= args.mlp.lr * g);
     }
     Ok(())
 }
@@ -530,7 +502,7 @@ fn report(args: &Args, world: usize, report: &Report) -> Result<(), Failure> {
         report.step_ms,
         report.backward_ms,
         report.finish_ms,
-        args.overlap,
+        args.mlp.overlap,
         args.slow_backward_ms,
         args.slow_backward_on
     );
@@ -567,7 +539,7 @@ fn main() -> Result<(), Failure> {
         )
         .into());
     }
-    match args.replicas {
+    match args.mlp.replicas {
         Some(n) => {
             let groups = ringccl::local_groups(&args.backend, n)?;
             let reports = std::thread::scope(|s| {

@@ -36,12 +36,15 @@ use std::error::Error as StdError;
 use std::path::PathBuf;
 use std::time::Instant;
 
+#[path = "shared/mlp_args.rs"]
+mod mlp_args;
 #[path = "shared/mlp_data.rs"]
 mod mlp_data;
 #[path = "shared/mlp_model.rs"]
 mod mlp_model;
+use mlp_args::MlpArgs;
 use mlp_data::{sample, target};
-use mlp_model::{initial_weights, layer_widths};
+use mlp_model::initial_weights;
 
 use clap::Parser;
 use ringccl::ddp::{
@@ -56,53 +59,23 @@ type Failure = Box<dyn StdError + Send + Sync>;
 
 #[derive(Parser, Debug, Clone)]
 struct Args {
+    #[command(flatten)]
+    mlp: MlpArgs,
     /// dp: DataParallel in this process; ddp: DistributedDataParallel.
     #[arg(long, default_value = "ddp")]
     mode: String,
-    /// Replicas in this process, without a launcher: DataParallel's replicas (default
-    /// 1), or DDP ranks on threads over ringccl::local_groups. Without it, --mode ddp
-    /// joins the group that ringrun (or the RANK/WORLD_SIZE/MASTER_* variables) describes.
-    #[arg(long)]
-    replicas: Option<usize>,
-    /// Samples per replica per step.
-    #[arg(long, default_value_t = 16)]
-    local_batch: usize,
     /// Optimiser steps.
     #[arg(long, default_value_t = 50)]
     steps: u64,
-    /// Seed for the data, the initial parameters and the sampler.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Input features.
-    #[arg(long, default_value_t = 8)]
-    input: usize,
-    /// Hidden units per layer.
-    #[arg(long, default_value_t = 32)]
-    hidden: usize,
-    /// Hidden layers.
-    #[arg(long, default_value_t = 2)]
-    layers: usize,
-    /// Dataset size.
-    #[arg(long, default_value_t = 1024)]
-    dataset: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = 0.05)]
-    lr: f32,
     /// SGD momentum (0: plain SGD).
     #[arg(long, default_value_t = 0.0)]
     momentum: f32,
     /// Print the loss every this many steps.
     #[arg(long, default_value_t = 10)]
     print_every: u64,
-    /// on: mark each gradient as backward produces it; off: all after backward.
-    #[arg(long, default_value = "on")]
-    overlap: String,
     /// Communication hook: allreduce, fp16 or bf16.
     #[arg(long, default_value = "allreduce")]
     hook: String,
-    /// DDP's bucket size in MiB (torch's bucket_cap_mb).
-    #[arg(long, default_value_t = 25.0)]
-    bucket_cap_mb: f64,
     /// Backend: gloo or nccl.
     #[arg(long, default_value = "gloo")]
     backend: String,
@@ -150,11 +123,13 @@ struct Mlp {
 
 impl Mlp {
     fn new(args: &Args) -> Mlp {
-        let layers = layer_widths(args.input, args.hidden, args.layers)
+        let layers = args
+            .mlp
+            .widths()
             .windows(2)
             .enumerate()
             .map(|(l, d)| Layer {
-                w: initial_weights(args.seed, l, d[0], d[1]),
+                w: initial_weights(args.mlp.seed, l, d[0], d[1]),
                 b: vec![0.0; d[1]],
                 inputs: d[0],
                 outputs: d[1],
@@ -282,8 +257,8 @@ struct Data {
 
 impl Data {
     fn new(args: &Args) -> Data {
-        let x: Vec<Vec<f32>> = (0..args.dataset)
-            .map(|i| sample(args.seed, args.input, i))
+        let x: Vec<Vec<f32>> = (0..args.mlp.dataset)
+            .map(|i| sample(args.mlp.seed, args.mlp.input, i))
             .collect();
         let y = x.iter().map(|x| target(x)).collect();
         Data { x, y }
@@ -334,11 +309,11 @@ impl State {
         for (i, (p, v)) in model.params_mut().into_iter().zip(velocity).enumerate() {
             let g = grad(i)?;
             if args.momentum == 0.0 {
-                p.iter_mut().zip(g).for_each(|(p, g)| *p -= args.lr * g);
+                p.iter_mut().zip(g).for_each(|(p, g)| *p -= args.mlp.lr * g);
             } else {
                 for ((p, v), g) in p.iter_mut().zip(v.iter_mut()).zip(g) {
                     *v = args.momentum * *v + g;
-                    *p -= args.lr * *v;
+                    *p -= args.mlp.lr * *v;
                 }
             }
         }
@@ -496,7 +471,7 @@ fn print_summary(
         "step_time_ms={:.3} (median over steps 2..{}, slowest replica; {replicas} replicas, {how}, overlap {}, hook {})",
         step_time * 1e3,
         args.steps,
-        args.overlap,
+        args.mlp.overlap,
         args.hook
     );
     println!("peak_rss_mb={rss_mb:.1} ({how})");
@@ -510,8 +485,7 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
     let (rank, n) = (pg.rank(), pg.world_size());
     let data = Data::new(args);
     let mut state = State::new(args);
-    let config =
-        DdpConfig::default().bucket_cap_bytes((args.bucket_cap_mb * (1 << 20) as f64) as usize);
+    let config = DdpConfig::default().bucket_cap_bytes(args.mlp.bucket_cap_bytes());
     let mut ddp = DistributedDataParallel::<f32>::with_params(pg, state.model.shapes(), config)?;
     match args.hook.as_str() {
         "allreduce" => {}
@@ -528,8 +502,8 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
         pg.broadcast(v, 0)?;
     }
 
-    let sampler = DistributedSampler::new(args.dataset, n, rank)?.seed(args.seed);
-    let mut batches = sampler.batches_from(args.local_batch, state.position)?;
+    let sampler = DistributedSampler::new(args.mlp.dataset, n, rank)?.seed(args.mlp.seed);
+    let mut batches = sampler.batches_from(args.mlp.local_batch, state.position)?;
     let mut step_times = Vec::new();
     while state.step < args.steps {
         let batch = batches.next().ok_or("the sampler ran out of batches")?;
@@ -541,7 +515,7 @@ fn train_ddp(args: &Args, pg: &ProcessGroup, in_process: bool) -> Result<(), Fai
         let acts = state.model.forward(&x);
         drop(forward);
         let backward = ddp.backward_span();
-        let loss = if args.overlap == "off" {
+        let loss = if args.mlp.overlap == "off" {
             let mut grads: Vec<(usize, Vec<f32>)> = Vec::new();
             let loss = state.model.backward(&acts, &y, |i, g| {
                 grads.push((i, g.to_vec()));
@@ -636,8 +610,8 @@ fn train_dp(args: &Args, replicas: usize) -> Result<(), Failure> {
     let data = Data::new(args);
     let mut state = State::new(args);
     state.resume_from_disk(args)?;
-    let sampler = DistributedSampler::new(args.dataset, 1, 0)?.seed(args.seed);
-    let mut batches = sampler.batches_from(replicas * args.local_batch, state.position)?;
+    let sampler = DistributedSampler::new(args.mlp.dataset, 1, 0)?.seed(args.mlp.seed);
+    let mut batches = sampler.batches_from(replicas * args.mlp.local_batch, state.position)?;
     let State {
         model,
         mut velocity,
@@ -699,7 +673,7 @@ fn train_ddp_threads(args: &Args, replicas: usize) -> Result<(), Failure> {
 
 fn main() -> Result<(), Failure> {
     let args = Args::parse();
-    match (args.mode.as_str(), args.replicas) {
+    match (args.mode.as_str(), args.mlp.replicas) {
         ("dp", replicas) => train_dp(&args, replicas.unwrap_or(1)),
         ("ddp", Some(replicas)) => train_ddp_threads(&args, replicas),
         ("ddp", None) => {
