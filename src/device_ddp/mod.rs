@@ -711,6 +711,10 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     fn wait_all(&mut self) -> Result<(), Error> {
         let mut first: Option<Error> = None;
         let stream = Arc::clone(&self.stream);
+        // Whether the trainer's stream already waits for everything NCCL was given: a
+        // widening joins NCCL's stream before it runs, so only whole buckets need the
+        // join at the end.
+        let mut joined = true;
         for b in 0..self.buckets.len() {
             let Some(in_flight) = self.buckets[b].in_flight.take() else {
                 continue;
@@ -718,6 +722,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             let landed = match in_flight {
                 InFlight::Full(work) => work.wait().map(|data| {
                     self.buckets[b].data = Some(data);
+                    joined = false;
                 }),
                 InFlight::F16(work) => work.wait().and_then(|narrow| self.widen(b, narrow)),
                 InFlight::Bf16(work) => work.wait().and_then(|narrow| self.widen(b, narrow)),
@@ -727,7 +732,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             }
         }
         self.reducer.landed();
-        if first.is_none() {
+        if first.is_none() && !joined {
             if let Some(nccl) = self.pg.nccl_stream() {
                 // The trainer's stream reads the buckets after NCCL wrote them.
                 if let Err(e) = stream.join(&nccl) {
