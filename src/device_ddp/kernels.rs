@@ -9,11 +9,12 @@
 // Kernel launches through cudarc's launch builder and the NVRTC library probe.
 #![allow(unsafe_code)]
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use ringccl_nccl::cudarc::driver::{
-    CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError,
-    LaunchConfig, PushKernelArg,
+    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError, LaunchConfig,
+    PushKernelArg,
 };
 use ringccl_nccl::cudarc::nvrtc::{self, CompileOptions, Ptx};
 
@@ -63,10 +64,27 @@ KERNELS(f16, u16, float, f16_to_f32, f32_to_f16)
 KERNELS(bf16, u16, float, bf16_to_f32, f32_to_bf16)
 "#;
 
-/// The compiled kernels, loaded on one device.
+/// Every kernel of [`SOURCE`], by the name before its type suffix.
+const KERNEL_NAMES: [&str; 8] = [
+    "div",
+    "copy_div",
+    "add_div",
+    "add",
+    "to_f16",
+    "from_f16",
+    "to_bf16",
+    "from_bf16",
+];
+
+/// The types the kernels come in, by their suffix (`DeviceGrad::C_TYPE`).
+const TYPE_SUFFIXES: [&str; 4] = ["float", "double", "f16", "bf16"];
+
+/// The compiled kernels, loaded on one device, each looked up once (with lazy module
+/// loading, the first look-up of a function can synchronize the context: it must not
+/// happen in the middle of backward).
 #[derive(Debug)]
 pub(crate) struct Kernels {
-    module: Arc<CudaModule>,
+    functions: HashMap<String, CudaFunction>,
 }
 
 /// Why the kernels are not available.
@@ -113,15 +131,46 @@ fn config(n: usize) -> LaunchConfig {
     }
 }
 
+/// The virtual architecture to compile for on a device of compute capability
+/// `major.minor`, as NVRTC numbers them (`90` for 9.0): the device's own when NVRTC
+/// knows it, else the newest NVRTC knows below it (the driver compiles PTX forward), so
+/// a GPU newer than the installed NVRTC still gets its kernels.
+fn target_arch(major: i32, minor: i32) -> i32 {
+    let device = major * 10 + minor;
+    let mut count: std::ffi::c_int = 0;
+    // SAFETY: NVRTC writes one int through the pointer, which points at `count`.
+    if unsafe { nvrtc::sys::nvrtcGetNumSupportedArchs(&mut count) }
+        .result()
+        .is_err()
+        || count <= 0
+    {
+        return device;
+    }
+    let mut archs: Vec<std::ffi::c_int> = vec![0; count as usize];
+    // SAFETY: `archs` has room for the `count` ints NVRTC just said it writes.
+    if unsafe { nvrtc::sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+        .result()
+        .is_err()
+    {
+        return device;
+    }
+    archs
+        .into_iter()
+        .filter(|&arch| arch <= device)
+        .max()
+        .unwrap_or(device)
+}
+
 /// The kernels as PTX for compute capability `major.minor` (NVRTC needs no GPU).
 fn compile(major: i32, minor: i32) -> Result<Ptx, KernelError> {
+    let arch = target_arch(major, minor);
     let opts = CompileOptions {
         // Bit-for-bit with the host: no contraction into fused multiply-adds, IEEE
         // division, denormals kept.
         fmad: Some(false),
         prec_div: Some(true),
         ftz: Some(false),
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        options: vec![format!("--gpu-architecture=compute_{arch}")],
         ..Default::default()
     };
     nvrtc::compile_ptx_with_opts(SOURCE, opts).map_err(|e| KernelError::Compile(format!("{e:?}")))
@@ -137,13 +186,22 @@ impl Kernels {
         let ctx = stream.context();
         let (major, minor) = ctx.compute_capability()?;
         let module = ctx.load_module(compile(major, minor)?)?;
-        Ok(Kernels { module })
+        let mut functions = HashMap::new();
+        for ty in TYPE_SUFFIXES {
+            for kernel in KERNEL_NAMES {
+                let name = format!("{kernel}_{ty}");
+                let function = module.load_function(&name)?;
+                functions.insert(name, function);
+            }
+        }
+        Ok(Kernels { functions })
     }
 
-    fn function<T: DeviceGrad>(&self, name: &str) -> Result<CudaFunction, KernelError> {
-        Ok(self
-            .module
-            .load_function(&format!("{name}_{}", T::C_TYPE))?)
+    fn function<T: DeviceGrad>(&self, name: &str) -> Result<&CudaFunction, KernelError> {
+        let full = format!("{name}_{}", T::C_TYPE);
+        self.functions.get(&full).ok_or_else(|| {
+            KernelError::Compile(format!("internal error: no kernel {full} was loaded"))
+        })
     }
 
     /// `x[i] /= n` on `stream`.
@@ -159,7 +217,7 @@ impl Kernels {
         // elements below `len`, the length of the view it is given.
         unsafe {
             stream
-                .launch_builder(&f)
+                .launch_builder(f)
                 .arg(x)
                 .arg(&len)
                 .arg(&d)
@@ -190,7 +248,7 @@ impl Kernels {
             (true, _) => "add_div",
         };
         let f = self.function::<T>(name)?;
-        let mut launch = stream.launch_builder(&f);
+        let mut launch = stream.launch_builder(f);
         launch.arg(dst).arg(src).arg(&len);
         if n != 1 {
             launch.arg(&d);
@@ -246,7 +304,7 @@ impl Kernels {
         // both buffers hold at least `len` elements (the callers take the minimum).
         unsafe {
             stream
-                .launch_builder(&f)
+                .launch_builder(f)
                 .arg(dst)
                 .arg(src)
                 .arg(&n)
@@ -271,20 +329,15 @@ mod tests {
             println!("the_kernels_compile_where_nvrtc_loads: skipped: libnvrtc cannot be loaded");
             return;
         }
-        for (major, minor) in [(7, 5), (9, 0)] {
+        assert_eq!(target_arch(9, 0), 90, "NVRTC 12 and 13 know Hopper");
+        // A GPU newer than this NVRTC: the newest architecture it knows, which compiles.
+        let newest = target_arch(99, 9);
+        assert!((90..=999).contains(&newest), "fell back to {newest}");
+        for (major, minor) in [(7, 5), (9, 0), (99, 9)] {
             let ptx = compile(major, minor).unwrap_or_else(|e| panic!("sm_{major}{minor}: {e}"));
             let text = ptx.to_src();
-            for ty in ["float", "double", "f16", "bf16"] {
-                for kernel in [
-                    "div",
-                    "copy_div",
-                    "add_div",
-                    "add",
-                    "to_f16",
-                    "from_f16",
-                    "to_bf16",
-                    "from_bf16",
-                ] {
+            for ty in TYPE_SUFFIXES {
+                for kernel in KERNEL_NAMES {
                     let name = format!(".entry {kernel}_{ty}(");
                     assert!(text.contains(&name), "{name} missing for sm_{major}{minor}");
                 }
