@@ -223,6 +223,9 @@ run() {
     local suite tests t
     for suite in $SUITES; do
         tests=$("$out/$suite-tests" --list 2>/dev/null | sed -n 's/: test$//p')
+        # A binary that cannot even list its tests (a loader error, a crash at start)
+        # must not pass by running nothing.
+        [ -n "$tests" ] || summary+=("FAIL  list the $suite tests (none listed: run '$out/$suite-tests --list')")
         for t in $tests; do
             step "test $t" "$out/$suite-tests" --exact "$t" --test-threads=1 --nocapture
         done

@@ -636,8 +636,11 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// for the GPU: the reductions keep the deadline they were issued with, watched by
     /// the group's worker, and one that fails or outruns it breaks the group, and the
     /// next call (or [`synchronize`](Self::synchronize)) returns the error, naming the
-    /// operation. Under `"gloo"` it returns once the buckets are reduced. Under `no_sync`
-    /// it only closes the step.
+    /// operation. The exception is the first step's `finish` at a world size above one:
+    /// it ends with the one-time rebuild, which broadcasts rank 0's bucket order on the
+    /// host and so waits for that step's reductions (torch's rebuild waits too). Under
+    /// `"gloo"` it returns once the buckets are reduced. Under `no_sync` it only closes
+    /// the step.
     ///
     /// ```no_run
     /// # use ringccl::cudarc::driver::CudaContext;
@@ -812,8 +815,13 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// failure breaks the DDP.
     fn rebuild(&mut self) -> Result<(), Error> {
         let mut order = self.reducer.rebuild_order();
-        let sent = self.pg.broadcast(&mut order, 0);
-        sent.map_err(|e| self.fail(e))?;
+        // Every rank lays its buckets out in rank 0's order. The broadcast is a host
+        // collective, which under NCCL first waits for the calls on the GPU; a group of
+        // one has nothing to agree on and skips it.
+        if self.pg.world_size() > 1 {
+            let sent = self.pg.broadcast(&mut order, 0);
+            sent.map_err(|e| self.fail(e))?;
+        }
         let old = self.reducer.lay_out_in(&order).map_err(Error::from);
         let old = old.map_err(|e| self.fail(e))?;
         let buckets = self.allocate_layout(Some((&self.buckets, &old)));
