@@ -1,20 +1,24 @@
 //! Collectives on GPU memory (`CudaSlice<T>`), under either backend.
 //!
-//! * `"nccl"`: the buffer goes to NCCL as it is, on the communicator's stream; cudarc's
-//!   stream tracking orders it after the work that produced the buffer.
+//! * `"nccl"`: the buffer goes to NCCL as it is, on the communicator's stream, which
+//!   first waits for the work queued on the buffer's stream (PyTorch's rule; see
+//!   [`StreamOrder`](ringccl_nccl::StreamOrder)); queued calls with a known producer
+//!   wait for its event instead.
 //! * `"gloo"`: the buffer is staged through host memory — copied to the host, run through
 //!   the CPU backend, copied back — as PyTorch's gloo backend does with CUDA tensors.
 //!
 //! So a program written against these methods runs under both backends; only the
 //! backend name passed to [`init_process_group`](crate::init_process_group) changes.
 
-use ringccl_collectives::{validate_reduce, BufferMut, ReduceOp};
+use ringccl_collectives::{validate_reduce, BufferMut, Deadline, ReduceOp};
 use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
 
 use ringccl_nccl::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DriverError};
 use ringccl_nccl::DeviceElement;
 
-use crate::{Error, ProcessGroup, RuntimeError, Work};
+use crate::{Error, ProcessGroup, Work};
 
 /// The error of a failed copy while staging a GPU buffer through host memory.
 fn staging_failed(rank: usize, what: &str, call: &'static str) -> impl Fn(DriverError) -> Error {
@@ -27,30 +31,59 @@ fn staging_failed(rank: usize, what: &str, call: &'static str) -> impl Fn(Driver
     }
 }
 
-/// A host copy of a GPU input buffer.
-fn input_on_host<T: DeviceElement>(
+/// Waits on the host until the GPU has reached `event`, or `deadline` passes: a copy to
+/// pageable host memory, or a stream's synchronize, would wait with no bound for
+/// whatever is queued ahead (a trainer's kernel that never ends).
+fn reached(
     rank: usize,
     what: &str,
-    input: &CudaSlice<T>,
-) -> Result<Vec<T>, Error> {
-    input.stream().clone_dtoh(input).map_err(staging_failed(
-        rank,
-        what,
-        "copying the input to the host",
-    ))
+    event: &CudaEvent,
+    deadline: Deadline,
+    waiting_for: &'static str,
+) -> Result<(), Error> {
+    let mut nap = Duration::from_micros(5);
+    loop {
+        match event.try_is_complete() {
+            Ok(true) => return Ok(()),
+            Ok(false) if deadline.has_passed() => {
+                return Err(Error::Device {
+                    rank,
+                    op: format!("{what} (staging a GPU buffer through host memory)"),
+                    call: format!("waiting for {waiting_for}"),
+                    reason: format!(
+                        "not done within the call's deadline ({:?}): the GPU work queued \
+                         ahead of it did not finish. The group is now broken: find the \
+                         kernel that does not end, or raise the group's timeout",
+                        deadline.timeout()
+                    ),
+                })
+            }
+            Ok(false) => {
+                thread::sleep(nap.min(deadline.remaining()));
+                nap = (nap * 2).min(Duration::from_millis(1));
+            }
+            Err(e) => return Err(staging_failed(rank, what, "querying a CUDA event")(e)),
+        }
+    }
 }
 
 /// Copies `buf` to the host, runs `op` on the copy and copies the result back, all on
-/// the buffer's own stream. Stands in for a device collective on CPU backends.
+/// the buffer's own stream, each wait on the GPU bounded by `deadline`. Stands in for a
+/// device collective on CPU backends.
 fn through_host<T: DeviceElement>(
     rank: usize,
     what: &str,
     buf: &mut CudaSlice<T>,
     copy_back: bool,
+    deadline: Deadline,
     op: impl FnOnce(&mut [T]) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let failed = |call: &'static str| staging_failed(rank, what, call);
     let stream = buf.stream().clone();
+    let produced = stream
+        .record_event(None)
+        .map_err(failed("recording an event after the buffer's producer"))?;
+    reached(rank, what, &produced, deadline, "the buffer's producer")?;
     let mut host = stream
         .clone_dtoh(buf)
         .map_err(failed("copying the buffer to the host"))?;
@@ -59,11 +92,31 @@ fn through_host<T: DeviceElement>(
         stream
             .memcpy_htod(&host, buf)
             .map_err(failed("copying the result to the GPU"))?;
-        stream
-            .synchronize()
-            .map_err(failed("waiting for the copy to the GPU"))?;
+        let copied = stream
+            .record_event(None)
+            .map_err(failed("recording an event after the copy to the GPU"))?;
+        reached(rank, what, &copied, deadline, "the copy to the GPU")?;
     }
     Ok(())
+}
+
+/// A host copy of a GPU input buffer, once its producer is done (within `deadline`).
+fn input_on_host<T: DeviceElement>(
+    rank: usize,
+    what: &str,
+    input: &CudaSlice<T>,
+    deadline: Deadline,
+) -> Result<Vec<T>, Error> {
+    let failed = |call: &'static str| staging_failed(rank, what, call);
+    let produced = input
+        .stream()
+        .record_event(None)
+        .map_err(failed("recording an event after the input's producer"))?;
+    reached(rank, what, &produced, deadline, "the input's producer")?;
+    input
+        .stream()
+        .clone_dtoh(input)
+        .map_err(failed("copying the input to the host"))
 }
 
 /// What a queued device call is ordered after: `event`, recorded on the stream that
@@ -88,21 +141,24 @@ pub(crate) enum Completion {
 /// [`through_host`] for a call queued on the worker whose buffer's producer is known by
 /// `after`, an event on the producing stream: the copies run on `staging`, a stream of
 /// their own, after that event, so that the worker waits for the buffer's data and not
-/// for whatever the producing stream has queued since (the rest of backward). The copy
-/// back has finished when this returns, on every path, so later users of `buf` cannot
-/// race it.
+/// for whatever the producing stream has queued since (the rest of backward). Each wait
+/// on the GPU is bounded by `deadline`. The copy back has finished when this returns
+/// `Ok`; when a wait outruns the deadline (the group then breaks), cudarc still orders
+/// later uses of `buf`, and its release, after the copy it recorded.
 fn staged_after<T: DeviceElement>(
     rank: usize,
     what: &str,
     buf: &mut CudaSlice<T>,
     after: &CudaEvent,
     staging: &Arc<CudaStream>,
+    deadline: Deadline,
     op: impl FnOnce(&mut [T]) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let failed = |call: &'static str| staging_failed(rank, what, call);
     staging.wait(after).map_err(failed(
         "ordering the staging copy after the buffer's producer",
     ))?;
+    reached(rank, what, after, deadline, "the buffer's producer")?;
     let mut host = staging
         .clone_dtoh(buf)
         .map_err(failed("copying the buffer to the host"))?;
@@ -111,9 +167,10 @@ fn staged_after<T: DeviceElement>(
         .memcpy_htod(&host, buf)
         .map_err(failed("copying the result to the GPU"));
     // Also after a failed copy: nothing may still write `buf` once this returns.
-    let synced = staging
-        .synchronize()
-        .map_err(failed("waiting for the copy to the GPU"));
+    let event = staging
+        .record_event(None)
+        .map_err(failed("recording an event after the copy to the GPU"));
+    let synced = event.and_then(|e| reached(rank, what, &e, deadline, "the copy to the GPU"));
     copied.and(synced)
 }
 
@@ -141,6 +198,12 @@ impl ProcessGroup {
             }
             None => Ok(()),
         }
+    }
+
+    /// The group's deadline, counted from now: for waits outside the backend's calls
+    /// (a device buffer's staging).
+    fn deadline(&self) -> Deadline {
+        Deadline::after(self.shared().backend.timeout())
     }
 
     /// The CUDA device this rank's NCCL communicator runs on (`None` under other
@@ -184,18 +247,23 @@ impl ProcessGroup {
             Some(nccl) => self.in_order("all_reduce", |_, d| nccl.all_reduce_device(buf, op, d)),
             None => {
                 validate_reduce(T::DTYPE, op)?;
-                through_host(self.rank(), "all_reduce", buf, true, |host| {
-                    self.all_reduce(host, op)
-                })
+                through_host(
+                    self.rank(),
+                    "all_reduce",
+                    buf,
+                    true,
+                    self.deadline(),
+                    |host| self.all_reduce(host, op),
+                )
             }
         }
     }
 
     /// [`ProcessGroup::all_reduce_device`] without a wait on the host, as PyTorch's
     /// NCCL collectives run: under `"nccl"` it returns once NCCL has the call on its
-    /// stream. Later uses of `buf` through cudarc, on any stream, are ordered after the
-    /// reduction (cudarc records its write), so a kernel launched on `buf` next sees the
-    /// result without a host wait.
+    /// stream. The reduction runs after the work queued on `buf`'s stream, and work
+    /// queued on that stream afterwards runs after the reduction, so a kernel launched
+    /// on `buf` next sees the result without a host wait.
     ///
     /// The call keeps the deadline it was issued with: the group's worker thread watches
     /// it, and one that fails or outruns it aborts the communicator (releasing any
@@ -248,9 +316,17 @@ impl ProcessGroup {
     ) -> Result<(), Error> {
         match &self.shared().nccl {
             Some(nccl) => self.in_order("broadcast", |_, d| nccl.broadcast_device(buf, root, d)),
-            None => through_host(self.rank(), "broadcast", buf, self.rank() != root, |host| {
-                self.broadcast(host, root)
-            }),
+            None => {
+                let copy_back = self.rank() != root;
+                through_host(
+                    self.rank(),
+                    "broadcast",
+                    buf,
+                    copy_back,
+                    self.deadline(),
+                    |host| self.broadcast(host, root),
+                )
+            }
         }
     }
 
@@ -263,9 +339,17 @@ impl ProcessGroup {
     ) -> Result<(), Error> {
         match &self.shared().nccl {
             Some(nccl) => self.in_order("reduce", |_, d| nccl.reduce_device(buf, op, root, d)),
-            None => through_host(self.rank(), "reduce", buf, self.rank() == root, |host| {
-                self.reduce(host, op, root)
-            }),
+            None => {
+                let copy_back = self.rank() == root;
+                through_host(
+                    self.rank(),
+                    "reduce",
+                    buf,
+                    copy_back,
+                    self.deadline(),
+                    |host| self.reduce(host, op, root),
+                )
+            }
         }
     }
 
@@ -280,9 +364,9 @@ impl ProcessGroup {
                 nccl.all_gather_device(input, output, d)
             }),
             None => {
-                let rank = self.rank();
-                let host_input = input_on_host(rank, "all_gather", input)?;
-                through_host(rank, "all_gather", output, true, |host| {
+                let (rank, deadline) = (self.rank(), self.deadline());
+                let host_input = input_on_host(rank, "all_gather", input, deadline)?;
+                through_host(rank, "all_gather", output, true, deadline, |host| {
                     self.all_gather(&host_input, host)
                 })
             }
@@ -301,9 +385,9 @@ impl ProcessGroup {
                 nccl.reduce_scatter_device(input, output, op, d)
             }),
             None => {
-                let rank = self.rank();
-                let host_input = input_on_host(rank, "reduce_scatter", input)?;
-                through_host(rank, "reduce_scatter", output, true, |host| {
+                let (rank, deadline) = (self.rank(), self.deadline());
+                let host_input = input_on_host(rank, "reduce_scatter", input, deadline)?;
+                through_host(rank, "reduce_scatter", output, true, deadline, |host| {
                     self.reduce_scatter(&host_input, host, op)
                 })
             }
@@ -356,19 +440,18 @@ impl ProcessGroup {
             Some(nccl) => {
                 let nccl = nccl.clone();
                 self.queue("all_reduce", move |_, d| {
-                    if let Some(After { event, .. }) = &after {
-                        nccl.stream().wait(event).map_err(|e| {
-                            RuntimeError::from(Error::Device {
-                                rank,
-                                op: "all_reduce (a device buffer)".into(),
-                                call: "ordering NCCL's stream after the buffer's".into(),
-                                reason: e.to_string(),
-                            })
-                        })?;
-                    }
-                    match completion {
-                        Completion::Finished => nccl.all_reduce_device(&mut buf, op, d),
-                        Completion::Enqueued => nccl.all_reduce_device_enqueued(&mut buf, op, d),
+                    match (&after, completion) {
+                        (None, Completion::Finished) => nccl.all_reduce_device(&mut buf, op, d),
+                        (None, Completion::Enqueued) => {
+                            nccl.all_reduce_device_enqueued(&mut buf, op, d)
+                        }
+                        (Some(After { event, .. }), completion) => {
+                            nccl.all_reduce_device_enqueued_after(&mut buf, op, event, d)?;
+                            match completion {
+                                Completion::Finished => nccl.wait_in_flight(),
+                                Completion::Enqueued => Ok(()),
+                            }
+                        }
                     }
                     .map(|()| buf)
                 })
@@ -381,8 +464,8 @@ impl ProcessGroup {
                     Some(After {
                         event,
                         staging: Some(staging),
-                    }) => staged_after(rank, "all_reduce", &mut buf, event, staging, reduce),
-                    _ => through_host(rank, "all_reduce", &mut buf, true, reduce),
+                    }) => staged_after(rank, "all_reduce", &mut buf, event, staging, d, reduce),
+                    _ => through_host(rank, "all_reduce", &mut buf, true, d, reduce),
                 }
                 .map(|()| buf)
             }),

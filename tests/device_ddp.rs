@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytemuck::Pod;
+use common::gpu::occupy;
 use common::{heavy_lock, run_threads};
 use ringccl::cudarc::driver::{CudaContext, CudaStream};
 use ringccl::ddp::{
@@ -252,29 +253,6 @@ fn device_ddp_refuses_bad_input_without_breaking() {
     let got = stream.clone_dtoh(&ddp.grad(0).unwrap()).unwrap();
     assert_eq!(got, [2.0, 4.0, 6.0]);
     println!("{test}: ok");
-}
-
-/// A kernel that keeps `stream` busy for `seconds` (the GPU's global timer). Returns its
-/// module, which must outlive the kernel: unloading a module waits for its kernels.
-fn occupy(stream: &Arc<CudaStream>, seconds: f64) -> Arc<ringccl::cudarc::driver::CudaModule> {
-    use ringccl::cudarc::driver::{LaunchConfig, PushKernelArg};
-    const SPIN: &str = r#"
-extern "C" __global__ void spin(unsigned long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
-}
-"#;
-    let ptx = ringccl::cudarc::nvrtc::compile_ptx(SPIN).unwrap();
-    let module = stream.context().load_module(ptx).unwrap();
-    let spin = module.load_function("spin").unwrap();
-    let ns = (seconds * 1e9) as u64;
-    let mut launch = stream.launch_builder(&spin);
-    launch.arg(&ns);
-    // SAFETY: spin(unsigned long long) takes the one argument pushed; it touches no
-    // memory.
-    unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
-    module
 }
 
 /// One bucket's all-reduce stuck behind the trainer's stream: a group of one under NCCL

@@ -12,9 +12,10 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::elements::{reference, TestElem};
+use common::gpu::occupy;
 use common::{heavy_lock, run_threads, GROUP_TIMEOUT};
 use ringccl::cudarc::driver::{CudaContext, CudaStream};
 use ringccl::half::{bf16, f16};
@@ -356,6 +357,84 @@ fn gloo_stages_device_buffers_through_the_host() {
         });
     }
     println!("{test}: ok at 2, 3 and 4 ranks");
+}
+
+/// A device all-reduce runs after the work queued on its buffer's stream, even for a
+/// buffer whose `CudaContext` handle never made a stream (cudarc tracks nothing for it,
+/// and NCCL's stream, made non-blocking, does not wait for the legacy default stream by
+/// itself): the call waits for a 1 s kernel queued ahead of it on the buffer's stream,
+/// and the buffer's stream waits for the call.
+#[test]
+fn a_device_all_reduce_waits_for_its_buffers_stream() {
+    let test = "a_device_all_reduce_waits_for_its_buffers_stream";
+    if nccl_or_skip(test).is_none() {
+        return;
+    }
+    let _heavy = heavy_lock();
+    let opts = InitOptions::new(0, 1, "127.0.0.1:0").timeout(NCCL_TIMEOUT);
+    let pg = init_process_group("nccl", opts).unwrap();
+    // Its own handle, with no stream made: cudarc's per-buffer tracking is off.
+    let context = CudaContext::new(pg.cuda_device().unwrap()).unwrap();
+    let stream = context.default_stream();
+    let values: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let mut buf = stream.clone_htod(&values).unwrap();
+    stream.synchronize().unwrap();
+    for stream_ordered in [false, true] {
+        let busy = occupy(&stream, 1.0);
+        let started = Instant::now();
+        if stream_ordered {
+            pg.all_reduce_device_enqueued(&mut buf, ReduceOp::Sum)
+                .unwrap();
+            pg.synchronize_device().unwrap();
+        } else {
+            pg.all_reduce_device(&mut buf, ReduceOp::Sum).unwrap();
+        }
+        let waited = started.elapsed();
+        println!("{test}: stream_ordered={stream_ordered}: the call ended after {waited:?}");
+        assert!(
+            waited >= Duration::from_millis(900),
+            "NCCL ran before the kernel queued ahead on the buffer's stream: {waited:?}"
+        );
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), values, "world size 1");
+        stream.synchronize().unwrap();
+        drop(busy);
+    }
+    println!("{test}: ok");
+}
+
+/// Under gloo, a device buffer is staged through the host; a copy to pageable host
+/// memory waits for everything queued ahead on the buffer's stream. With a 5 s kernel
+/// ahead and a 2 s group timeout, the call fails at its deadline with an error that says
+/// what it waited for, instead of waiting for the kernel.
+#[test]
+fn a_staged_device_buffer_behind_a_stuck_stream_fails_at_the_deadline() {
+    let test = "a_staged_device_buffer_behind_a_stuck_stream_fails_at_the_deadline";
+    if cuda_or_skip(test).is_none() {
+        return;
+    }
+    let _heavy = heavy_lock();
+    let opts = InitOptions::new(0, 1, "127.0.0.1:0").timeout(Duration::from_secs(2));
+    let pg = init_process_group("gloo", opts).unwrap();
+    let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+    let mut buf = stream.clone_htod(&[1.0f32; 256]).unwrap();
+    stream.synchronize().unwrap();
+    let busy = occupy(&stream, 5.0);
+    let started = Instant::now();
+    let err = pg.all_reduce_device(&mut buf, ReduceOp::Sum).unwrap_err();
+    let waited = started.elapsed();
+    let text = err.to_string();
+    println!("{test}: after {waited:?}: {text}");
+    assert!(
+        waited < Duration::from_secs(4),
+        "bounded by the 2 s deadline, not the 5 s kernel: {waited:?}"
+    );
+    assert!(
+        text.contains("all_reduce") && text.contains("the buffer's producer"),
+        "names the op and what it waited for: {text}"
+    );
+    stream.synchronize().unwrap();
+    drop(busy);
+    println!("{test}: ok");
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use ringccl_collectives::{
     validate_blocks, validate_reduce, validate_root, Backend, CollectiveKind, Deadline, Element,
     Error, GroupRunner, OpDesc, ReduceOp, Sequence,
@@ -16,7 +16,7 @@ use super::ffi::{Call, DeviceRegion};
 use super::poller::Involved;
 use ringccl_rendezvous::KeptStore;
 
-use crate::{DeviceError, NcclConfig};
+use crate::{DeviceError, NcclConfig, StreamOrder};
 
 /// Element types NCCL and CUDA memory both handle: all eight [`Element`] types.
 pub trait DeviceElement: Element + DeviceRepr + ValidAsZeroBits {}
@@ -112,8 +112,9 @@ impl NcclBackend {
 
     /// All-reduces a device buffer in place, stream-ordered: returns once NCCL has the
     /// call on its stream ([`NcclBackend::stream`]), without waiting for the GPU, as
-    /// PyTorch's NCCL calls do. Later work on that stream, and on streams that wait on
-    /// it, sees the result; cudarc orders later uses of `buf` after it.
+    /// PyTorch's NCCL calls do. The call runs after everything queued on `buf`'s stream,
+    /// and work queued on that stream afterwards (or on NCCL's, or on a stream that waits
+    /// on either) runs after it ([`StreamOrder::BufferStreams`]).
     ///
     /// The call keeps the deadline it was issued with: the group watches it (see
     /// [`NcclBackend::watch_in_flight`]) and, past the deadline, aborts the communicator
@@ -141,7 +142,40 @@ impl NcclBackend {
         op: ReduceOp,
         deadline: Deadline,
     ) -> Result<(), Error> {
-        self.all_reduce_in_place(buf, op, deadline, true)
+        self.all_reduce_in_place(buf, op, deadline, StreamOrder::BufferStreams, true)
+    }
+
+    /// [`NcclBackend::all_reduce_device_enqueued`] ordered after `after` only, an event
+    /// recorded where `buf`'s data was ready ([`StreamOrder::After`]): work queued on
+    /// `buf`'s stream since does not hold the call back, and nothing waits for the call
+    /// but what waits on [`NcclBackend::stream`], which the caller joins before it reads
+    /// `buf` again. DDP's buckets go this way while backward goes on.
+    ///
+    /// ```no_run
+    /// # use ringccl_nccl::{NcclBackend, NcclConfig};
+    /// # use ringccl_collectives::{Deadline, ReduceOp};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use ringccl_rendezvous::MeshConfig;
+    /// # let mesh = MeshConfig::new(0, 1, "127.0.0.1:0", std::time::Duration::from_secs(60));
+    /// # let nccl = NcclBackend::connect(NcclConfig::new(mesh))?;
+    /// let trainer = nccl.stream().context().new_stream()?;
+    /// let mut grads = trainer.clone_htod(&[1.0f32; 1024])?;
+    /// let ready = trainer.record_event(None)?;
+    /// // ... the trainer's stream goes on with other work ...
+    /// let deadline = Deadline::after(std::time::Duration::from_secs(60));
+    /// nccl.all_reduce_device_enqueued_after(&mut grads, ReduceOp::Sum, &ready, deadline)?;
+    /// trainer.join(nccl.stream())?; // before the trainer reads `grads` again
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn all_reduce_device_enqueued_after<T: DeviceElement>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        op: ReduceOp,
+        after: &CudaEvent,
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        self.all_reduce_in_place(buf, op, deadline, StreamOrder::After(after), true)
     }
 
     /// One look at the stream-ordered calls in flight: settles those the GPU has
@@ -194,7 +228,7 @@ impl NcclBackend {
         op: ReduceOp,
         deadline: Deadline,
     ) -> Result<(), Error> {
-        self.all_reduce_in_place(buf, op, deadline, false)
+        self.all_reduce_in_place(buf, op, deadline, StreamOrder::BufferStreams, false)
     }
 
     /// The two all-reduces of a device buffer: waited for on the host, or
@@ -204,6 +238,7 @@ impl NcclBackend {
         buf: &mut CudaSlice<T>,
         op: ReduceOp,
         deadline: Deadline,
+        order: StreamOrder<'_>,
         stream_ordered: bool,
     ) -> Result<(), Error> {
         validate_reduce(T::DTYPE, op)?;
@@ -214,6 +249,11 @@ impl NcclBackend {
                 let desc = OpDesc::all_reduce(seq, T::DTYPE, count, op);
                 let mut enqueue = |engine: &mut NcclEngine, wait: bool| {
                     engine.with_cx(&desc, Involved::All, deadline, |cx, _| {
+                        let buf_stream = Arc::clone(buf.stream());
+                        let streams = [&*buf_stream];
+                        order
+                            .before(cx.stream, &streams)
+                            .map_err(cx.driver("ordering NCCL's stream after the buffer's"))?;
                         let region = DeviceRegion::writing(buf, cx.stream);
                         let calls = [Call::AllReduce {
                             buf: &region,
@@ -222,10 +262,15 @@ impl NcclBackend {
                             op,
                         }];
                         if wait {
-                            cx.launch(&calls).map(|()| None)
-                        } else {
-                            cx.enqueue(&calls)
+                            return cx.launch(&calls).map(|()| None);
                         }
+                        let done = cx.enqueue(&calls)?;
+                        if let Some(done) = &done {
+                            order
+                                .after(done, cx.stream, &streams)
+                                .map_err(cx.driver("ordering the buffer's stream after NCCL's"))?;
+                        }
+                        Ok(done)
                     })
                 };
                 if stream_ordered {
@@ -250,6 +295,7 @@ impl NcclBackend {
             |seq| OpDesc::broadcast(seq, T::DTYPE, count, root),
             deadline,
             |cx| {
+                cx.after_buffers(&[buf.stream()])?;
                 let region = DeviceRegion::writing(buf, cx.stream);
                 cx.launch(&[Call::Broadcast {
                     buf: &region,
@@ -286,6 +332,7 @@ impl NcclBackend {
             },
             deadline,
             |cx| {
+                cx.after_buffers(&[buf.stream()])?;
                 let region = DeviceRegion::writing(buf, cx.stream);
                 cx.launch(&[Call::Reduce {
                     buf: &region,
@@ -320,6 +367,7 @@ impl NcclBackend {
             |seq| OpDesc::new(seq, CollectiveKind::AllGather, T::DTYPE, m, None, None),
             deadline,
             |cx| {
+                cx.after_buffers(&[input.stream(), output.stream()])?;
                 let (input, output) = (
                     DeviceRegion::reading(input, cx.stream),
                     DeviceRegion::writing(output, cx.stream),
@@ -367,6 +415,7 @@ impl NcclBackend {
             },
             deadline,
             |cx| {
+                cx.after_buffers(&[input.stream(), output.stream()])?;
                 let (input, output) = (
                     DeviceRegion::reading(input, cx.stream),
                     DeviceRegion::writing(output, cx.stream),

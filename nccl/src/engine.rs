@@ -113,7 +113,12 @@ impl NcclEngine {
         self.stream
             .context()
             .bind_to_thread()
-            .map_err(cx.driver("binding the CUDA context"))?;
+            // cudarc reports here, too, a failure it recorded earlier on this context
+            // where it could not return one (freeing a buffer, recording an event).
+            .map_err(cx.driver(
+                "binding the CUDA context (or an earlier cudarc call on it that could not \
+                 report its failure, such as a buffer's release)",
+            ))?;
         body(&cx, &mut self.staging)
     }
 }
@@ -162,6 +167,18 @@ impl Engine for NcclEngine {
     fn abort(&mut self) {
         if let Some(comm) = self.comm.take() {
             comm.abort();
+        }
+        // Calls left on the device will never settle now: each is recorded failed, so
+        // the flight recorder does not show them running forever.
+        let left = std::mem::take(&mut self.in_flight);
+        if left.iter().next().is_some() {
+            let error = Error::GroupBroken {
+                rank: self.rank,
+                cause: "the communicator was aborted while this call was on the GPU".into(),
+            };
+            for done in left.iter() {
+                device_finished(&self.flight, done, Some(&error));
+            }
         }
     }
 }
@@ -267,14 +284,16 @@ impl NcclEngine {
             let settled = |done: OnStream| device_finished(&flight, &done, None);
             cx.watch(&mut calls, now, predecessor, &mut gone_since, settled)
         });
-        if let Err(error) = &looked {
+        match &looked {
             // The group breaks: no call left will settle. Each is recorded failed with
-            // the error, which names the call it is about.
-            for done in calls.iter() {
-                device_finished(&flight, done, Some(error));
+            // the error, which names the call it is about, and is forgotten.
+            Err(error) => {
+                for done in calls.iter() {
+                    device_finished(&flight, done, Some(error));
+                }
             }
+            Ok(_) => self.in_flight = calls,
         }
-        self.in_flight = calls;
         self.gone_since = gone_since;
         looked
     }

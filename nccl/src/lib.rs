@@ -18,6 +18,7 @@
 //!   their deadlines (a state machine, tested in memory).
 //! - `staging`: device memory host buffers pass through.
 //! - `backend`: `NcclBackend`, and collectives on device buffers.
+//! - [`StreamOrder`]: what a device call waits for on the GPU, and what waits for it.
 //! - `ffi`: every raw NCCL call (the only unsafe code here).
 
 #![deny(unsafe_code)]
@@ -33,12 +34,14 @@ mod poller;
 mod probe;
 mod staging;
 mod startup;
+mod stream_order;
 
 pub use backend::{DeviceElement, NcclBackend};
 pub use config::NcclConfig;
 pub use engine::{NcclEngine, TEARDOWN_LIMIT};
 pub use error::DeviceError;
 pub use probe::cuda_device_count;
+pub use stream_order::StreamOrder;
 
 /// Re-export of `cudarc` (the CUDA driver and NCCL binding), whose `CudaSlice<T>` the
 /// device-buffer methods take.

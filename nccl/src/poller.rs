@@ -13,7 +13,7 @@ use ringccl_collectives::{Deadline, Error, OpDesc, PEER_FAILURE_GRACE};
 use super::engine::OnStream;
 use super::ffi::{self, Call, NcclCode, Progress, RawComm};
 use super::in_flight::{InFlight, Stage, Watch};
-use crate::DeviceError;
+use crate::{DeviceError, StreamOrder};
 use ringccl_transports::TcpTransport;
 
 /// How often a waiting rank checks that its peers' processes are still alive.
@@ -75,6 +75,15 @@ impl Cx<'_> {
             }
             .into()
         }
+    }
+
+    /// Makes the communicator's stream wait for everything queued on `buffers`' streams
+    /// ([`StreamOrder::BufferStreams`]), for a call whose host waits for it to finish.
+    pub(super) fn after_buffers(&self, buffers: &[&Arc<CudaStream>]) -> Result<(), Error> {
+        let streams: Vec<&CudaStream> = buffers.iter().map(|s| &***s).collect();
+        StreamOrder::BufferStreams
+            .before(self.stream, &streams)
+            .map_err(self.driver("ordering NCCL's stream after the buffers'"))
     }
 
     /// Enqueues `calls` on the communicator's stream (as one NCCL group when there are
@@ -140,6 +149,11 @@ impl Cx<'_> {
         gone_since: &mut Option<(usize, Instant)>,
         settled: impl FnMut(OnStream),
     ) -> Result<Option<Instant>, Error> {
+        // NCCL's error first, as the waited call does: a call whose event fired while
+        // NCCL reported an error must not be settled as done.
+        if let Err(code) = self.comm.async_status() {
+            return Err(self.nccl("a collective running on the GPU", code));
+        }
         let verdict = calls.poll(
             now,
             |done| {
@@ -156,9 +170,6 @@ impl Cx<'_> {
         if verdict == Watch::Idle {
             *gone_since = None;
             return Ok(None);
-        }
-        if let Err(code) = self.comm.async_status() {
-            return Err(self.nccl("a collective running on the GPU", code));
         }
         if let Some(record) = self.control.and_then(GroupControl::aborted) {
             return Err(Error::GroupBroken {

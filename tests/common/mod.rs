@@ -5,6 +5,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod elements;
+#[cfg(feature = "nccl")]
+pub mod gpu;
 pub mod matrix;
 pub mod netns;
 
