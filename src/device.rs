@@ -10,7 +10,7 @@
 //! So a program written against these methods runs under both backends; only the
 //! backend name passed to [`init_process_group`](crate::init_process_group) changes.
 
-use ringccl_collectives::{validate_reduce, BufferMut, Deadline, ReduceOp};
+use ringccl_collectives::{validate_reduce, Backend, BufferMut, BufferRef, Deadline, ReduceOp};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -174,6 +174,17 @@ fn staged_after<T: DeviceElement>(
     copied.and(synced)
 }
 
+/// Runs a staged call, and breaks the group when the staging itself failed (a copy, or
+/// a wait on the GPU past the deadline): this rank may have skipped the collective its
+/// peers run, so no later call may pair with theirs.
+fn staged<R>(backend: &dyn Backend, call: impl FnOnce() -> Result<R, Error>) -> Result<R, Error> {
+    let result = call();
+    if let Err(e @ Error::Device { .. }) = &result {
+        backend.abort(&e.to_string());
+    }
+    result
+}
+
 impl ProcessGroup {
     /// Waits on the host until every device call this group handed to the GPU without
     /// waiting (the buckets of a [`DeviceDdp`](crate::DeviceDdp) step, after its
@@ -198,12 +209,6 @@ impl ProcessGroup {
             }
             None => Ok(()),
         }
-    }
-
-    /// The group's deadline, counted from now: for waits outside the backend's calls
-    /// (a device buffer's staging).
-    fn deadline(&self) -> Deadline {
-        Deadline::after(self.shared().backend.timeout())
     }
 
     /// The CUDA device this rank's NCCL communicator runs on (`None` under other
@@ -247,14 +252,14 @@ impl ProcessGroup {
             Some(nccl) => self.in_order("all_reduce", |_, d| nccl.all_reduce_device(buf, op, d)),
             None => {
                 validate_reduce(T::DTYPE, op)?;
-                through_host(
-                    self.rank(),
-                    "all_reduce",
-                    buf,
-                    true,
-                    self.deadline(),
-                    |host| self.all_reduce(host, op),
-                )
+                let rank = self.rank();
+                self.in_order("all_reduce", |backend, d| {
+                    staged(backend, || {
+                        through_host(rank, "all_reduce", buf, true, d, |host| {
+                            Ok(backend.all_reduce(BufferMut::from_slice(host), op, d)?)
+                        })
+                    })
+                })
             }
         }
     }
@@ -317,15 +322,14 @@ impl ProcessGroup {
         match &self.shared().nccl {
             Some(nccl) => self.in_order("broadcast", |_, d| nccl.broadcast_device(buf, root, d)),
             None => {
-                let copy_back = self.rank() != root;
-                through_host(
-                    self.rank(),
-                    "broadcast",
-                    buf,
-                    copy_back,
-                    self.deadline(),
-                    |host| self.broadcast(host, root),
-                )
+                let rank = self.rank();
+                self.in_order("broadcast", |backend, d| {
+                    staged(backend, || {
+                        through_host(rank, "broadcast", buf, rank != root, d, |host| {
+                            Ok(backend.broadcast(BufferMut::from_slice(host), root, d)?)
+                        })
+                    })
+                })
             }
         }
     }
@@ -340,15 +344,14 @@ impl ProcessGroup {
         match &self.shared().nccl {
             Some(nccl) => self.in_order("reduce", |_, d| nccl.reduce_device(buf, op, root, d)),
             None => {
-                let copy_back = self.rank() == root;
-                through_host(
-                    self.rank(),
-                    "reduce",
-                    buf,
-                    copy_back,
-                    self.deadline(),
-                    |host| self.reduce(host, op, root),
-                )
+                let rank = self.rank();
+                self.in_order("reduce", |backend, d| {
+                    staged(backend, || {
+                        through_host(rank, "reduce", buf, rank == root, d, |host| {
+                            Ok(backend.reduce(BufferMut::from_slice(host), op, root, d)?)
+                        })
+                    })
+                })
             }
         }
     }
@@ -364,10 +367,15 @@ impl ProcessGroup {
                 nccl.all_gather_device(input, output, d)
             }),
             None => {
-                let (rank, deadline) = (self.rank(), self.deadline());
-                let host_input = input_on_host(rank, "all_gather", input, deadline)?;
-                through_host(rank, "all_gather", output, true, deadline, |host| {
-                    self.all_gather(&host_input, host)
+                let rank = self.rank();
+                self.in_order("all_gather", |backend, d| {
+                    staged(backend, || {
+                        let host_input = input_on_host(rank, "all_gather", input, d)?;
+                        through_host(rank, "all_gather", output, true, d, |host| {
+                            let input = BufferRef::from_slice(&host_input);
+                            Ok(backend.all_gather(input, BufferMut::from_slice(host), d)?)
+                        })
+                    })
                 })
             }
         }
@@ -385,10 +393,16 @@ impl ProcessGroup {
                 nccl.reduce_scatter_device(input, output, op, d)
             }),
             None => {
-                let (rank, deadline) = (self.rank(), self.deadline());
-                let host_input = input_on_host(rank, "reduce_scatter", input, deadline)?;
-                through_host(rank, "reduce_scatter", output, true, deadline, |host| {
-                    self.reduce_scatter(&host_input, host, op)
+                let rank = self.rank();
+                self.in_order("reduce_scatter", |backend, d| {
+                    staged(backend, || {
+                        let host_input = input_on_host(rank, "reduce_scatter", input, d)?;
+                        through_host(rank, "reduce_scatter", output, true, d, |host| {
+                            let input = BufferRef::from_slice(&host_input);
+                            let output = BufferMut::from_slice(host);
+                            Ok(backend.reduce_scatter(input, output, op, d)?)
+                        })
+                    })
                 })
             }
         }
@@ -423,10 +437,12 @@ impl ProcessGroup {
     /// [`ProcessGroup::all_reduce_device_async`] ordered after `after`, an event on the
     /// stream that produced the buffer: under `"nccl"` NCCL's stream waits on it just
     /// before the call is enqueued (on the worker thread), so a call queued behind others
-    /// is not held back by work queued after its event. Under `"gloo"`, with a staging
-    /// stream in `after`, the staging copies run there after the event (see
-    /// [`staged_after`]); without, on the buffer's own stream. `completion` says when the
-    /// `Work` completes.
+    /// is not held back by work queued after its event; without `after`, the event is
+    /// recorded on the buffer's stream now, on the calling thread. Under `"gloo"`, with a
+    /// staging stream in `after`, the staging copies run there after the event (see
+    /// [`staged_after`]); without, on the buffer's own stream when the worker gets to the
+    /// call. `completion` says when the `Work` completes. A failed staging breaks the
+    /// group (see [`staged`]).
     pub(crate) fn all_reduce_device_async_after<T: DeviceElement>(
         &self,
         mut buf: CudaSlice<T>,
@@ -439,19 +455,23 @@ impl ProcessGroup {
         match &self.shared().nccl {
             Some(nccl) => {
                 let nccl = nccl.clone();
+                // The call is ordered after the work on the buffer's stream when it is
+                // issued, here, not when the worker gets to it (work queued since is not
+                // the call's to wait for).
+                let event = match after {
+                    Some(After { event, .. }) => event,
+                    None => buf.stream().record_event(None).map_err(|e| Error::Device {
+                        rank,
+                        op: "all_reduce (a device buffer)".into(),
+                        call: "recording an event after the buffer's producer".into(),
+                        reason: e.to_string(),
+                    })?,
+                };
                 self.queue("all_reduce", move |_, d| {
-                    match (&after, completion) {
-                        (None, Completion::Finished) => nccl.all_reduce_device(&mut buf, op, d),
-                        (None, Completion::Enqueued) => {
-                            nccl.all_reduce_device_enqueued(&mut buf, op, d)
-                        }
-                        (Some(After { event, .. }), completion) => {
-                            nccl.all_reduce_device_enqueued_after(&mut buf, op, event, d)?;
-                            match completion {
-                                Completion::Finished => nccl.wait_in_flight(),
-                                Completion::Enqueued => Ok(()),
-                            }
-                        }
+                    nccl.all_reduce_device_enqueued_after(&mut buf, op, &event, d)?;
+                    match completion {
+                        Completion::Finished => nccl.wait_in_flight(),
+                        Completion::Enqueued => Ok(()),
                     }
                     .map(|()| buf)
                 })
@@ -460,13 +480,13 @@ impl ProcessGroup {
                 let reduce = |host: &mut [T]| -> Result<(), Error> {
                     Ok(backend.all_reduce(BufferMut::from_slice(host), op, d)?)
                 };
-                match &after {
+                staged(backend, || match &after {
                     Some(After {
                         event,
                         staging: Some(staging),
                     }) => staged_after(rank, "all_reduce", &mut buf, event, staging, d, reduce),
                     _ => through_host(rank, "all_reduce", &mut buf, true, d, reduce),
-                }
+                })
                 .map(|()| buf)
             }),
         }

@@ -92,7 +92,7 @@ pub use ringccl_ddp as ddp;
 pub use device_ddp::{DeviceCommHook, DeviceDdp, DeviceGrad, DeviceNoSync};
 #[cfg(feature = "nccl")]
 pub use ringccl_nccl::{
-    cuda_device_count, cudarc, DeviceElement, DeviceError, NcclBackend, NcclConfig,
+    cuda_device_count, cudarc, DeviceElement, DeviceError, NcclBackend, NcclConfig, StreamOrder,
 };
 
 /// The building blocks under the facade, for implementing or testing backends.

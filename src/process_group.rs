@@ -54,7 +54,7 @@ pub struct ProcessGroup {
 
 /// What every handle on one group shares.
 pub(crate) struct Shared {
-    pub(crate) backend: Arc<dyn Backend>,
+    backend: Arc<dyn Backend>,
     /// The same backend as `backend` when it is NCCL, for the device-buffer methods.
     #[cfg(feature = "nccl")]
     pub(crate) nccl: Option<Arc<ringccl_nccl::NcclBackend>>,

@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 use common::elements::{reference, TestElem};
 use common::gpu::occupy;
 use common::{heavy_lock, run_threads, GROUP_TIMEOUT};
+use ringccl::core::{Deadline, MeshConfig};
 use ringccl::cudarc::driver::{CudaContext, CudaStream};
 use ringccl::half::{bf16, f16};
 use ringccl::{
     cuda_device_count, init_process_group, DeviceElement, Error, InitOptions, NcclBackend,
-    ProcessGroup, ReduceOp,
+    NcclConfig, ProcessGroup, ReduceOp,
 };
 use std::sync::Arc;
 
@@ -402,6 +403,42 @@ fn a_device_all_reduce_waits_for_its_buffers_stream() {
     println!("{test}: ok");
 }
 
+/// After a stream-ordered device all-reduce, work queued on the buffer's stream waits
+/// for it, even where cudarc tracks nothing for the buffer (its context handle made no
+/// stream): with NCCL's stream busy for 1 s, a copy of the buffer queued on the buffer's
+/// stream right after the call ends only once NCCL is done.
+#[test]
+fn the_buffers_stream_waits_for_a_stream_ordered_all_reduce() {
+    let test = "the_buffers_stream_waits_for_a_stream_ordered_all_reduce";
+    if nccl_or_skip(test).is_none() {
+        return;
+    }
+    let _heavy = heavy_lock();
+    let mesh = MeshConfig::new(0, 1, "127.0.0.1:0", NCCL_TIMEOUT);
+    let nccl = NcclBackend::connect(NcclConfig::new(mesh)).unwrap();
+    let context = CudaContext::new(nccl.device()).unwrap();
+    let stream = context.default_stream();
+    let values: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let mut buf = stream.clone_htod(&values).unwrap();
+    stream.synchronize().unwrap();
+    let busy = occupy(nccl.stream(), 1.0);
+    let started = Instant::now();
+    let deadline = Deadline::after(NCCL_TIMEOUT);
+    nccl.all_reduce_device_enqueued(&mut buf, ReduceOp::Sum, deadline)
+        .unwrap();
+    let got = stream.clone_dtoh(&buf).unwrap();
+    let waited = started.elapsed();
+    println!("{test}: the copy on the buffer's stream ended after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(900),
+        "the buffer's stream did not wait for NCCL's: {waited:?}"
+    );
+    assert_eq!(got, values, "world size 1");
+    nccl.wait_in_flight().unwrap();
+    drop(busy);
+    println!("{test}: ok");
+}
+
 /// Under gloo, a device buffer is staged through the host; a copy to pageable host
 /// memory waits for everything queued ahead on the buffer's stream. With a 5 s kernel
 /// ahead and a 2 s group timeout, the call fails at its deadline with an error that says
@@ -432,6 +469,9 @@ fn a_staged_device_buffer_behind_a_stuck_stream_fails_at_the_deadline() {
         text.contains("all_reduce") && text.contains("the buffer's producer"),
         "names the op and what it waited for: {text}"
     );
+    // This rank skipped the collective its peers would run: the group is broken.
+    let later = pg.all_reduce(&mut [1.0f32], ReduceOp::Sum);
+    assert!(later.is_err(), "the group refuses later calls: {later:?}");
     stream.synchronize().unwrap();
     drop(busy);
     println!("{test}: ok");

@@ -250,10 +250,6 @@ impl NcclBackend {
                 let mut enqueue = |engine: &mut NcclEngine, wait: bool| {
                     engine.with_cx(&desc, Involved::All, deadline, |cx, _| {
                         let buf_stream = Arc::clone(buf.stream());
-                        let streams = [&*buf_stream];
-                        order
-                            .before(cx.stream, &streams)
-                            .map_err(cx.driver("ordering NCCL's stream after the buffer's"))?;
                         let region = DeviceRegion::writing(buf, cx.stream);
                         let calls = [Call::AllReduce {
                             buf: &region,
@@ -261,16 +257,12 @@ impl NcclBackend {
                             dtype: T::DTYPE,
                             op,
                         }];
+                        let streams = [&*buf_stream];
                         if wait {
-                            return cx.launch(&calls).map(|()| None);
+                            cx.launch_ordered(&calls, order, &streams).map(|()| None)
+                        } else {
+                            cx.enqueue_ordered(&calls, order, &streams)
                         }
-                        let done = cx.enqueue(&calls)?;
-                        if let Some(done) = &done {
-                            order
-                                .after(done, cx.stream, &streams)
-                                .map_err(cx.driver("ordering the buffer's stream after NCCL's"))?;
-                        }
-                        Ok(done)
                     })
                 };
                 if stream_ordered {
@@ -295,14 +287,15 @@ impl NcclBackend {
             |seq| OpDesc::broadcast(seq, T::DTYPE, count, root),
             deadline,
             |cx| {
-                cx.after_buffers(&[buf.stream()])?;
+                let buf_stream = Arc::clone(buf.stream());
                 let region = DeviceRegion::writing(buf, cx.stream);
-                cx.launch(&[Call::Broadcast {
+                let call = Call::Broadcast {
                     buf: &region,
                     count,
                     dtype: T::DTYPE,
                     root,
-                }])
+                };
+                cx.launch_ordered(&[call], StreamOrder::BufferStreams, &[&*buf_stream])
             },
         )
     }
@@ -332,15 +325,16 @@ impl NcclBackend {
             },
             deadline,
             |cx| {
-                cx.after_buffers(&[buf.stream()])?;
+                let buf_stream = Arc::clone(buf.stream());
                 let region = DeviceRegion::writing(buf, cx.stream);
-                cx.launch(&[Call::Reduce {
+                let call = Call::Reduce {
                     buf: &region,
                     count,
                     dtype: T::DTYPE,
                     op,
                     root,
-                }])
+                };
+                cx.launch_ordered(&[call], StreamOrder::BufferStreams, &[&*buf_stream])
             },
         )
     }
@@ -367,17 +361,19 @@ impl NcclBackend {
             |seq| OpDesc::new(seq, CollectiveKind::AllGather, T::DTYPE, m, None, None),
             deadline,
             |cx| {
-                cx.after_buffers(&[input.stream(), output.stream()])?;
+                let streams = (Arc::clone(input.stream()), Arc::clone(output.stream()));
                 let (input, output) = (
                     DeviceRegion::reading(input, cx.stream),
                     DeviceRegion::writing(output, cx.stream),
                 );
-                cx.launch(&[Call::AllGather {
+                let call = Call::AllGather {
                     input: &input,
                     output: &output,
                     count: n,
                     dtype: T::DTYPE,
-                }])
+                };
+                let buffers = [&*streams.0, &*streams.1];
+                cx.launch_ordered(&[call], StreamOrder::BufferStreams, &buffers)
             },
         )
     }
@@ -415,18 +411,20 @@ impl NcclBackend {
             },
             deadline,
             |cx| {
-                cx.after_buffers(&[input.stream(), output.stream()])?;
+                let streams = (Arc::clone(input.stream()), Arc::clone(output.stream()));
                 let (input, output) = (
                     DeviceRegion::reading(input, cx.stream),
                     DeviceRegion::writing(output, cx.stream),
                 );
-                cx.launch(&[Call::ReduceScatter {
+                let call = Call::ReduceScatter {
                     input: &input,
                     output: &output,
                     count: m,
                     dtype: T::DTYPE,
                     op,
-                }])
+                };
+                let buffers = [&*streams.0, &*streams.1];
+                cx.launch_ordered(&[call], StreamOrder::BufferStreams, &buffers)
             },
         )
     }

@@ -177,7 +177,9 @@ impl Engine for NcclEngine {
                 cause: "the communicator was aborted while this call was on the GPU".into(),
             };
             for done in left.iter() {
-                device_finished(&self.flight, done, Some(&error));
+                // A call the GPU finished before the abort, not yet looked at, is done.
+                let finished = matches!(done.event.try_is_complete(), Ok(true));
+                device_finished(&self.flight, done, (!finished).then_some(&error));
             }
         }
     }

@@ -77,27 +77,61 @@ impl Cx<'_> {
         }
     }
 
-    /// Makes the communicator's stream wait for everything queued on `buffers`' streams
-    /// ([`StreamOrder::BufferStreams`]), for a call whose host waits for it to finish.
-    pub(super) fn after_buffers(&self, buffers: &[&Arc<CudaStream>]) -> Result<(), Error> {
-        let streams: Vec<&CudaStream> = buffers.iter().map(|s| &***s).collect();
-        StreamOrder::BufferStreams
-            .before(self.stream, &streams)
-            .map_err(self.driver("ordering NCCL's stream after the buffers'"))
+    /// Enqueues `calls` ordered by `order` against `buffers`' streams (see
+    /// [`StreamOrder`]): NCCL's stream waits for them first, and they wait for the calls
+    /// after. Returns the completion event (`None` for no calls) without waiting for it.
+    pub(super) fn enqueue_ordered(
+        &self,
+        calls: &[Call<'_, '_>],
+        order: StreamOrder<'_>,
+        buffers: &[&CudaStream],
+    ) -> Result<Option<CudaEvent>, Error> {
+        order
+            .before(self.stream, buffers)
+            .map_err(self.driver("ordering NCCL's stream after the buffers'"))?;
+        let done = self.enqueue(calls)?;
+        if let Some(done) = &done {
+            if let Err(e) = order.after(done, self.stream, buffers) {
+                // The calls are on their way and the buffers' streams do not wait for
+                // them: the host does, so that no buffer is released under NCCL.
+                let _ = self.wait(done);
+                return Err(self.driver("ordering the buffers' streams after NCCL's")(e));
+            }
+        }
+        Ok(done)
+    }
+
+    /// [`Cx::enqueue_ordered`], then waits, within the deadline, until the GPU has
+    /// finished the calls.
+    pub(super) fn launch_ordered(
+        &self,
+        calls: &[Call<'_, '_>],
+        order: StreamOrder<'_>,
+        buffers: &[&CudaStream],
+    ) -> Result<(), Error> {
+        match self.enqueue_ordered(calls, order, buffers)? {
+            Some(done) => self.wait(&done),
+            None => Ok(()),
+        }
     }
 
     /// Enqueues `calls` on the communicator's stream (as one NCCL group when there are
     /// several) and waits, within the deadline, until the GPU has finished them.
     pub(super) fn launch(&self, calls: &[Call<'_, '_>]) -> Result<(), Error> {
-        let Some(event) = self.enqueue(calls)? else {
-            return Ok(());
-        };
+        match self.enqueue(calls)? {
+            Some(done) => self.wait(&done),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits, within the deadline, until the GPU has reached `done`, NCCL reports an
+    /// error, or a peer is gone.
+    pub(super) fn wait(&self, done: &CudaEvent) -> Result<(), Error> {
         self.poll(|| {
             if let Err(code) = self.comm.async_status() {
                 return Err(self.nccl("the running collective", code));
             }
-            event
-                .try_is_complete()
+            done.try_is_complete()
                 .map_err(self.driver("querying the completion event"))
         })
     }
