@@ -19,7 +19,8 @@
 #   4. ringccl-bench --backend gloo --memory device at 2 and 4 ranks.
 #   5. tests/device_ddp.rs (device DDP bit for bit against host DDP, NCCL's deadline) and
 #      examples/ddp_gpu: the MLP trained on the GPU against host DDP, and the overlap.
-# and prints a summary; the exit status is non-zero if any step failed. Each test and each
+# and prints a summary (PASS, FAIL, or SKIP with the reason a test gave for running
+# nothing); the exit status is non-zero if any step failed. Each test and each
 # step runs on its own with a limit (GPU_CHECK_STEP_LIMIT, 150 s): a step still running
 # then has every thread's stack printed (cuda-gdb) and is killed. GPU_CHECK_SKIP, a
 # regular expression, skips the steps whose names it matches.
@@ -142,7 +143,15 @@ step() {
     local log started=$SECONDS
     log="$out/$(echo "$name" | tr -c 'a-zA-Z0-9\n' '_').log"
     if bounded "$@" 2>&1 | tee "$log"; then
-        summary+=("PASS  $name ($((SECONDS - started)) s)")
+        # A test that found nothing to run on (no NCCL, one GPU where it needs two)
+        # passes without checking anything: the summary says so, with its reason.
+        local skip
+        skip=$(grep -m1 -E '(^|[a-z0-9_]: )skipped: ' "$log" | grep -o 'skipped: .*' | cut -c10-170)
+        if [ -n "$skip" ]; then
+            summary+=("SKIP  $name ($skip)")
+        else
+            summary+=("PASS  $name ($((SECONDS - started)) s)")
+        fi
     else
         summary+=("FAIL  $name ($((SECONDS - started)) s; log: $log)")
     fi
