@@ -360,6 +360,23 @@ fn gloo_stages_device_buffers_through_the_host() {
     println!("{test}: ok at 2, 3 and 4 ranks");
 }
 
+/// A buffer of known values on `device`'s default stream, through a `CudaContext` handle
+/// of its own that never made a stream, so cudarc's per-buffer tracking is off for it
+/// (the README's pattern); the values are on the GPU when this returns.
+fn untracked_buffer(
+    device: usize,
+) -> (
+    Arc<CudaStream>,
+    Vec<f32>,
+    ringccl::cudarc::driver::CudaSlice<f32>,
+) {
+    let stream = CudaContext::new(device).unwrap().default_stream();
+    let values: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let buf = stream.clone_htod(&values).unwrap();
+    stream.synchronize().unwrap();
+    (stream, values, buf)
+}
+
 /// A device all-reduce runs after the work queued on its buffer's stream, even for a
 /// buffer whose `CudaContext` handle never made a stream (cudarc tracks nothing for it,
 /// and NCCL's stream, made non-blocking, does not wait for the legacy default stream by
@@ -374,12 +391,7 @@ fn a_device_all_reduce_waits_for_its_buffers_stream() {
     let _heavy = heavy_lock();
     let opts = InitOptions::new(0, 1, "127.0.0.1:0").timeout(NCCL_TIMEOUT);
     let pg = init_process_group("nccl", opts).unwrap();
-    // Its own handle, with no stream made: cudarc's per-buffer tracking is off.
-    let context = CudaContext::new(pg.cuda_device().unwrap()).unwrap();
-    let stream = context.default_stream();
-    let values: Vec<f32> = (0..4096).map(|i| i as f32).collect();
-    let mut buf = stream.clone_htod(&values).unwrap();
-    stream.synchronize().unwrap();
+    let (stream, values, mut buf) = untracked_buffer(pg.cuda_device().unwrap());
     for stream_ordered in [false, true] {
         let busy = occupy(&stream, 1.0);
         let started = Instant::now();
@@ -416,11 +428,7 @@ fn the_buffers_stream_waits_for_a_stream_ordered_all_reduce() {
     let _heavy = heavy_lock();
     let mesh = MeshConfig::new(0, 1, "127.0.0.1:0", NCCL_TIMEOUT);
     let nccl = NcclBackend::connect(NcclConfig::new(mesh)).unwrap();
-    let context = CudaContext::new(nccl.device()).unwrap();
-    let stream = context.default_stream();
-    let values: Vec<f32> = (0..4096).map(|i| i as f32).collect();
-    let mut buf = stream.clone_htod(&values).unwrap();
-    stream.synchronize().unwrap();
+    let (stream, values, mut buf) = untracked_buffer(nccl.device());
     let busy = occupy(nccl.stream(), 1.0);
     let started = Instant::now();
     let deadline = Deadline::after(NCCL_TIMEOUT);

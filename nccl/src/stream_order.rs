@@ -32,13 +32,7 @@ impl StreamOrder<'_> {
     ) -> Result<(), DriverError> {
         match self {
             StreamOrder::BufferStreams => {
-                for (i, stream) in buffers.iter().enumerate() {
-                    let seen = buffers[..i].iter().any(|s| same(s, stream));
-                    if !seen && !same(stream, nccl) {
-                        nccl.join(stream)?;
-                    }
-                }
-                Ok(())
+                others(nccl, buffers).try_for_each(|stream| nccl.join(stream))
             }
             StreamOrder::After(event) => nccl.wait(event),
         }
@@ -53,17 +47,22 @@ impl StreamOrder<'_> {
     ) -> Result<(), DriverError> {
         match self {
             StreamOrder::BufferStreams => {
-                for (i, stream) in buffers.iter().enumerate() {
-                    let seen = buffers[..i].iter().any(|s| same(s, stream));
-                    if !seen && !same(stream, nccl) {
-                        stream.wait(done)?;
-                    }
-                }
-                Ok(())
+                others(nccl, buffers).try_for_each(|stream| stream.wait(done))
             }
             StreamOrder::After(_) => Ok(()),
         }
     }
+}
+
+/// The buffers' streams other than NCCL's, each once.
+fn others<'s>(
+    nccl: &'s CudaStream,
+    buffers: &'s [&'s CudaStream],
+) -> impl Iterator<Item = &'s CudaStream> + 's {
+    buffers.iter().enumerate().filter_map(move |(i, &stream)| {
+        let seen = buffers[..i].iter().any(|s| same(s, stream));
+        (!seen && !same(stream, nccl)).then_some(stream)
+    })
 }
 
 /// Whether two handles are the same CUDA stream.
