@@ -23,7 +23,9 @@
 # nothing); the exit status is non-zero if any step failed. Each test and each
 # step runs on its own with a limit (GPU_CHECK_STEP_LIMIT, 150 s): a step still running
 # then has every thread's stack printed (cuda-gdb) and is killed. GPU_CHECK_SKIP, a
-# regular expression, skips the steps whose names it matches.
+# regular expression, skips the steps whose names it matches; GPU_CHECK_ONLY runs only
+# those it matches (to split a run across calls to a machine lent for a few minutes).
+# Step names: "test <name>", "ddp_gpu ...", "bench ...", "nccl timeline".
 set -u -o pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -136,6 +138,10 @@ step() {
     shift
     if [ -n "${GPU_CHECK_SKIP:-}" ] && [[ $name =~ $GPU_CHECK_SKIP ]]; then
         summary+=("SKIP  $name (GPU_CHECK_SKIP)")
+        return
+    fi
+    if [ -n "${GPU_CHECK_ONLY:-}" ] && ! [[ $name =~ $GPU_CHECK_ONLY ]]; then
+        summary+=("SKIP  $name (not in GPU_CHECK_ONLY)")
         return
     fi
     echo
