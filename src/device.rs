@@ -13,7 +13,7 @@
 use ringccl_collectives::{validate_reduce, Backend, BufferMut, BufferRef, Deadline, ReduceOp};
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ringccl_nccl::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, DriverError};
 use ringccl_nccl::DeviceElement;
@@ -41,6 +41,9 @@ fn reached(
     deadline: Deadline,
     waiting_for: &'static str,
 ) -> Result<(), Error> {
+    // NCCL's poll's rhythm: yield for the first 50 us (a small copy is done by then;
+    // a sleep would cost more than the copy), then naps growing to 1 ms.
+    let start = Instant::now();
     let mut nap = Duration::from_micros(5);
     loop {
         match event.try_is_complete() {
@@ -58,6 +61,7 @@ fn reached(
                     ),
                 })
             }
+            Ok(false) if start.elapsed() < Duration::from_micros(50) => thread::yield_now(),
             Ok(false) => {
                 thread::sleep(nap.min(deadline.remaining()));
                 nap = (nap * 2).min(Duration::from_millis(1));
