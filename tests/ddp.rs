@@ -237,11 +237,58 @@ fn unused_parameters_are_an_error_or_zero_with_find_unused() {
             ddp.mark_grad_ready(1, &[4.0, 8.0]).unwrap();
         }
         ddp.finish().unwrap();
+        assert!(ddp.unused_everywhere().is_empty(), "rank 1 used the head");
         (ddp.grad(0).unwrap().to_vec(), ddp.grad(1).unwrap().to_vec())
     });
     for (used, unused) in &grads {
         assert_eq!(used, &vec![1.5f32; 4]);
         assert_eq!(unused, &vec![2.0f32, 4.0]); // (0 + 4) / 2, (0 + 8) / 2
+    }
+}
+
+/// Under find_unused_parameters every rank learns which parameters no rank produced a
+/// gradient for in the step (torch's globally unused parameters, whose gradient torch
+/// leaves untouched): here the head, in the second step; a gradient accumulated under
+/// no_sync counts as used in the synchronised step that follows.
+#[test]
+fn parameters_unused_on_every_rank_are_named_on_every_rank() {
+    let _heavy = heavy_lock();
+    let params = vec![
+        ParamSpec::new("trunk", 4, DType::F32),
+        ParamSpec::new("head", 2, DType::F32),
+    ];
+    let seen = run_threads(3, GROUP_TIMEOUT, |pg| {
+        let config = DdpConfig::default().find_unused_parameters(true);
+        let mut ddp = DistributedDataParallel::<f32>::new(&pg, &params, config).unwrap();
+        let mut seen = Vec::new();
+        // Step 1: only rank 2 uses the head.
+        ddp.mark_grad_ready(0, &[1.0; 4]).unwrap();
+        if pg.rank() == 2 {
+            ddp.mark_grad_ready(1, &[3.0, 3.0]).unwrap();
+        }
+        ddp.finish().unwrap();
+        seen.push(ddp.unused_everywhere().to_vec());
+        // Step 2: nobody uses it.
+        ddp.mark_grad_ready(0, &[1.0; 4]).unwrap();
+        ddp.finish().unwrap();
+        seen.push(ddp.unused_everywhere().to_vec());
+        let head = ddp.grad(1).unwrap().to_vec();
+        // Step 3: rank 0 uses it in a micro-batch without synchronisation only.
+        ddp.set_no_sync(true);
+        ddp.mark_grad_ready(0, &[1.0; 4]).unwrap();
+        if pg.rank() == 0 {
+            ddp.mark_grad_ready(1, &[6.0, 6.0]).unwrap();
+        }
+        ddp.finish().unwrap();
+        ddp.set_no_sync(false);
+        ddp.mark_grad_ready(0, &[1.0; 4]).unwrap();
+        ddp.finish().unwrap();
+        seen.push(ddp.unused_everywhere().to_vec());
+        (seen, head)
+    });
+    for (seen, head) in &seen {
+        assert_eq!(seen, &vec![vec![], vec![1], vec![]]);
+        assert_eq!(head, &vec![0.0f32; 2], "an unused gradient reads zero");
     }
 }
 

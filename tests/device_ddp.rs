@@ -135,6 +135,10 @@ fn compare<T: DeviceGrad + Pod>(
             device.bucket_layout(),
             "rank {rank} step {step}"
         );
+        // #UNUSED sits out odd steps on every rank: unused everywhere, on both DDPs.
+        let unused_everywhere: &[usize] = if step % 2 == 1 { &[UNUSED] } else { &[] };
+        assert_eq!(host.unused_everywhere(), unused_everywhere, "step {step}");
+        assert_eq!(device.unused_everywhere(), unused_everywhere, "step {step}");
         for p in 0..NUMELS.len() {
             let want = host.grad(p).unwrap().to_vec();
             let got = stream.clone_dtoh(&device.grad(p).unwrap()).unwrap();

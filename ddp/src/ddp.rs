@@ -8,7 +8,7 @@ use ringccl_collectives::timeline::{SpanGuard, Timeline};
 use ringccl_collectives::{BufferMut, Error};
 
 use crate::bucket_comm::BucketComm;
-use crate::communicator::{BucketLabel, Communicator, Pending, ToCommunicator};
+use crate::communicator::{BucketLabel, Communicator, GradBuf, Pending, ToCommunicator};
 use crate::config::{DdpConfig, ParamSpec};
 use crate::element::GradElement;
 use crate::hooks::{AllReduceHook, CommHook};
@@ -628,11 +628,70 @@ impl<T: GradElement> DistributedDataParallel<T> {
                 self.launch(launch)?;
             }
         }
+        // Under find_unused_parameters every rank sums which parameters it used, after
+        // the step's buckets (the same order everywhere), as torch's local_used_map.
+        let used = match self.reducer.take_used_map() {
+            Some(map) => {
+                let counts = map.iter().map(|&u| if u { 1.0 } else { 0.0 }).collect();
+                match self.comm.all_reduce_sum_async(GradBuf::F32(counts)) {
+                    Ok(pending) => Some(pending),
+                    Err(e) => {
+                        let _ = self.wait_all();
+                        return Err(self.fail(e.into()));
+                    }
+                }
+            }
+            None => None,
+        };
         self.wait_all()?;
+        if let Some(pending) = used {
+            let summed = pending.wait().map_err(DdpError::from);
+            let noted = summed.and_then(|counts| match counts {
+                GradBuf::F32(counts) => {
+                    let used: Vec<bool> = counts.iter().map(|&c| c > 0.0).collect();
+                    self.reducer.note_used(&used)
+                }
+                other => Err(DdpError::InvalidArgument(format!(
+                    "internal error: the used-parameter map came back as {:?}",
+                    other.dtype()
+                ))),
+            });
+            noted.map_err(|e| self.fail(e))?;
+        }
         if self.reducer.end_finish() {
             self.rebuild()?;
         }
         Ok(())
+    }
+
+    /// The parameters no rank produced a gradient for in the last synchronised step,
+    /// under [`DdpConfig::find_unused_parameters`] (empty otherwise). torch leaves such a
+    /// parameter's gradient untouched (usually `None`, so its optimizer skips it); here
+    /// [`grad`](Self::grad) reads zero for it, and an optimizer that must match torch
+    /// (momentum, weight decay) skips these.
+    ///
+    /// ```
+    /// # use ringccl_collectives::{Error, BufferMut};
+    /// # use ringccl_ddp::*;
+    /// # #[derive(Clone)]
+    /// # struct Solo;
+    /// # impl Communicator for Solo {
+    /// #     fn rank(&self) -> usize { 0 }
+    /// #     fn world_size(&self) -> usize { 1 }
+    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+    /// # }
+    /// let config = DdpConfig::default().find_unused_parameters(true);
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 1), ("head", 1)], config)?;
+    /// ddp.mark_grad_ready(0, &[0.5])?; // "head" sat this step out
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.unused_everywhere(), [1]);
+    /// assert_eq!(ddp.grad(1)?, [0.0]);
+    /// # Ok::<(), DdpError>(())
+    /// ```
+    pub fn unused_everywhere(&self) -> &[usize] {
+        self.reducer.unused_everywhere()
     }
 
     fn wait_all(&mut self) -> Result<(), DdpError> {

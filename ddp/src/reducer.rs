@@ -85,6 +85,12 @@ pub struct Reducer {
     /// Order of the first step's gradients, for the one-time rebuild.
     arrival: Vec<usize>,
     rebuilt: bool,
+    /// Under `find_unused_parameters`: which parameters got a gradient on this rank
+    /// since the last synchronised step, set by a synchronised `begin_finish` for the
+    /// storage to sum over the group ([`take_used_map`](Self::take_used_map)).
+    used_map: Option<Vec<bool>>,
+    /// Parameters no rank produced a gradient for in the last synchronised step.
+    unused_everywhere: Vec<usize>,
 }
 
 impl Reducer {
@@ -117,6 +123,8 @@ impl Reducer {
             step: 0,
             arrival: Vec::with_capacity(params.len()),
             rebuilt: false,
+            used_map: None,
+            unused_everywhere: Vec::new(),
         };
         reducer.lay_out(&order);
         reducer
@@ -403,6 +411,7 @@ impl Reducer {
     /// # Ok::<(), ringccl_ddp::DdpError>(())
     /// ```
     pub fn begin_finish(&mut self) -> FinishPlan {
+        self.used_map = None;
         if self.marked == 0 && std::mem::take(&mut self.closed_without_finish) {
             return FinishPlan::AlreadyClosed;
         }
@@ -413,6 +422,14 @@ impl Reducer {
             };
         }
         let missing: Vec<usize> = (0..self.params.len()).filter(|&i| !self.ready[i]).collect();
+        if self.config.find_unused_parameters {
+            // Every rank sums this map at every synchronised step, whether or not it
+            // misses a gradient itself: another rank may.
+            let used = (0..self.params.len())
+                .map(|i| self.ready[i] || self.has_data[i])
+                .collect();
+            self.used_map = Some(used);
+        }
         if missing.is_empty() {
             // Buckets completed while synchronisation was off (turned off and on again
             // mid-pass) start now.
@@ -445,6 +462,73 @@ impl Reducer {
             zero,
             launch: self.launchable(),
         }
+    }
+
+    /// Under `find_unused_parameters`, after a synchronised
+    /// [`begin_finish`](Self::begin_finish): whether each parameter got a gradient on
+    /// this rank since the last synchronised step. Every rank must sum it over the group
+    /// (after starting the step's buckets, so that every rank issues the calls in the
+    /// same order) and hand the result to [`note_used`](Self::note_used). `None` in every
+    /// other case, and once taken.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let params = [ParamSpec::new("w", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
+    /// let config = DdpConfig::default().find_unused_parameters(true);
+    /// let mut reducer = Reducer::new(0, &params, config);
+    /// reducer.check_mark(1, None)?;
+    /// reducer.mark(1)?;
+    /// reducer.begin_finish();
+    /// assert_eq!(reducer.take_used_map(), Some(vec![false, true]));
+    /// assert_eq!(reducer.take_used_map(), None);
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn take_used_map(&mut self) -> Option<Vec<bool>> {
+        self.used_map.take()
+    }
+
+    /// Records which parameters got a gradient on some rank in this synchronised step
+    /// (the group's sum of [`take_used_map`](Self::take_used_map), as `used[i]`): the
+    /// others are [`unused_everywhere`](Self::unused_everywhere).
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let params = [ParamSpec::new("w", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
+    /// let mut reducer = Reducer::new(0, &params, DdpConfig::default().find_unused_parameters(true));
+    /// reducer.note_used(&[false, true])?;
+    /// assert_eq!(reducer.unused_everywhere(), [0]);
+    /// assert!(reducer.note_used(&[true]).is_err()); // one flag per parameter
+    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// ```
+    pub fn note_used(&mut self, used: &[bool]) -> Result<(), DdpError> {
+        if used.len() != self.params.len() {
+            return Err(DdpError::InvalidArgument(format!(
+                "rank {}: the group's used-parameter map has {} entries for {} parameters",
+                self.rank,
+                used.len(),
+                self.params.len()
+            )));
+        }
+        self.unused_everywhere = (0..used.len()).filter(|&i| !used[i]).collect();
+        Ok(())
+    }
+
+    /// The parameters no rank produced a gradient for in the last synchronised step,
+    /// under `find_unused_parameters` (empty otherwise). torch leaves such a
+    /// parameter's gradient untouched (usually `None`, so its optimizer skips it); here
+    /// its averaged gradient reads zero, and an optimizer that must match torch (momentum,
+    /// weight decay) skips these.
+    ///
+    /// ```
+    /// # use ringccl_collectives::DType;
+    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 1, DType::F32)], DdpConfig::default());
+    /// assert!(reducer.unused_everywhere().is_empty());
+    /// ```
+    pub fn unused_everywhere(&self) -> &[usize] {
+        &self.unused_everywhere
     }
 
     /// The buckets have landed: closes the step. Returns whether the one-time rebuild is

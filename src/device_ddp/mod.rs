@@ -681,11 +681,57 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                 }
             }
         }
+        // Under find_unused_parameters every rank sums which parameters it used, after
+        // the step's buckets, as host DDP does (on the host: under NCCL this waits for
+        // the step's reductions, as torch's check of its used map does).
+        let used = match self.reducer.take_used_map() {
+            Some(map) => {
+                let counts = map.iter().map(|&u| if u { 1.0f32 } else { 0.0 }).collect();
+                match self.pg.all_reduce_async(counts, ReduceOp::Sum) {
+                    Ok(work) => Some(work),
+                    Err(e) => {
+                        let _ = self.wait_all();
+                        return Err(self.fail(e));
+                    }
+                }
+            }
+            None => None,
+        };
         self.wait_all()?;
+        if let Some(work) = used {
+            let counts = work.wait().map_err(|e| self.fail(e))?;
+            let used: Vec<bool> = counts.iter().map(|&c| c > 0.0).collect();
+            let noted = self.reducer.note_used(&used).map_err(Error::from);
+            noted.map_err(|e| self.fail(e))?;
+        }
         if self.reducer.end_finish() {
             self.rebuild()?;
         }
         Ok(())
+    }
+
+    /// The parameters no rank produced a gradient for in the last synchronised step,
+    /// under `DdpConfig::find_unused_parameters` (empty otherwise); see
+    /// [`DistributedDataParallel::unused_everywhere`](crate::ddp::DistributedDataParallel::unused_everywhere).
+    /// Their [`grad`](Self::grad) reads zero; torch leaves their gradient untouched, so
+    /// an optimizer that must match torch skips them.
+    ///
+    /// ```no_run
+    /// # use ringccl::cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// # let stream = CudaContext::new(0)?.new_stream()?;
+    /// let config = ringccl::ddp::DdpConfig::default().find_unused_parameters(true);
+    /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 1), ("head", 1)], config)?;
+    /// let g = stream.clone_htod(&[0.5f32])?;
+    /// ddp.mark_grad_ready(0, &g.slice(..))?; // "head" sat this step out
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.unused_everywhere(), [1]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn unused_everywhere(&self) -> &[usize] {
+        self.reducer.unused_everywhere()
     }
 
     /// Waits on the host until this step's reductions have finished on the GPU, each
