@@ -664,7 +664,8 @@ impl<T: GradElement> DistributedDataParallel<T> {
         Ok(())
     }
 
-    /// The parameters no rank produced a gradient for in the last synchronised step,
+    /// The parameters no rank produced a gradient for in the last synchronised step (a
+    /// gradient accumulated under `no_sync` since the step before counts as produced),
     /// under [`DdpConfig::find_unused_parameters`] (empty otherwise). torch leaves such a
     /// parameter's gradient untouched (usually `None`, so its optimizer skips it); here
     /// [`grad`](Self::grad) reads zero for it, and an optimizer that must match torch

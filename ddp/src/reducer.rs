@@ -429,6 +429,8 @@ impl Reducer {
                 .map(|i| self.ready[i] || self.has_data[i])
                 .collect();
             self.used_map = Some(used);
+            // Until the group's sum is noted, nothing is known to be unused everywhere.
+            self.unused_everywhere.clear();
         }
         if missing.is_empty() {
             // Buckets completed while synchronisation was off (turned off and on again
@@ -515,7 +517,8 @@ impl Reducer {
         Ok(())
     }
 
-    /// The parameters no rank produced a gradient for in the last synchronised step,
+    /// The parameters no rank produced a gradient for since the one before the last
+    /// synchronised step (a gradient accumulated under `no_sync` counts as produced),
     /// under `find_unused_parameters` (empty otherwise). torch leaves such a
     /// parameter's gradient untouched (usually `None`, so its optimizer skips it); here
     /// its averaged gradient reads zero, and an optimizer that must match torch (momentum,
@@ -727,6 +730,46 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn only_a_synchronised_finish_hands_out_the_used_map() {
+        let params = [
+            ParamSpec::new("w", 1, DType::F32),
+            ParamSpec::new("b", 1, DType::F32),
+        ];
+        let config = DdpConfig::default()
+            .find_unused_parameters(true)
+            .rebuild_buckets(false);
+        let mut reducer = Reducer::new(0, &params, config);
+        // A no_sync pass ended by finish: nothing to exchange.
+        reducer.set_no_sync(true);
+        reducer.check_mark(1, None).unwrap();
+        reducer.mark(1).unwrap();
+        assert!(matches!(reducer.begin_finish(), FinishPlan::Reduce { .. }));
+        assert_eq!(reducer.take_used_map(), None);
+        reducer.end_finish();
+        // A no_sync pass closed by turning synchronisation back on; the finish that
+        // follows on the empty pass is its late end: nothing to exchange either.
+        reducer.check_mark(1, None).unwrap();
+        reducer.mark(1).unwrap();
+        reducer.set_no_sync(false);
+        assert!(matches!(reducer.begin_finish(), FinishPlan::AlreadyClosed));
+        assert_eq!(reducer.take_used_map(), None);
+        // The synchronised pass: "b", accumulated under no_sync, counts as used.
+        reducer.check_mark(0, None).unwrap();
+        reducer.mark(0).unwrap();
+        assert!(matches!(reducer.begin_finish(), FinishPlan::Reduce { .. }));
+        assert_eq!(reducer.take_used_map(), Some(vec![true, true]));
+        reducer.end_finish();
+        reducer.note_used(&[true, false]).unwrap();
+        assert_eq!(reducer.unused_everywhere(), [1]);
+        // The next synchronised step forgets the list until its own sum is noted.
+        reducer.check_mark(0, None).unwrap();
+        reducer.mark(0).unwrap();
+        reducer.begin_finish();
+        assert_eq!(reducer.take_used_map(), Some(vec![true, false]));
+        assert!(reducer.unused_everywhere().is_empty());
     }
 
     #[test]

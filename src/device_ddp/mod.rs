@@ -636,9 +636,11 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// for the GPU: the reductions keep the deadline they were issued with, watched by
     /// the group's worker, and one that fails or outruns it breaks the group, and the
     /// next call (or [`synchronize`](Self::synchronize)) returns the error, naming the
-    /// operation. The exception is the first step's `finish` at a world size above one:
-    /// it ends with the one-time rebuild, which broadcasts rank 0's bucket order on the
-    /// host and so waits for that step's reductions (torch's rebuild waits too). Under
+    /// operation. The exceptions wait for the step's reductions, as torch does: the
+    /// first step's `finish` at a world size above one (the one-time rebuild broadcasts
+    /// rank 0's bucket order on the host), and every synchronised `finish` under
+    /// `find_unused_parameters` (the group's sum of the used-parameter map is a host
+    /// call). Under
     /// `"gloo"` it returns once the buckets are reduced. Under `no_sync` it only closes
     /// the step.
     ///
