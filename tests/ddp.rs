@@ -249,7 +249,9 @@ fn unused_parameters_are_an_error_or_zero_with_find_unused() {
 /// Under find_unused_parameters every rank learns which parameters no rank produced a
 /// gradient for in the step (torch's globally unused parameters, whose gradient torch
 /// leaves untouched): here the head, in the second step; a gradient accumulated under
-/// no_sync counts as used in the synchronised step that follows.
+/// no_sync counts as used in the synchronised step that follows. Steps 1 and 2 match
+/// PyTorch DDP's (`scripts/torch_unused_parity.py`: the head's gradient 1 at step 1,
+/// left `None` at step 2).
 #[test]
 fn parameters_unused_on_every_rank_are_named_on_every_rank() {
     let _heavy = heavy_lock();
@@ -268,7 +270,11 @@ fn parameters_unused_on_every_rank_are_named_on_every_rank() {
         }
         ddp.finish().unwrap();
         seen.push(ddp.unused_everywhere().to_vec());
-        // Step 2: nobody uses it.
+        // torch's figures for this step (scripts/torch_unused_parity.py): trunk 1, head
+        // (0 + 0 + 3) / 3 = 1.
+        assert_eq!(ddp.grad(0).unwrap(), [1.0f32; 4]);
+        assert_eq!(ddp.grad(1).unwrap(), [1.0f32; 2]);
+        // Step 2: nobody uses it (torch: the head's .grad stays None).
         ddp.mark_grad_ready(0, &[1.0; 4]).unwrap();
         ddp.finish().unwrap();
         seen.push(ddp.unused_everywhere().to_vec());
