@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """PyTorch DDP's handling of parameters unused on some or all ranks, for comparison
 with ringccl's `unused_everywhere()` (tests/ddp.rs,
-parameters_unused_on_every_rank_are_named_on_every_rank, steps 1 and 2).
+parameters_unused_on_every_rank_are_named_on_every_rank).
 
 3 ranks (processes, gloo), find_unused_parameters=True, a model with a "trunk" (4
 values, used by every rank) and a "head" (2 values):
   step 1: only rank 2 uses the head (gradient 3, 3);
-  step 2: no rank uses it.
+  step 2: no rank uses it;
+  step 3: rank 0 uses it in a no_sync micro-batch, nobody in the synchronised pass.
 Prints, per step, each parameter's gradient on rank 0 after backward, or None where
 torch left it untouched (its globally unused parameters).
 
@@ -41,9 +42,13 @@ def rank_main(rank, world, port, out):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     ddp = torch.nn.parallel.DistributedDataParallel(Model(), find_unused_parameters=True)
     lines = []
-    for step, users in [(1, {2}), (2, set())]:
+    # (step, ranks using the head, ranks using it in a no_sync micro-batch first)
+    for step, users, unsynced_users in [(1, {2}, None), (2, set(), None), (3, set(), {0})]:
         for p in ddp.parameters():
             p.grad = None
+        if unsynced_users is not None:
+            with ddp.no_sync():
+                ddp(rank in unsynced_users).backward()
         ddp(rank in users).backward()
         grads = {
             name: (None if p.grad is None else [round(x, 6) for x in p.grad.tolist()])

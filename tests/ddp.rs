@@ -249,9 +249,9 @@ fn unused_parameters_are_an_error_or_zero_with_find_unused() {
 /// Under find_unused_parameters every rank learns which parameters no rank produced a
 /// gradient for in the step (torch's globally unused parameters, whose gradient torch
 /// leaves untouched): here the head, in the second step; a gradient accumulated under
-/// no_sync counts as used in the synchronised step that follows. Steps 1 and 2 match
-/// PyTorch DDP's (`scripts/torch_unused_parity.py`: the head's gradient 1 at step 1,
-/// left `None` at step 2).
+/// no_sync counts as used in the synchronised step that follows. Every step matches
+/// PyTorch DDP's (`scripts/torch_unused_parity.py`, torch 2.15: the head's gradient 1 at
+/// step 1, left `None` at step 2, 1 at step 3).
 #[test]
 fn parameters_unused_on_every_rank_are_named_on_every_rank() {
     let _heavy = heavy_lock();
@@ -283,13 +283,16 @@ fn parameters_unused_on_every_rank_are_named_on_every_rank() {
         ddp.set_no_sync(true);
         ddp.mark_grad_ready(0, &[1.0; 4]).unwrap();
         if pg.rank() == 0 {
-            ddp.mark_grad_ready(1, &[6.0, 6.0]).unwrap();
+            ddp.mark_grad_ready(1, &[3.0, 3.0]).unwrap();
         }
         ddp.finish().unwrap();
         ddp.set_no_sync(false);
         ddp.mark_grad_ready(0, &[1.0; 4]).unwrap();
         ddp.finish().unwrap();
         seen.push(ddp.unused_everywhere().to_vec());
+        // torch: trunk 1 + 1 accumulated, head (3 + 0 + 0) / 3.
+        assert_eq!(ddp.grad(0).unwrap(), [2.0f32; 4]);
+        assert_eq!(ddp.grad(1).unwrap(), [1.0f32; 2]);
         (seen, head)
     });
     for (seen, head) in &seen {
