@@ -301,6 +301,33 @@ fn parameters_unused_on_every_rank_are_named_on_every_rank() {
     }
 }
 
+/// Ranks whose DDP settings would run different collectives (here one rank with
+/// find_unused_parameters, whose steps add the used-parameter sum) are refused when DDP
+/// is created, on every rank, naming the setting and the rank.
+#[test]
+fn ranks_with_different_ddp_settings_are_refused_at_creation() {
+    let _heavy = heavy_lock();
+    let params = vec![ParamSpec::new("w", 4, DType::F32)];
+    let errors = run_threads(3, GROUP_TIMEOUT, |pg| {
+        let config = DdpConfig::default().find_unused_parameters(pg.rank() == 2);
+        match DistributedDataParallel::<f32>::new(&pg, &params, config) {
+            Ok(_) => "created".to_string(),
+            Err(e) => e.to_string(),
+        }
+    });
+    for e in &errors {
+        assert!(
+            e.contains("find_unused_parameters: rank 0 has false, rank 2 has true"),
+            "{e}"
+        );
+    }
+    let created = run_threads(2, GROUP_TIMEOUT, |pg| {
+        let config = DdpConfig::default().bucket_cap_bytes(1 << 20);
+        DistributedDataParallel::<f32>::new(&pg, &params, config).is_ok()
+    });
+    assert_eq!(created, [true, true], "the same settings everywhere pass");
+}
+
 #[test]
 fn marking_twice_and_skipping_finish_are_errors_that_say_what_to_do() {
     let _heavy = heavy_lock();

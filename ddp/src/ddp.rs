@@ -113,6 +113,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
             )));
         }
         check_same_params(&*comm, params)?;
+        check_same_config(&*comm, &config)?;
         let mut ddp = DistributedDataParallel {
             reducer: Reducer::new(comm.rank(), params, config),
             hook: Box::new(AllReduceHook),
@@ -1089,6 +1090,63 @@ pub fn check_same_params(comm: &dyn Communicator, params: &[ParamSpec]) -> Resul
         )
     };
     Err(DdpError::ParamMismatch { rank, difference })
+}
+
+/// Every rank compares the settings that decide DDP's collectives (the bucket caps,
+/// `find_unused_parameters`, `rebuild_buckets`) with every other rank's; all ranks learn
+/// the first difference (collective: every rank calls it). Ranks that differ would run
+/// different collectives from their first step on. DDP does this when it is created,
+/// after [`check_same_params`].
+///
+/// ```
+/// # use ringccl_collectives::{Error, BufferMut};
+/// # use ringccl_ddp::*;
+/// # struct Solo;
+/// # impl Communicator for Solo {
+/// #     fn rank(&self) -> usize { 0 }
+/// #     fn world_size(&self) -> usize { 1 }
+/// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
+/// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
+/// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
+/// # }
+/// check_same_config(&Solo, &DdpConfig::default().find_unused_parameters(true))?;
+/// # Ok::<(), DdpError>(())
+/// ```
+pub fn check_same_config(comm: &dyn Communicator, config: &DdpConfig) -> Result<(), DdpError> {
+    const FIELDS: [&str; 4] = [
+        "first_bucket_bytes",
+        "bucket_cap_bytes",
+        "find_unused_parameters",
+        "rebuild_buckets",
+    ];
+    let size = |bytes: usize| i64::try_from(bytes).unwrap_or(i64::MAX);
+    let mine = [
+        size(config.first_bucket_bytes),
+        size(config.bucket_cap_bytes),
+        i64::from(config.find_unused_parameters),
+        i64::from(config.rebuild_buckets),
+    ];
+    let mut all = vec![0i64; comm.world_size() * FIELDS.len()];
+    comm.all_gather_i64(&mine, &mut all)?;
+    let rank0 = &all[..FIELDS.len()];
+    for (other, theirs) in all.chunks(FIELDS.len()).enumerate().skip(1) {
+        if let Some(f) = (0..FIELDS.len()).find(|&f| theirs[f] != rank0[f]) {
+            let show = |v: i64| match f {
+                2 | 3 => (v != 0).to_string(),
+                _ => v.to_string(),
+            };
+            return Err(DdpError::ConfigMismatch {
+                rank: comm.rank(),
+                difference: format!(
+                    "{}: rank 0 has {}, rank {other} has {}",
+                    FIELDS[f],
+                    show(rank0[f]),
+                    show(theirs[f])
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `name \0 numel \0 dtype-code \n` per parameter.

@@ -20,6 +20,16 @@ pub enum DdpError {
         difference: String,
     },
 
+    /// Ranks built DDP with settings that decide its collectives differently (bucket
+    /// sizes, `find_unused_parameters`, `rebuild_buckets`).
+    #[error("rank {rank}: DDP settings differ across ranks: {difference}; every rank must use the same bucket sizes, find_unused_parameters and rebuild_buckets, which decide the collectives each step runs")]
+    ConfigMismatch {
+        /// The rank reporting.
+        rank: usize,
+        /// The first difference found.
+        difference: String,
+    },
+
     /// `mark_grad_ready` was called twice for one parameter in one step.
     #[error("rank {rank}: the gradient of parameter #{index} {name:?} was marked ready twice in step {step}; mark each gradient once per backward pass (accumulate gradients yourself, or use no_sync for accumulation across passes)")]
     GradReadyTwice {

@@ -40,7 +40,7 @@ pub use checkpoint::Checkpoint;
 pub use communicator::{BucketLabel, Communicator, GradBuf, Pending, Ready, ToCommunicator, Wait};
 pub use config::{DdpConfig, ParamSpec};
 pub use data_parallel::{DataParallel, DpTimings, Grads, Replica};
-pub use ddp::{check_same_params, DistributedDataParallel, NoSync};
+pub use ddp::{check_same_config, check_same_params, DistributedDataParallel, NoSync};
 pub use element::GradElement;
 pub use error::DdpError;
 pub use hooks::{AllReduceHook, Bf16CompressHook, CommHook, Fp16CompressHook};

@@ -22,7 +22,8 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use ringccl_ddp::{
-    check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout, ParamSpec, Reducer,
+    check_same_config, check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout,
+    ParamSpec, Reducer,
 };
 use ringccl_nccl::cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DeviceSlice,
@@ -236,6 +237,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         };
         ddp.buckets = ddp.allocate_layout(None)?;
         check_same_params(pg, params)?;
+        check_same_config(pg, ddp.reducer.config())?;
         Ok(ddp)
     }
 
