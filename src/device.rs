@@ -71,9 +71,68 @@ fn reached(
     }
 }
 
-/// Copies `buf` to the host, runs `op` on the copy and copies the result back, all on
-/// the buffer's own stream, each wait on the GPU bounded by `deadline`. Stands in for a
-/// device collective on CPU backends.
+/// A host copy of `buf`, made on `on` once the GPU has reached `after` (`on` waits for it
+/// too), the wait bounded by `deadline`: the copy itself then has nothing ahead of it.
+fn to_host<T: DeviceElement>(
+    rank: usize,
+    what: &str,
+    buf: &CudaSlice<T>,
+    on: &Arc<CudaStream>,
+    after: &CudaEvent,
+    deadline: Deadline,
+) -> Result<Vec<T>, Error> {
+    let failed = |call: &'static str| staging_failed(rank, what, call);
+    on.wait(after).map_err(failed(
+        "ordering the staging copy after the buffer's producer",
+    ))?;
+    reached(rank, what, after, deadline, "the buffer's producer")?;
+    on.clone_dtoh(buf)
+        .map_err(failed("copying the buffer to the host"))
+}
+
+/// A host copy of `buf` once the work queued on its own stream is done (within
+/// `deadline`).
+fn on_host<T: DeviceElement>(
+    rank: usize,
+    what: &str,
+    buf: &CudaSlice<T>,
+    deadline: Deadline,
+) -> Result<Vec<T>, Error> {
+    let stream = buf.stream();
+    let produced = stream.record_event(None).map_err(staging_failed(
+        rank,
+        what,
+        "recording an event after the buffer's producer",
+    ))?;
+    to_host(rank, what, buf, stream, &produced, deadline)
+}
+
+/// Copies `host` back into `buf` on `on` and waits, within `deadline`, until the copy is
+/// done. When the wait outruns the deadline (the group then breaks), cudarc still orders
+/// later uses of `buf`, and its release, after the copy it recorded.
+fn to_device<T: DeviceElement>(
+    rank: usize,
+    what: &str,
+    host: &[T],
+    buf: &mut CudaSlice<T>,
+    on: &Arc<CudaStream>,
+    deadline: Deadline,
+) -> Result<(), Error> {
+    let failed = |call: &'static str| staging_failed(rank, what, call);
+    let copied = on
+        .memcpy_htod(host, buf)
+        .map_err(failed("copying the result to the GPU"));
+    // Also after a failed copy: nothing may still write `buf` once this returns.
+    let synced = on
+        .record_event(None)
+        .map_err(failed("recording an event after the copy to the GPU"))
+        .and_then(|e| reached(rank, what, &e, deadline, "the copy to the GPU"));
+    copied.and(synced)
+}
+
+/// Copies `buf` to the host, runs `op` on the copy and, when `copy_back`, copies the
+/// result back, all on the buffer's own stream, each wait on the GPU bounded by
+/// `deadline`. Stands in for a device collective on CPU backends.
 fn through_host<T: DeviceElement>(
     rank: usize,
     what: &str,
@@ -82,45 +141,13 @@ fn through_host<T: DeviceElement>(
     deadline: Deadline,
     op: impl FnOnce(&mut [T]) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    let failed = |call: &'static str| staging_failed(rank, what, call);
-    let stream = buf.stream().clone();
-    let produced = stream
-        .record_event(None)
-        .map_err(failed("recording an event after the buffer's producer"))?;
-    reached(rank, what, &produced, deadline, "the buffer's producer")?;
-    let mut host = stream
-        .clone_dtoh(buf)
-        .map_err(failed("copying the buffer to the host"))?;
+    let mut host = on_host(rank, what, buf, deadline)?;
     op(&mut host)?;
     if copy_back {
-        stream
-            .memcpy_htod(&host, buf)
-            .map_err(failed("copying the result to the GPU"))?;
-        let copied = stream
-            .record_event(None)
-            .map_err(failed("recording an event after the copy to the GPU"))?;
-        reached(rank, what, &copied, deadline, "the copy to the GPU")?;
+        let stream = Arc::clone(buf.stream());
+        to_device(rank, what, &host, buf, &stream, deadline)?;
     }
     Ok(())
-}
-
-/// A host copy of a GPU input buffer, once its producer is done (within `deadline`).
-fn input_on_host<T: DeviceElement>(
-    rank: usize,
-    what: &str,
-    input: &CudaSlice<T>,
-    deadline: Deadline,
-) -> Result<Vec<T>, Error> {
-    let failed = |call: &'static str| staging_failed(rank, what, call);
-    let produced = input
-        .stream()
-        .record_event(None)
-        .map_err(failed("recording an event after the input's producer"))?;
-    reached(rank, what, &produced, deadline, "the input's producer")?;
-    input
-        .stream()
-        .clone_dtoh(input)
-        .map_err(failed("copying the input to the host"))
 }
 
 /// What a queued device call is ordered after: `event`, recorded on the stream that
@@ -145,10 +172,8 @@ pub(crate) enum Completion {
 /// [`through_host`] for a call queued on the worker whose buffer's producer is known by
 /// `after`, an event on the producing stream: the copies run on `staging`, a stream of
 /// their own, after that event, so that the worker waits for the buffer's data and not
-/// for whatever the producing stream has queued since (the rest of backward). Each wait
-/// on the GPU is bounded by `deadline`. The copy back has finished when this returns
-/// `Ok`; when a wait outruns the deadline (the group then breaks), cudarc still orders
-/// later uses of `buf`, and its release, after the copy it recorded.
+/// for whatever the producing stream has queued since (the rest of backward). The copy
+/// back has finished when this returns `Ok`.
 fn staged_after<T: DeviceElement>(
     rank: usize,
     what: &str,
@@ -158,24 +183,9 @@ fn staged_after<T: DeviceElement>(
     deadline: Deadline,
     op: impl FnOnce(&mut [T]) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    let failed = |call: &'static str| staging_failed(rank, what, call);
-    staging.wait(after).map_err(failed(
-        "ordering the staging copy after the buffer's producer",
-    ))?;
-    reached(rank, what, after, deadline, "the buffer's producer")?;
-    let mut host = staging
-        .clone_dtoh(buf)
-        .map_err(failed("copying the buffer to the host"))?;
+    let mut host = to_host(rank, what, buf, staging, after, deadline)?;
     op(&mut host)?;
-    let copied = staging
-        .memcpy_htod(&host, buf)
-        .map_err(failed("copying the result to the GPU"));
-    // Also after a failed copy: nothing may still write `buf` once this returns.
-    let event = staging
-        .record_event(None)
-        .map_err(failed("recording an event after the copy to the GPU"));
-    let synced = event.and_then(|e| reached(rank, what, &e, deadline, "the copy to the GPU"));
-    copied.and(synced)
+    to_device(rank, what, &host, buf, staging, deadline)
 }
 
 /// Runs a staged call, and breaks the group when the staging itself failed (a copy, or
@@ -229,6 +239,24 @@ impl ProcessGroup {
             .map(|nccl| Arc::clone(nccl.stream()))
     }
 
+    /// A device collective under a CPU backend, in its turn on the group: `buf` is
+    /// staged through the host ([`through_host`]) around `op`, which runs the collective
+    /// on the host copy, and a failed staging breaks the group ([`staged`]).
+    fn staged_in_order<T: DeviceElement>(
+        &self,
+        what: &'static str,
+        buf: &mut CudaSlice<T>,
+        copy_back: bool,
+        op: impl FnOnce(&dyn Backend, &mut [T], Deadline) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let rank = self.rank();
+        self.in_order(what, |backend, d| {
+            staged(backend, || {
+                through_host(rank, what, buf, copy_back, d, |host| op(backend, host, d))
+            })
+        })
+    }
+
     /// Like [`ProcessGroup::all_reduce`], on a buffer in GPU memory. Under `"nccl"` the
     /// buffer is reduced in place on the GPU (it must be on the group's device, see
     /// [`InitOptions::device`](crate::InitOptions::device)); under `"gloo"` it is staged
@@ -256,13 +284,8 @@ impl ProcessGroup {
             Some(nccl) => self.in_order("all_reduce", |_, d| nccl.all_reduce_device(buf, op, d)),
             None => {
                 validate_reduce(T::DTYPE, op)?;
-                let rank = self.rank();
-                self.in_order("all_reduce", |backend, d| {
-                    staged(backend, || {
-                        through_host(rank, "all_reduce", buf, true, d, |host| {
-                            Ok(backend.all_reduce(BufferMut::from_slice(host), op, d)?)
-                        })
-                    })
+                self.staged_in_order("all_reduce", buf, true, |backend, host, d| {
+                    Ok(backend.all_reduce(BufferMut::from_slice(host), op, d)?)
                 })
             }
         }
@@ -326,13 +349,9 @@ impl ProcessGroup {
         match &self.shared().nccl {
             Some(nccl) => self.in_order("broadcast", |_, d| nccl.broadcast_device(buf, root, d)),
             None => {
-                let rank = self.rank();
-                self.in_order("broadcast", |backend, d| {
-                    staged(backend, || {
-                        through_host(rank, "broadcast", buf, rank != root, d, |host| {
-                            Ok(backend.broadcast(BufferMut::from_slice(host), root, d)?)
-                        })
-                    })
+                let copy_back = self.rank() != root;
+                self.staged_in_order("broadcast", buf, copy_back, |backend, host, d| {
+                    Ok(backend.broadcast(BufferMut::from_slice(host), root, d)?)
                 })
             }
         }
@@ -348,13 +367,9 @@ impl ProcessGroup {
         match &self.shared().nccl {
             Some(nccl) => self.in_order("reduce", |_, d| nccl.reduce_device(buf, op, root, d)),
             None => {
-                let rank = self.rank();
-                self.in_order("reduce", |backend, d| {
-                    staged(backend, || {
-                        through_host(rank, "reduce", buf, rank == root, d, |host| {
-                            Ok(backend.reduce(BufferMut::from_slice(host), op, root, d)?)
-                        })
-                    })
+                let copy_back = self.rank() == root;
+                self.staged_in_order("reduce", buf, copy_back, |backend, host, d| {
+                    Ok(backend.reduce(BufferMut::from_slice(host), op, root, d)?)
                 })
             }
         }
@@ -372,14 +387,10 @@ impl ProcessGroup {
             }),
             None => {
                 let rank = self.rank();
-                self.in_order("all_gather", |backend, d| {
-                    staged(backend, || {
-                        let host_input = input_on_host(rank, "all_gather", input, d)?;
-                        through_host(rank, "all_gather", output, true, d, |host| {
-                            let input = BufferRef::from_slice(&host_input);
-                            Ok(backend.all_gather(input, BufferMut::from_slice(host), d)?)
-                        })
-                    })
+                self.staged_in_order("all_gather", output, true, |backend, host, d| {
+                    let host_input = on_host(rank, "all_gather", input, d)?;
+                    let input = BufferRef::from_slice(&host_input);
+                    Ok(backend.all_gather(input, BufferMut::from_slice(host), d)?)
                 })
             }
         }
@@ -398,15 +409,11 @@ impl ProcessGroup {
             }),
             None => {
                 let rank = self.rank();
-                self.in_order("reduce_scatter", |backend, d| {
-                    staged(backend, || {
-                        let host_input = input_on_host(rank, "reduce_scatter", input, d)?;
-                        through_host(rank, "reduce_scatter", output, true, d, |host| {
-                            let input = BufferRef::from_slice(&host_input);
-                            let output = BufferMut::from_slice(host);
-                            Ok(backend.reduce_scatter(input, output, op, d)?)
-                        })
-                    })
+                self.staged_in_order("reduce_scatter", output, true, |backend, host, d| {
+                    let host_input = on_host(rank, "reduce_scatter", input, d)?;
+                    let input = BufferRef::from_slice(&host_input);
+                    let output = BufferMut::from_slice(host);
+                    Ok(backend.reduce_scatter(input, output, op, d)?)
                 })
             }
         }
