@@ -632,26 +632,20 @@ impl<T: GradElement> DistributedDataParallel<T> {
         // Under find_unused_parameters every rank sums which parameters it used, after
         // the step's buckets (the same order everywhere), as torch's local_used_map.
         let used = match self.reducer.take_used_map() {
-            Some(map) => {
-                let counts = map.iter().map(|&u| if u { 1.0 } else { 0.0 }).collect();
-                match self.comm.all_reduce_sum_async(GradBuf::F32(counts)) {
-                    Ok(pending) => Some(pending),
-                    Err(e) => {
-                        let _ = self.wait_all();
-                        return Err(self.fail(e.into()));
-                    }
+            Some(map) => match self.comm.all_reduce_sum_async(GradBuf::F32(map)) {
+                Ok(pending) => Some(pending),
+                Err(e) => {
+                    let _ = self.wait_all();
+                    return Err(self.fail(e.into()));
                 }
-            }
+            },
             None => None,
         };
         self.wait_all()?;
         if let Some(pending) = used {
             let summed = pending.wait().map_err(DdpError::from);
             let noted = summed.and_then(|counts| match counts {
-                GradBuf::F32(counts) => {
-                    let used: Vec<bool> = counts.iter().map(|&c| c > 0.0).collect();
-                    self.reducer.note_used(&used)
-                }
+                GradBuf::F32(counts) => self.reducer.note_used(&counts),
                 other => Err(DdpError::InvalidArgument(format!(
                     "internal error: the used-parameter map came back as {:?}",
                     other.dtype()

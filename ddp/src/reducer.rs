@@ -85,10 +85,11 @@ pub struct Reducer {
     /// Order of the first step's gradients, for the one-time rebuild.
     arrival: Vec<usize>,
     rebuilt: bool,
-    /// Under `find_unused_parameters`: which parameters got a gradient on this rank
-    /// since the last synchronised step, set by a synchronised `begin_finish` for the
-    /// storage to sum over the group ([`take_used_map`](Self::take_used_map)).
-    used_map: Option<Vec<bool>>,
+    /// Under `find_unused_parameters`: 1 for each parameter that got a gradient on this
+    /// rank since the last synchronised step, else 0, set by a synchronised
+    /// `begin_finish` for the storage to sum over the group
+    /// ([`take_used_map`](Self::take_used_map)).
+    used_map: Option<Vec<f32>>,
     /// Parameters no rank produced a gradient for in the last synchronised step.
     unused_everywhere: Vec<usize>,
 }
@@ -426,7 +427,13 @@ impl Reducer {
             // Every rank sums this map at every synchronised step, whether or not it
             // misses a gradient itself: another rank may.
             let used = (0..self.params.len())
-                .map(|i| self.ready[i] || self.has_data[i])
+                .map(|i| {
+                    if self.ready[i] || self.has_data[i] {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                })
                 .collect();
             self.used_map = Some(used);
             // Until the group's sum is noted, nothing is known to be unused everywhere.
@@ -467,11 +474,11 @@ impl Reducer {
     }
 
     /// Under `find_unused_parameters`, after a synchronised
-    /// [`begin_finish`](Self::begin_finish): whether each parameter got a gradient on
-    /// this rank since the last synchronised step. Every rank must sum it over the group
-    /// (after starting the step's buckets, so that every rank issues the calls in the
-    /// same order) and hand the result to [`note_used`](Self::note_used). `None` in every
-    /// other case, and once taken.
+    /// [`begin_finish`](Self::begin_finish): 1 for each parameter that got a gradient on
+    /// this rank since the last synchronised step, else 0. Every rank must sum it over
+    /// the group (after starting the step's buckets, so that every rank issues the calls
+    /// in the same order) and hand the sum to [`note_used`](Self::note_used). `None` in
+    /// every other case, and once taken.
     ///
     /// ```
     /// # use ringccl_collectives::DType;
@@ -482,38 +489,38 @@ impl Reducer {
     /// reducer.check_mark(1, None)?;
     /// reducer.mark(1)?;
     /// reducer.begin_finish();
-    /// assert_eq!(reducer.take_used_map(), Some(vec![false, true]));
+    /// assert_eq!(reducer.take_used_map(), Some(vec![0.0, 1.0]));
     /// assert_eq!(reducer.take_used_map(), None);
     /// # Ok::<(), ringccl_ddp::DdpError>(())
     /// ```
-    pub fn take_used_map(&mut self) -> Option<Vec<bool>> {
+    pub fn take_used_map(&mut self) -> Option<Vec<f32>> {
         self.used_map.take()
     }
 
-    /// Records which parameters got a gradient on some rank in this synchronised step
-    /// (the group's sum of [`take_used_map`](Self::take_used_map), as `used[i]`): the
-    /// others are [`unused_everywhere`](Self::unused_everywhere).
+    /// Records the group's sum of [`take_used_map`](Self::take_used_map) for this
+    /// synchronised step: the parameters whose count is 0 are
+    /// [`unused_everywhere`](Self::unused_everywhere).
     ///
     /// ```
     /// # use ringccl_collectives::DType;
     /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
     /// let params = [ParamSpec::new("w", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
     /// let mut reducer = Reducer::new(0, &params, DdpConfig::default().find_unused_parameters(true));
-    /// reducer.note_used(&[false, true])?;
+    /// reducer.note_used(&[0.0, 2.0])?; // "b" used on two ranks, "w" on none
     /// assert_eq!(reducer.unused_everywhere(), [0]);
-    /// assert!(reducer.note_used(&[true]).is_err()); // one flag per parameter
+    /// assert!(reducer.note_used(&[1.0]).is_err()); // one count per parameter
     /// # Ok::<(), ringccl_ddp::DdpError>(())
     /// ```
-    pub fn note_used(&mut self, used: &[bool]) -> Result<(), DdpError> {
-        if used.len() != self.params.len() {
+    pub fn note_used(&mut self, counts: &[f32]) -> Result<(), DdpError> {
+        if counts.len() != self.params.len() {
             return Err(DdpError::InvalidArgument(format!(
                 "rank {}: the group's used-parameter map has {} entries for {} parameters",
                 self.rank,
-                used.len(),
+                counts.len(),
                 self.params.len()
             )));
         }
-        self.unused_everywhere = (0..used.len()).filter(|&i| !used[i]).collect();
+        self.unused_everywhere = (0..counts.len()).filter(|&i| counts[i] == 0.0).collect();
         Ok(())
     }
 
@@ -760,15 +767,15 @@ mod tests {
         reducer.check_mark(0, None).unwrap();
         reducer.mark(0).unwrap();
         assert!(matches!(reducer.begin_finish(), FinishPlan::Reduce { .. }));
-        assert_eq!(reducer.take_used_map(), Some(vec![true, true]));
+        assert_eq!(reducer.take_used_map(), Some(vec![1.0, 1.0]));
         reducer.end_finish();
-        reducer.note_used(&[true, false]).unwrap();
+        reducer.note_used(&[3.0, 0.0]).unwrap();
         assert_eq!(reducer.unused_everywhere(), [1]);
         // The next synchronised step forgets the list until its own sum is noted.
         reducer.check_mark(0, None).unwrap();
         reducer.mark(0).unwrap();
         reducer.begin_finish();
-        assert_eq!(reducer.take_used_map(), Some(vec![true, false]));
+        assert_eq!(reducer.take_used_map(), Some(vec![1.0, 0.0]));
         assert!(reducer.unused_everywhere().is_empty());
     }
 

@@ -689,23 +689,19 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         // the step's buckets, as host DDP does (on the host: under NCCL this waits for
         // the step's reductions, as torch's check of its used map does).
         let used = match self.reducer.take_used_map() {
-            Some(map) => {
-                let counts = map.iter().map(|&u| if u { 1.0f32 } else { 0.0 }).collect();
-                match self.pg.all_reduce_async(counts, ReduceOp::Sum) {
-                    Ok(work) => Some(work),
-                    Err(e) => {
-                        let _ = self.wait_all();
-                        return Err(self.fail(e));
-                    }
+            Some(map) => match self.pg.all_reduce_async(map, ReduceOp::Sum) {
+                Ok(work) => Some(work),
+                Err(e) => {
+                    let _ = self.wait_all();
+                    return Err(self.fail(e));
                 }
-            }
+            },
             None => None,
         };
         self.wait_all()?;
         if let Some(work) = used {
             let counts = work.wait().map_err(|e| self.fail(e))?;
-            let used: Vec<bool> = counts.iter().map(|&c| c > 0.0).collect();
-            let noted = self.reducer.note_used(&used).map_err(Error::from);
+            let noted = self.reducer.note_used(&counts).map_err(Error::from);
             noted.map_err(|e| self.fail(e))?;
         }
         if self.reducer.end_finish() {
