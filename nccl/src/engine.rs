@@ -170,17 +170,14 @@ impl Engine for NcclEngine {
         }
         // Calls left on the device will never settle now: each is recorded failed, so
         // the flight recorder does not show them running forever.
-        let left = std::mem::take(&mut self.in_flight);
-        if left.iter().next().is_some() {
-            let error = Error::GroupBroken {
-                rank: self.rank,
-                cause: "the communicator was aborted while this call was on the GPU".into(),
-            };
-            for done in left.iter() {
-                // A call the GPU finished before the abort, not yet looked at, is done.
-                let finished = matches!(done.event.try_is_complete(), Ok(true));
-                device_finished(&self.flight, done, (!finished).then_some(&error));
-            }
+        let error = Error::GroupBroken {
+            rank: self.rank,
+            cause: "the communicator was aborted while this call was on the GPU".into(),
+        };
+        for done in std::mem::take(&mut self.in_flight).iter() {
+            // A call the GPU finished before the abort, not yet looked at, is done.
+            let finished = matches!(done.event.try_is_complete(), Ok(true));
+            device_finished(&self.flight, done, (!finished).then_some(&error));
         }
     }
 }

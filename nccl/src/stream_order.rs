@@ -13,7 +13,8 @@ use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 pub enum StreamOrder<'e> {
     /// PyTorch's rule: the call runs after everything queued on each buffer's stream
     /// when it is made, and work queued on those streams afterwards runs after the call
-    /// (for a call waited for on the host, the host's wait orders it).
+    /// (also for a call the host waits for, so that a buffer released after a failed
+    /// call is not freed under NCCL).
     BufferStreams,
     /// After `event` only, an event the caller recorded where the data was ready; nothing
     /// is ordered after the call except what waits on NCCL's stream
