@@ -32,6 +32,29 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// How many iterations to time: `Fixed` as given, or as many as fit the `Budget`,
+/// calibrated with `batch(k)` (the slowest rank's seconds for `k` calls back to back,
+/// doubling `k` until a batch takes 0.1 s).
+fn calibrated(
+    iterations: Iterations,
+    mut batch: impl FnMut(usize) -> Result<f64, Error>,
+) -> Result<usize, Error> {
+    Ok(match iterations {
+        Iterations::Fixed(n) => n.max(1),
+        Iterations::Budget(budget) => {
+            let mut k = 1usize;
+            let per_call = loop {
+                let elapsed = batch(k)?;
+                if elapsed >= 0.1 || k >= 20_000 {
+                    break elapsed / k as f64;
+                }
+                k *= 2;
+            };
+            ((budget / per_call.max(1e-9)) as usize).clamp(5, 20_000)
+        }
+    })
+}
+
 /// Times `op`; every rank returns the same figures.
 pub(crate) fn time_op(
     pg: &ProcessGroup,
@@ -42,26 +65,16 @@ pub(crate) fn time_op(
     for _ in 0..warmup {
         op()?;
     }
-    let iters = match iterations {
-        Iterations::Fixed(n) => n.max(1),
-        Iterations::Budget(budget) => {
-            let mut k = 1usize;
-            let per_call = loop {
-                pg.barrier()?;
-                let t0 = Instant::now();
-                for _ in 0..k {
-                    op()?;
-                }
-                let mut elapsed = [t0.elapsed().as_secs_f64()];
-                pg.all_reduce(&mut elapsed, ReduceOp::Max)?;
-                if elapsed[0] >= 0.1 || k >= 20_000 {
-                    break elapsed[0] / k as f64;
-                }
-                k *= 2;
-            };
-            ((budget / per_call.max(1e-9)) as usize).clamp(5, 20_000)
+    let iters = calibrated(iterations, |k| {
+        pg.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..k {
+            op()?;
         }
-    };
+        let mut elapsed = [t0.elapsed().as_secs_f64()];
+        pg.all_reduce(&mut elapsed, ReduceOp::Max)?;
+        Ok(elapsed[0])
+    })?;
     let mut times = vec![0f64; iters];
     pg.barrier()?;
     let loop_start = Instant::now();
@@ -103,20 +116,7 @@ pub(crate) fn time_batches(
         Ok(elapsed[0])
     };
     batch(warmup)?;
-    let iters = match iterations {
-        Iterations::Fixed(n) => n.max(1),
-        Iterations::Budget(budget) => {
-            let mut k = 1usize;
-            let per_call = loop {
-                let elapsed = batch(k)?;
-                if elapsed >= 0.1 || k >= 20_000 {
-                    break elapsed / k as f64;
-                }
-                k *= 2;
-            };
-            ((budget / per_call.max(1e-9)) as usize).clamp(5, 20_000)
-        }
-    };
+    let iters = calibrated(iterations, &mut batch)?;
     let per_call_us = batch(iters)? / iters as f64 * 1e6;
     Ok(Timing {
         median_us: per_call_us,
