@@ -43,6 +43,7 @@ pub const BACKENDS: &[&str] = &["gloo", "nccl"];
 /// # Ok::<(), ringccl::Error>(())
 /// ```
 pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGroup, Error> {
+    crate::logging::init_if_asked();
     match backend.trim().to_ascii_lowercase().as_str() {
         "gloo" => start_gloo(opts),
         #[cfg(feature = "nccl")]
@@ -135,6 +136,7 @@ impl GlooRecipe {
         config.dead_peer_timeout = self.mesh.dead_peer_timeout;
         config.auth_token = self.mesh.auth_token.clone();
         config.attempt = self.mesh.attempt;
+        config.socket_ifname = self.mesh.socket_ifname.clone();
         config
     }
 }
@@ -154,6 +156,10 @@ pub(crate) fn gloo_over_mesh(
     // Where every rank runs: from shared-memory set-up, or asked for on its own when
     // TCP is forced, so that a group spanning hosts still gets the hierarchical
     // collectives and waits count only the ranks on this machine.
+    mesh.startup_step(match recipe.kind {
+        TransportKind::Tcp => "finding which ranks share a host",
+        _ => "setting up shared memory",
+    });
     let (store, connections) = mesh.store_and_connections();
     let set_up = match recipe.kind {
         TransportKind::Tcp => discover_hosts(store, &*connections.data, rank, world_size, deadline)

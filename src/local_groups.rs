@@ -71,6 +71,7 @@ pub fn local_groups_with(
     n: usize,
     opts: InitOptions,
 ) -> Result<Vec<ProcessGroup>, Error> {
+    crate::logging::init_if_asked();
     if n == 0 {
         return Err(Error::InvalidArgument(
             "local_groups needs at least one rank (n = 0)".into(),

@@ -1,7 +1,16 @@
 //! ringccl's diagnostics: the library reports through [`tracing`] (rejected connections,
-//! strangers on its ports, rendezvous progress) and prints nothing by itself. An
-//! application shows them by installing a `tracing` subscriber, its own or the one
-//! [`init_from_env`] sets up.
+//! strangers on its ports, rendezvous progress).
+//!
+//! - With `RINGCCL_DEBUG` set ([`DEBUG_VAR`]) and no global subscriber installed by the
+//!   application, [`init_process_group`](crate::init_process_group) and
+//!   [`local_groups`](crate::local_groups) install ringccl's stderr formatter at that
+//!   level, as `NCCL_DEBUG` works in any program. Call [`init_from_env`] to install it
+//!   earlier.
+//! - An application with its own global subscriber is left alone: ringccl's events go
+//!   to that subscriber. Install it before the first process group: a global subscriber
+//!   can be set only once per process.
+//! - Without either, ringccl prints nothing, except a rank still waiting at start-up,
+//!   which says whom it waits for on stderr (first after 30 s).
 
 use std::io::IsTerminal;
 
@@ -40,6 +49,15 @@ pub fn init_from_env() {
             "{DEBUG_VAR}={value:?} is not one of error, warn, info, debug, trace; using {}",
             DEFAULT_LEVEL
         );
+    }
+}
+
+/// [`init_from_env`] when `RINGCCL_DEBUG` is set and the application has installed no
+/// global subscriber; nothing otherwise.
+pub(crate) fn init_if_asked() {
+    let asked = std::env::var_os(DEBUG_VAR).is_some_and(|v| !v.is_empty());
+    if asked && !tracing::dispatcher::has_been_set() {
+        init_from_env();
     }
 }
 

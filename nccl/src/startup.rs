@@ -57,6 +57,7 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
 
     let deadline = Deadline::after(timeout);
     let mut mesh = connect_mesh(mesh)?;
+    mesh.startup_step("sharing NCCL's unique id");
     let id = share_unique_id(&mut mesh, rank, deadline.at())?;
     let dead_peer = mesh.dead_peer_timeout();
     let (connections, store) = mesh.finish(deadline.at())?;

@@ -101,6 +101,23 @@ macro_rules! setup_error_variants {
             addr: String,
         },
 
+        /// This rank's world size differs from the one rank 0 started the job with. Every
+        /// rank hears of it at once (through the store), not at its deadline.
+        #[error(
+            "rank {rank}: WORLD_SIZE is {ours} here, but rank 0 started the job at {addr} with WORLD_SIZE {theirs}: \
+             every rank of a job needs the same WORLD_SIZE; check the launcher's configuration"
+        )]
+        WorldSizeMismatch {
+            /// The rank that noticed.
+            rank: usize,
+            /// This rank's world size.
+            ours: usize,
+            /// Rank 0's world size.
+            theirs: usize,
+            /// The store's address.
+            addr: String,
+        },
+
         /// The process ran out of file descriptors (`EMFILE`, or the system's `ENFILE`).
         #[error("rank {rank}: out of file descriptors while {during}: {detail}")]
         DescriptorsExhausted {
@@ -110,6 +127,23 @@ macro_rules! setup_error_variants {
             during: String,
             /// Which limit was reached (RLIMIT_NOFILE and its values) and how to raise it.
             detail: String,
+        },
+
+        /// `RINGCCL_SOCKET_IFNAME` (`InitOptions::socket_ifname`) names no interface of
+        /// this host with an address its peers could reach. Raised at once, before the
+        /// rank connects to anything.
+        #[error(
+            "rank {rank}: RINGCCL_SOCKET_IFNAME={spec:?} matches no usable network interface; this host has {found}. \
+             Name one of these (NCCL's syntax: `eth` for names starting with eth, `ib0,eth1` for a list, `^lo,docker` for all but \
+             these, `=eth0` for exact names), or unset it to listen on the interface that reaches the rendezvous store"
+        )]
+        NoMatchingInterface {
+            /// The rank that found no interface.
+            rank: usize,
+            /// The setting, as given.
+            spec: String,
+            /// This host's interfaces and their addresses, e.g. `lo (127.0.0.1), eth0 (10.0.0.2)`.
+            found: String,
         },
 
         /// A connection failed its handshake (wrong protocol, version, job or world size).

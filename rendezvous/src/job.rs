@@ -32,14 +32,17 @@ pub(crate) struct JobRecord {
     pub(crate) job_id: u64,
     /// Which attempt of a restarted job (`TORCHELASTIC_RESTART_COUNT`).
     pub(crate) attempt: u32,
+    /// Rank 0's world size: every rank checks its own against it.
+    pub(crate) world_size: u32,
 }
 
-/// Size of an encoded [`JobRecord`]: job id (u64), attempt (u32), little-endian.
-const JOB_RECORD_LEN: usize = 12;
+/// Size of an encoded [`JobRecord`]: job id (u64), attempt (u32), world size (u32),
+/// little-endian.
+pub(crate) const JOB_RECORD_LEN: usize = 16;
 
 impl JobRecord {
     /// A record with a fresh random job id.
-    pub(crate) fn fresh(attempt: u32) -> JobRecord {
+    pub(crate) fn fresh(attempt: u32, world_size: usize) -> JobRecord {
         let mut hasher = RandomState::new().build_hasher();
         hasher.write_u128(
             SystemTime::now()
@@ -50,6 +53,8 @@ impl JobRecord {
         JobRecord {
             job_id: hasher.finish(),
             attempt,
+            // MeshConfig::validate keeps it far below; saturate rather than wrap anyway.
+            world_size: u32::try_from(world_size).unwrap_or(u32::MAX),
         }
     }
 
@@ -58,6 +63,7 @@ impl JobRecord {
         let mut w = &mut out[..];
         w.put_u64_le(self.job_id);
         w.put_u32_le(self.attempt);
+        w.put_u32_le(self.world_size);
         debug_assert!(w.is_empty());
         out
     }
@@ -71,6 +77,7 @@ impl JobRecord {
         Some(JobRecord {
             job_id: r.try_get_u64_le().ok()?,
             attempt: r.try_get_u32_le().ok()?,
+            world_size: r.try_get_u32_le().ok()?,
         })
     }
 }
@@ -94,13 +101,15 @@ mod tests {
         let record = JobRecord {
             job_id: 0x0102_0304_0506_0708,
             attempt: 3,
+            world_size: 258,
         };
         let bytes = record.encode();
-        assert_eq!(bytes, [8, 7, 6, 5, 4, 3, 2, 1, 3, 0, 0, 0]);
+        assert_eq!(bytes, [8, 7, 6, 5, 4, 3, 2, 1, 3, 0, 0, 0, 2, 1, 0, 0]);
         assert_eq!(JobRecord::decode(&bytes), Some(record));
-        assert_eq!(JobRecord::decode(&bytes[..8]), None);
-        assert_eq!(JobRecord::decode(&[0; 13]), None);
-        assert_ne!(JobRecord::fresh(0).job_id, JobRecord::fresh(0).job_id);
+        assert_eq!(JobRecord::decode(&bytes[..12]), None);
+        assert_eq!(JobRecord::decode(&[0; 17]), None);
+        assert_ne!(JobRecord::fresh(0, 2).job_id, JobRecord::fresh(0, 2).job_id);
+        assert_eq!(JobRecord::fresh(0, 7).world_size, 7);
     }
 
     #[test]

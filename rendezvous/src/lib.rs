@@ -9,8 +9,13 @@
 //! - `auth`: HMAC-SHA256 challenge–response ([`AuthToken`]).
 //! - [`connect_mesh`] → [`Mesh`]: the connected ranks and the store; [`Mesh::finish`]
 //!   ends start-up on every rank, so "release the store" is a type, not a convention.
+//! - `startup_watch`: a rank still waiting at start-up says whom it waits for, by itself
+//!   (stderr, or the application's `tracing` subscriber), first after
+//!   [`MeshConfig::startup_report`], then every twice that.
 //! - [`MeshConfig`]: what connecting needs to know (the `ringccl` facade builds it
 //!   from its `InitOptions`; nothing here reads the environment).
+//! - `interface`: which address a rank listens on for its peers: where it reaches the
+//!   store, or the interface [`MeshConfig::socket_ifname`] names ([`InterfaceSpec`]).
 //! - [`SetupError`]: what can go wrong during start-up.
 //!
 //! Most users want the `ringccl` crate, which re-exports what matters from here.
@@ -23,14 +28,17 @@ mod deadline_io;
 mod error;
 mod fd_limit;
 mod hello;
+mod interface;
 mod job;
 mod mesh;
 mod peer_acceptor;
 mod pending;
+mod startup_watch;
 pub mod store;
 
 pub use auth::AuthToken;
-pub use config::MeshConfig;
+pub use config::{MeshConfig, DEFAULT_STARTUP_REPORT};
 pub use error::SetupError;
+pub use interface::{InterfaceSpec, InterfaceSpecError};
 pub use mesh::{connect_mesh, KeptStore, Mesh, MeshConnections};
 pub use store::StoreListener;

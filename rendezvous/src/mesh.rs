@@ -19,8 +19,11 @@ use crate::auth::{authenticate, AuthToken, Role};
 use crate::deadline_io::{deadline_after, read_exact_by, read_some_by, write_all_by};
 use crate::fd_limit;
 use crate::hello::{Channel, PeerHello, PEER_HELLO_LEN};
-use crate::job::{addr_key, rank_key, this_process, JobRecord, JOB_KEY, RANK_KEY_PREFIX};
+use crate::job::{
+    addr_key, rank_key, this_process, JobRecord, JOB_KEY, JOB_RECORD_LEN, RANK_KEY_PREFIX,
+};
 use crate::peer_acceptor::PeerAcceptor;
+use crate::startup_watch::{Started, StartupWatch, Waiting};
 use crate::store::{resolve, StoreClient, StoreListener, StoreServer};
 
 /// How often a waiting rank asks the store whether start-up was abandoned.
@@ -40,6 +43,8 @@ pub struct Mesh {
     dead_peer_timeout: Duration,
     /// The blocking connections to every rank (`None` for this rank).
     connections: MeshConnections,
+    /// Says whom start-up waits for, while it does.
+    watch: StartupWatch,
     // Field order matters for drop: close the client before stopping the server.
     store: StoreClient,
     _server: Option<StoreServer>,
@@ -65,6 +70,23 @@ impl Mesh {
     /// (`InitOptions::dead_peer_timeout`), for whoever configures the connections.
     pub fn dead_peer_timeout(&self) -> Duration {
         self.dead_peer_timeout
+    }
+
+    /// Tells the start-up reports which step after the mesh this rank is in (`"setting up
+    /// shared memory"`), so that a rank still waiting there says so.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use ringccl_rendezvous::{connect_mesh, MeshConfig, StoreListener};
+    /// # let listener = StoreListener::bind("127.0.0.1:0")?;
+    /// # let mut config = MeshConfig::new(0, 1, &listener.local_addr()?.to_string(), Duration::from_secs(10));
+    /// # config.store_listener = Some(listener);
+    /// let mesh = connect_mesh(config)?;
+    /// mesh.startup_step("creating the NCCL communicator");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn startup_step(&self, step: &'static str) {
+        self.watch.waiting(Waiting::SetUp { step });
     }
 
     /// The rendezvous store, for start-up steps that follow the mesh.
@@ -112,6 +134,7 @@ impl Mesh {
     /// for its lifetime.
     pub fn finish(mut self, deadline: Instant) -> Result<(MeshConnections, KeptStore), SetupError> {
         let rank = self.rank;
+        self.startup_step("waiting for every rank to finish start-up");
         let failed = |peer: usize, e: io::Error| {
             let gone = matches!(
                 e.kind(),
@@ -285,6 +308,14 @@ impl KeptStore {
             ));
         }
         let deadline = deadline_after(config.timeout);
+        let watch = StartupWatch::start(
+            config.rank,
+            config.world_size,
+            &config.master,
+            Instant::now(),
+            config.startup_report,
+            None,
+        );
         let mut store = self._client.scoped(namespace, config.rank)?;
         let mut connections = MeshConnections::unconnected(config.world_size);
         let mut acceptor = None;
@@ -293,6 +324,7 @@ impl KeptStore {
             &mut store,
             &mut connections,
             &mut acceptor,
+            &watch,
             deadline,
         )?;
         Ok(Mesh {
@@ -301,6 +333,7 @@ impl KeptStore {
             job_id,
             dead_peer_timeout: config.dead_peer_timeout,
             connections,
+            watch,
             store,
             _server: None,
         })
@@ -331,8 +364,10 @@ impl fmt::Debug for Mesh {
 /// address). Every rank then connects to the store (retrying until the deadline, since
 /// rank 0 may start last), checks that the store serves its attempt of the job, claims its
 /// rank (a rank claimed twice fails both claimants), listens on an ephemeral port on the
-/// interface it reaches the store through, publishes that address, connects to every lower
-/// rank and accepts every higher one.
+/// interface it reaches the store through (or the one [`MeshConfig::socket_ifname`]
+/// names: a setting that matches none of this host's interfaces fails at once, before
+/// the store), publishes that address, connects to every lower rank and accepts every
+/// higher one.
 ///
 /// ```
 /// use std::time::{Duration, Instant};
@@ -348,11 +383,14 @@ impl fmt::Debug for Mesh {
 /// ```
 pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
     config.validate()?;
+    // A `socket_ifname` this host cannot satisfy fails here, before any waiting.
+    crate::interface::check_host(config.rank, config.socket_ifname.as_deref())?;
     let rank = config.rank;
     let timeout = config.timeout;
     let own_listener = config.store_listener.take();
     let master = config.master.as_str();
     let deadline = deadline_after(timeout);
+    let started = Instant::now();
     let server = if rank == 0 {
         let listener = match own_listener {
             Some(listener) => listener,
@@ -365,6 +403,18 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
     } else {
         None
     };
+    let claimed = server.as_ref().map(|server| {
+        let keys = server.key_view();
+        Box::new(move |r: usize| keys.has(&rank_key(r))) as Started
+    });
+    let watch = StartupWatch::start(
+        rank,
+        config.world_size,
+        master,
+        started,
+        config.startup_report,
+        claimed,
+    );
     let store_addrs = match &server {
         // Rank 0 talks to its own store at the address it really bound.
         Some(server) => vec![server.local_addr()],
@@ -375,8 +425,17 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
             last_error: format!("cannot resolve: {e}"),
         })?,
     };
-    let connected =
-        StoreClient::connect_authenticated(&store_addrs, rank, timeout, config.auth_token.clone());
+    let connected = StoreClient::connect_reporting(
+        &store_addrs,
+        rank,
+        timeout,
+        config.auth_token.clone(),
+        &|error| {
+            watch.waiting(Waiting::Store {
+                last_error: Some(error.to_string()),
+            })
+        },
+    );
     let own_store_failure =
         |e: SetupError| match server.as_ref().and_then(StoreServer::descriptors_exhausted) {
             // Rank 0's own store ran out of descriptors: that is the cause, whatever the symptom.
@@ -396,6 +455,7 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
         &mut store,
         &mut connections,
         &mut acceptor,
+        &watch,
         deadline,
     ) {
         Ok(job_id) => Ok(Mesh {
@@ -404,6 +464,7 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
             job_id,
             dead_peer_timeout: config.dead_peer_timeout,
             connections,
+            watch,
             store,
             _server: server,
         }),
@@ -445,11 +506,21 @@ fn join_or_tell(
     store: &mut StoreClient,
     connections: &mut MeshConnections,
     acceptor: &mut Option<PeerAcceptor>,
+    watch: &StartupWatch,
     deadline: Instant,
 ) -> Result<u64, SetupError> {
-    join(config, store, connections, acceptor, deadline).map_err(|e| match e {
-        SetupError::DescriptorsExhausted { .. } => {
+    join(config, store, connections, acceptor, watch, deadline).map_err(|e| match e {
+        SetupError::DescriptorsExhausted { .. } | SetupError::WorldSizeMismatch { .. } => {
             let _ = store.abort(&e.to_string());
+            e
+        }
+        // A handshake that fails on a peer's answer (another world size or job) is this
+        // job's problem too: the others hear of it now rather than at their deadline.
+        SetupError::Handshake { .. } => {
+            let e = abandoned_instead(store, e);
+            if !matches!(e, SetupError::RendezvousAborted { .. }) {
+                let _ = store.abort(&e.to_string());
+            }
             e
         }
         own @ (SetupError::DuplicateRank { .. }
@@ -478,6 +549,7 @@ fn join(
     store: &mut StoreClient,
     connections: &mut MeshConnections,
     acceptor: &mut Option<PeerAcceptor>,
+    watch: &StartupWatch,
     deadline: Instant,
 ) -> Result<u64, SetupError> {
     let MeshConfig {
@@ -488,6 +560,17 @@ fn join(
         ..
     } = *config;
     let token = config.auth_token.as_ref();
+    let missing = |data: &[Option<TcpStream>], control: &[Option<TcpStream>]| -> Vec<usize> {
+        (rank + 1..world_size)
+            .filter(|&p| data[p].is_none() || control[p].is_none())
+            .collect()
+    };
+    watch.waiting(match rank {
+        0 => Waiting::Joins {
+            missing: (1..world_size).collect(),
+        },
+        _ => Waiting::JobRecord,
+    });
     let job = job_record(config, store, deadline)?;
     claim_rank(rank, store)?;
     let me = PeerHello {
@@ -503,12 +586,13 @@ fn join(
         source,
     };
 
-    // Listen on the interface this host reaches the store through: the one its peers
-    // can most likely reach it on too.
-    let local_ip = store
+    // Listen on the interface this host reaches the store through (the one its peers
+    // can most likely reach it on too), or on the one `socket_ifname` names.
+    let store_ip = store
         .local_addr()
         .map_err(|e| io_error("local address of the store connection".into(), e))?
         .ip();
+    let local_ip = crate::interface::listen_ip(rank, config.socket_ifname.as_deref(), store_ip)?;
     let listener = TcpListener::bind(SocketAddr::new(local_ip, 0)).map_err(|e| {
         fd_limit::or_else(
             rank,
@@ -542,6 +626,7 @@ fn join(
     // its connections, nobody needs its store any more.
     let mut lower_addrs = Vec::with_capacity(rank);
     for peer in 0..rank {
+        watch.waiting(Waiting::Address { peer });
         let raw = store.wait(&addr_key(peer), deadline, &|| {
             format!("rank {peer} to publish its address (is rank {peer} running?)")
         })?;
@@ -557,6 +642,7 @@ fn join(
     }
     let MeshConnections { data, control } = connections;
     for (peer, addr) in lower_addrs.into_iter().enumerate() {
+        watch.waiting(Waiting::Accept { peer });
         for channel in [Channel::Data, Channel::Control] {
             let hello = PeerHello { channel, ..me };
             let stream = connect_lower(&hello, peer, addr, token, deadline, timeout, store)?;
@@ -568,11 +654,9 @@ fn join(
         debug!(rank, peer, %addr, "connected to a lower rank");
     }
 
-    let missing = |data: &[Option<TcpStream>], control: &[Option<TcpStream>]| -> Vec<usize> {
-        (rank + 1..world_size)
-            .filter(|&p| data[p].is_none() || control[p].is_none())
-            .collect()
-    };
+    watch.waiting(Waiting::Joins {
+        missing: missing(data, control),
+    });
     let mut next_check = Instant::now() + ABORT_CHECK;
     while !missing(data, control).is_empty() {
         if Instant::now() >= next_check {
@@ -595,6 +679,9 @@ fn join(
                 Channel::Data => data[accepted.peer] = Some(accepted.stream),
                 Channel::Control => control[accepted.peer] = Some(accepted.stream),
             }
+            watch.waiting(Waiting::Joins {
+                missing: missing(data, control),
+            });
         }
     }
     info!(
@@ -602,7 +689,7 @@ fn join(
         world_size,
         job_id = job.job_id,
         attempt,
-        "TCP mesh connected"
+        "every rank joined (connected over TCP; the data transport is chosen next)"
     );
     Ok(job.job_id)
 }
@@ -617,7 +704,7 @@ fn job_record(
     let rank = config.rank;
     let store_name = || config.master.clone();
     if rank == 0 {
-        let job = JobRecord::fresh(config.attempt);
+        let job = JobRecord::fresh(config.attempt, config.world_size);
         return match store.set_if_absent(JOB_KEY, &job.encode())? {
             None => Ok(job),
             Some(_) => Err(SetupError::Handshake {
@@ -631,13 +718,24 @@ fn job_record(
     let job = JobRecord::decode(&raw).ok_or_else(|| SetupError::Handshake {
         rank,
         peer: format!("rendezvous store at {}", store_name()),
-        reason: format!("the job's record has {} bytes, expected 12", raw.len()),
+        reason: format!(
+            "the job's record has {} bytes, expected {JOB_RECORD_LEN}",
+            raw.len()
+        ),
     })?;
     if job.attempt != config.attempt {
         return Err(SetupError::AttemptMismatch {
             rank,
             ours: config.attempt,
             theirs: job.attempt,
+            addr: store_name(),
+        });
+    }
+    if job.world_size as usize != config.world_size {
+        return Err(SetupError::WorldSizeMismatch {
+            rank,
+            ours: config.world_size,
+            theirs: job.world_size as usize,
             addr: store_name(),
         });
     }

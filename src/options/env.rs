@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ringccl_collectives::flight::MAX_FLIGHT_ENTRIES;
 use ringccl_collectives::AllReduceAlgo;
-use ringccl_rendezvous::AuthToken;
+use ringccl_rendezvous::{AuthToken, InterfaceSpec};
 use ringccl_transports::shm::MAX_SPIN;
 
 use super::slurm::first_slurm_host;
@@ -116,6 +116,9 @@ pub(super) fn options_from(lookup: impl Fn(&str) -> Option<String>) -> Result<In
     }
     if let Some(value) = lookup("RINGCCL_DEAD_PEER_TIMEOUT") {
         opts.dead_peer_timeout = seconds("RINGCCL_DEAD_PEER_TIMEOUT", &value, 1.0, true)?;
+    }
+    if let Some(value) = lookup("RINGCCL_STARTUP_REPORT") {
+        opts.startup_report = seconds("RINGCCL_STARTUP_REPORT", &value, 0.0, false)?;
     }
     if let Some(secret) = lookup("RINGCCL_AUTH_TOKEN") {
         opts.auth_token = Some(AuthToken::new(&secret).ok_or(Error::InvalidEnv {
@@ -272,6 +275,30 @@ pub(crate) fn trace_dir(lookup: impl Fn(&str) -> Option<String>) -> Result<Optio
     Ok(Some(PathBuf::from(value)))
 }
 
+/// `RINGCCL_SOCKET_IFNAME`, if set and not blank, as given: which network interfaces
+/// the ranks listen on (checked by [`socket_ifname`], and again by the rendezvous).
+pub(crate) fn socket_ifname_raw(lookup: impl Fn(&str) -> Option<String>) -> Option<String> {
+    lookup("RINGCCL_SOCKET_IFNAME").filter(|value| !value.trim().is_empty())
+}
+
+/// `RINGCCL_SOCKET_IFNAME`, if set and not blank, checked: a value that is no interface
+/// list in NCCL's syntax is [`Error::InvalidEnv`] saying what is wrong.
+pub(crate) fn socket_ifname(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<String>, Error> {
+    let Some(value) = socket_ifname_raw(lookup) else {
+        return Ok(None);
+    };
+    match value.parse::<InterfaceSpec>() {
+        Ok(_) => Ok(Some(value)),
+        Err(e) => Err(Error::InvalidEnv {
+            var: "RINGCCL_SOCKET_IFNAME",
+            value,
+            reason: e.to_string(),
+        }),
+    }
+}
+
 /// Reads the process environment.
 pub(crate) fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
@@ -303,9 +330,11 @@ mod tests {
         let mut with_local = GOOD.to_vec();
         with_local.push(("LOCAL_RANK", "1"));
         with_local.push(("RINGCCL_TIMEOUT", "2.5"));
+        with_local.push(("RINGCCL_STARTUP_REPORT", "0.5"));
         let opts = InitOptions::from_vars(vars(&with_local)).unwrap();
         assert_eq!(opts.local_rank, Some(1));
         assert_eq!(opts.timeout, Duration::from_millis(2500));
+        assert_eq!(opts.startup_report, Duration::from_millis(500));
         assert_eq!(opts.attempt, 0);
     }
 
@@ -356,6 +385,8 @@ mod tests {
             ("RINGCCL_TIMEOUT", "1e20"),
             ("RINGCCL_TIMEOUT", "NaN"),
             ("RINGCCL_TIMEOUT", "inf"),
+            ("RINGCCL_STARTUP_REPORT", "0"),
+            ("RINGCCL_STARTUP_REPORT", "-1"),
             ("RINGCCL_DEAD_PEER_TIMEOUT", "1e300"),
             ("RINGCCL_DEAD_PEER_TIMEOUT", "-inf"),
         ] {
@@ -518,6 +549,46 @@ mod tests {
         assert!(opts.validate().is_ok());
         let too_long = InitOptions::new(0, 1, "h:1").spin(Duration::from_millis(11));
         assert!(too_long.validate().is_err());
+    }
+
+    #[test]
+    fn the_socket_interface_is_read_checked_and_passed_to_the_rendezvous() {
+        assert_eq!(socket_ifname(vars(&[])).unwrap(), None);
+        assert_eq!(
+            socket_ifname(vars(&[("RINGCCL_SOCKET_IFNAME", " ")])).unwrap(),
+            None
+        );
+        for good in ["eth0", "ib0,eth1", "^lo,docker", "=eth0", "^=lo"] {
+            assert_eq!(
+                socket_ifname(vars(&[("RINGCCL_SOCKET_IFNAME", good)])).unwrap(),
+                Some(good.to_string())
+            );
+        }
+        for bad in ["^", "eth0,^lo", "eth0:1", "=eth 0"] {
+            let err = socket_ifname(vars(&[("RINGCCL_SOCKET_IFNAME", bad)])).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    Error::InvalidEnv {
+                        var: "RINGCCL_SOCKET_IFNAME",
+                        value,
+                        ..
+                    } if value == bad
+                ),
+                "{bad}: {err}"
+            );
+            assert!(err.to_string().contains("NCCL's syntax"), "{err}");
+        }
+        // The setting in code reaches the rendezvous, and is checked there too.
+        let mut opts = InitOptions::new(1, 2, "h:1").socket_ifname("=eth1");
+        assert_eq!(opts.mesh_config().socket_ifname.as_deref(), Some("=eth1"));
+        let for_local = opts.for_local_rank(0, 2, "h:2");
+        assert_eq!(for_local.socket_ifname.as_deref(), Some("=eth1"));
+        let err = InitOptions::new(1, 2, "h:1")
+            .socket_ifname("^")
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("RINGCCL_SOCKET_IFNAME"), "{err}");
     }
 
     #[test]

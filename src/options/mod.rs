@@ -12,7 +12,7 @@ use std::time::Duration;
 use ringccl_collectives::flight::{DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES};
 use ringccl_collectives::wire::MAX_FRAME_PAYLOAD;
 use ringccl_collectives::AllReduceAlgo;
-use ringccl_rendezvous::{AuthToken, MeshConfig, StoreListener};
+use ringccl_rendezvous::{AuthToken, MeshConfig, StoreListener, DEFAULT_STARTUP_REPORT};
 use ringccl_transports::shm::{DEFAULT_SPIN, MAX_SPIN};
 
 use crate::Error;
@@ -73,6 +73,9 @@ pub struct InitOptions {
     pub dead_peer_timeout: Duration,
     /// Which attempt of a restarted job this process belongs to (0 for the first).
     pub attempt: u32,
+    /// How long a rank waits at start-up before it prints whom it waits for (then every
+    /// twice that); 30 s by default, `RINGCCL_STARTUP_REPORT` from the environment.
+    pub startup_report: Duration,
     /// Where the flight recorder writes its dumps and progress beacons; `None` defers to
     /// `RINGCCL_FLIGHT_DIR`, then writes nothing.
     pub flight_dir: Option<PathBuf>,
@@ -85,6 +88,10 @@ pub struct InitOptions {
     /// How long a wait spins before it sleeps (both transports); `None` defers to
     /// `RINGCCL_SPIN_US`, then 50 µs.
     pub spin: Option<Duration>,
+    /// Which network interfaces this rank listens on for its peers, in NCCL's syntax
+    /// (`eth0`, `ib0,eth1`, `^lo,docker`, `=eth0`); `None` defers to
+    /// `RINGCCL_SOCKET_IFNAME`, then the interface that reaches the rendezvous store.
+    pub socket_ifname: Option<String>,
     store_listener: Option<StoreListener>,
 }
 
@@ -114,18 +121,21 @@ impl InitOptions {
             auth_token: None,
             dead_peer_timeout: DEFAULT_DEAD_PEER_TIMEOUT,
             attempt: 0,
+            startup_report: DEFAULT_STARTUP_REPORT,
             flight_dir: None,
             flight_entries: None,
             trace_dir: None,
             spin: None,
+            socket_ifname: None,
         }
     }
 
     /// Reads the launcher's variables: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (or
     /// Slurm's and OpenMPI's equivalents) and, if set, LOCAL_RANK,
-    /// TORCHELASTIC_RESTART_COUNT, RINGCCL_TIMEOUT, RINGCCL_DEAD_PEER_TIMEOUT (seconds)
-    /// and RINGCCL_AUTH_TOKEN. (RINGCCL_ALGO, RINGCCL_TRANSPORT and RINGCCL_TRACE are read
-    /// when the group starts, for whatever the code left unset.) A missing or
+    /// TORCHELASTIC_RESTART_COUNT, RINGCCL_TIMEOUT, RINGCCL_DEAD_PEER_TIMEOUT,
+    /// RINGCCL_STARTUP_REPORT (seconds) and RINGCCL_AUTH_TOKEN. (RINGCCL_ALGO,
+    /// RINGCCL_TRANSPORT, RINGCCL_TRACE and RINGCCL_SOCKET_IFNAME are read when the group
+    /// starts, for whatever the code left unset.) A missing or
     /// malformed variable is an error that names it.
     ///
     /// ```no_run
@@ -188,6 +198,20 @@ impl InitOptions {
     /// ```
     pub fn timeout(mut self, timeout: Duration) -> InitOptions {
         self.timeout = timeout;
+        self
+    }
+
+    /// Sets how long a rank waits at start-up before it prints, by itself, which ranks
+    /// have joined and whom it still waits for (then every twice that; default 30 s).
+    /// Zero is taken as one millisecond.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let opts = ringccl::InitOptions::new(0, 2, "h:1").startup_report(Duration::from_secs(5));
+    /// assert_eq!(opts.startup_report, Duration::from_secs(5));
+    /// ```
+    pub fn startup_report(mut self, after: Duration) -> InitOptions {
+        self.startup_report = after.max(Duration::from_millis(1));
         self
     }
 
@@ -414,6 +438,29 @@ impl InitOptions {
         self
     }
 
+    /// Chooses the network interface this rank listens on for its peers (and publishes
+    /// to them), for hosts with several (a management network beside a fast one, docker
+    /// bridges), in the syntax of `NCCL_SOCKET_IFNAME`: `"eth"` (any interface whose
+    /// name starts with eth), `"ib0,eth1"` (a list of such prefixes), `"^lo,docker"` (all
+    /// but these), `"=eth0"` (exact names; `"^=…"` excludes exact names). Of the matching
+    /// interfaces, the first one with an address of the family (IPv4 or IPv6) the rank
+    /// reaches the rendezvous store over is taken, else the first of the other family
+    /// (with a warning); a setting that matches nothing fails start-up with an error
+    /// naming this host's interfaces. Without this call, `RINGCCL_SOCKET_IFNAME` applies;
+    /// without either, the rank listens on the interface that reaches the store.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 2, "10.0.0.1:29500").socket_ifname("^lo,docker");
+    /// assert_eq!(opts.socket_ifname.as_deref(), Some("^lo,docker"));
+    /// assert!(opts.validate().is_ok());
+    /// // `^` and `=` may only open the list.
+    /// assert!(ringccl::InitOptions::new(0, 2, "h:1").socket_ifname("eth0,^lo").validate().is_err());
+    /// ```
+    pub fn socket_ifname(mut self, spec: impl Into<String>) -> InitOptions {
+        self.socket_ifname = Some(spec.into());
+        self
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -435,6 +482,10 @@ impl InitOptions {
     /// assert!(ringccl::InitOptions::new(4, 4, "h:1").validate().is_err());
     /// ```
     pub fn validate(&self) -> Result<(), Error> {
+        if self.socket_ifname.is_none() {
+            // Named as the variable it came from.
+            env::socket_ifname(env::process_env)?;
+        }
         self.mesh_settings(None).validate()?;
         if let Some(bytes) = self.chunk_bytes {
             if bytes == 0 || bytes > MAX_FRAME_PAYLOAD {
@@ -558,10 +609,12 @@ impl InitOptions {
             auth_token: self.auth_token.clone(),
             dead_peer_timeout: self.dead_peer_timeout,
             attempt: self.attempt,
+            startup_report: self.startup_report,
             flight_dir: self.flight_dir.clone(),
             flight_entries: self.flight_entries,
             trace_dir: self.trace_dir.clone(),
             spin: self.spin,
+            socket_ifname: self.socket_ifname.clone(),
         }
     }
 
@@ -577,6 +630,11 @@ impl InitOptions {
         config.auth_token = self.auth_token.clone();
         config.store_listener = store_listener;
         config.attempt = self.attempt;
+        config.startup_report = self.startup_report;
+        config.socket_ifname = self
+            .socket_ifname
+            .clone()
+            .or_else(|| env::socket_ifname_raw(env::process_env));
         config
     }
 }

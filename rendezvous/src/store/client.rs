@@ -83,6 +83,17 @@ impl StoreClient {
         timeout: Duration,
         token: Option<AuthToken>,
     ) -> Result<StoreClient, SetupError> {
+        StoreClient::connect_reporting(addrs, rank, timeout, token, &|_| {})
+    }
+
+    /// [`StoreClient::connect_authenticated`], telling `failed` each failed attempt's error.
+    pub(crate) fn connect_reporting(
+        addrs: &[SocketAddr],
+        rank: usize,
+        timeout: Duration,
+        token: Option<AuthToken>,
+        failed: &dyn Fn(&str),
+    ) -> Result<StoreClient, SetupError> {
         let deadline = deadline_after(timeout);
         let mut backoff = Duration::from_millis(5);
         let mut last_error = String::from("no attempt made");
@@ -112,6 +123,7 @@ impl StoreClient {
                             Err(Greeting::Unanswered(why)) => {
                                 silent = Some(addr);
                                 last_error = format!("{addr}: {why}");
+                                failed(&last_error);
                             }
                         }
                     }
@@ -125,6 +137,7 @@ impl StoreClient {
                     Err(e) => {
                         silent = None;
                         last_error = format!("{addr}: {e}");
+                        failed(&last_error);
                     }
                 }
             }

@@ -228,7 +228,30 @@ impl StoreServer {
     }
 }
 
+/// Which keys a store holds, read in place by the process that hosts it (rank 0's
+/// start-up reports count who has joined without a round trip).
+#[derive(Clone)]
+pub(crate) struct KeyView(Arc<Shared>);
+
+impl KeyView {
+    /// Whether `key` is set.
+    pub(crate) fn has(&self, key: &str) -> bool {
+        locked(&self.0.data).map.contains_key(key.as_bytes())
+    }
+}
+
+impl fmt::Debug for KeyView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyView").finish_non_exhaustive()
+    }
+}
+
 impl StoreServer {
+    /// A view of the keys this store holds.
+    pub(crate) fn key_view(&self) -> KeyView {
+        KeyView(Arc::clone(&self.shared))
+    }
+
     /// Once the store has been aborted, waits until every connected client has been told
     /// (answered with the reason, or has asked for the abort itself) or has gone, or until
     /// `until`; returns whether all were told. Rank 0 calls it before it gives up, so that

@@ -64,8 +64,10 @@ pub(crate) struct Args {
     pub(crate) trace: Option<std::path::PathBuf>,
     /// Watch progress: when no rank has finished a collective for SECS (seconds, decimals
     /// allowed) while some rank has one in flight, print a diagnosis of who is stuck
-    /// where. Sets RINGCCL_FLIGHT_DIR for every rank (a fresh directory under the system's
-    /// temporary directory, unless RINGCCL_FLIGHT_DIR is set already).
+    /// where. Start-up is watched too: a rank still waiting at start-up after SECS names
+    /// the ranks it waits for (RINGCCL_STARTUP_REPORT, unless set already). Sets
+    /// RINGCCL_FLIGHT_DIR for every rank (a fresh directory under the system's temporary
+    /// directory, unless RINGCCL_FLIGHT_DIR is set already).
     #[arg(long = "hang-timeout", alias = "hang_timeout", value_name = "SECS", value_parser = parse_seconds)]
     pub(crate) hang_timeout: Option<Duration>,
     /// What to do after a hang diagnosis: `report` only, or `stop` the job as if a rank

@@ -61,6 +61,9 @@ impl Rank {
     }
 }
 
+/// When a rank waiting at start-up first says whom it waits for.
+const STARTUP_REPORT: &str = "RINGCCL_STARTUP_REPORT";
+
 /// What one rank is started with.
 #[derive(Debug, Clone)]
 pub(crate) struct Launch<'a> {
@@ -105,6 +108,12 @@ pub(crate) fn spawn_rank(args: &Args, local: usize, launch: &Launch<'_>) -> io::
         .process_group(0);
     if let Some(dir) = &launch.flight_dir {
         command.env("RINGCCL_FLIGHT_DIR", dir);
+    }
+    // Start-up is watched too: a rank still waiting after SECS names whom it waits for.
+    if let Some(after) = args.hang_timeout {
+        if std::env::var_os(STARTUP_REPORT).is_none() {
+            command.env(STARTUP_REPORT, format!("{}", after.as_secs_f64()));
+        }
     }
     die_with_launcher(&mut command);
     let child = command
