@@ -18,7 +18,17 @@ ringccl_rendezvous::setup_error_variants! {
     /// data was moving (`Timeout`, `PeerLost`, `CollectiveMismatch`, `Protocol`) the group's
     /// connections are in an unknown state: the group reports [`Error::GroupBroken`] from
     /// then on, and the way forward is a new process group (see the user guide).
-    #[derive(Debug, thiserror::Error)]
+    ///
+    /// Its `Debug` form is the message (as `anyhow`'s), so that `main` returning
+    /// `Result<(), ringccl::Error>` prints what went wrong readably; match on the variant
+    /// for the fields.
+    ///
+    /// ```
+    /// let err = ringccl::InitOptions::from_vars(|_| None).unwrap_err();
+    /// assert_eq!(format!("{err:?}"), err.to_string());
+    /// assert!(matches!(err, ringccl::Error::MissingEnv { var: "RANK", .. }));
+    /// ```
+    #[derive(thiserror::Error)]
     #[non_exhaustive]
     pub enum Error {
         /// The backend string names no backend.
@@ -184,12 +194,12 @@ macro_rules! runtime_variants {
     ($value:expr, $from:ident => $to:ident, $($rest:tt)*) => {
         same_variants!($value, $from => $to, [
             UnsupportedOp { op, dtype, reason },
-            Timeout { rank, peer, op, moved, expected, timeout, gone },
+            Timeout { rank, peer, op, moved, expected, timeout, gone, cause },
             PeerLost { rank, observer, op, reason, gone },
             CollectiveMismatch { rank, mine, peer, theirs },
             Deadlock { rank, mine, peer, theirs, why },
             Protocol { rank, peer, op, reason },
-            GroupAborted { rank, by, reason },
+            GroupAborted { rank, by, reason, cause },
             GroupBroken { rank, cause },
             Io { rank, context, source },
         ], $($rest)*)
@@ -206,7 +216,9 @@ impl From<SetupError> for Error {
             DuplicateRank { rank, first, second },
             RendezvousAborted { rank, reason },
             AttemptMismatch { rank, ours, theirs, addr },
+            WorldSizeMismatch { rank, ours, theirs, addr },
             DescriptorsExhausted { rank, during, detail },
+            NoMatchingInterface { rank, spec, found },
             Io { rank, context, source },
         ],
             SetupError::InvalidArgument(reason) => Error::InvalidArgument(reason),
@@ -332,5 +344,11 @@ impl From<Error> for ringccl_ddp::DdpError {
             Error::Ddp(ddp) => *ddp,
             other => ringccl_ddp::DdpError::Comm(RuntimeError::from(other)),
         }
+    }
+}
+
+impl std::fmt::Debug for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ringccl_collectives::debug_as_report(self, f)
     }
 }

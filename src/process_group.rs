@@ -388,7 +388,8 @@ impl ProcessGroup {
 /// it (the peers are told; a call running on this rank is woken).
 pub(crate) fn settle(backend: &dyn Backend, refusal: Refusal) -> Error {
     if let Some(cause) = &refusal.abort {
-        tracing::warn!(rank = backend.rank(), %cause, "aborting the process group");
+        // The control plane logs the abort once (WARN on this rank's own account).
+        tracing::debug!(rank = backend.rank(), %cause, "aborting the process group");
         backend.abort(cause);
     }
     *refusal.error

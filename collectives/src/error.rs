@@ -33,10 +33,9 @@ macro_rules! runtime_error_enum {
 
     /// A collective did not finish before its deadline.
     #[error(
-        "rank {rank}: timed out after {timeout:?} in {op} waiting for rank {peer}{}; rank \
-         {peer} may be stuck, dead, slower than the timeout allows, or in a different \
-         collective{}",
+        "rank {rank}: timed out after {timeout:?} in {op} waiting for rank {peer}{}{}{}",
         $crate::exchanged_note(*moved, *expected),
+        $crate::blame_note(*peer, cause.as_deref()),
         $crate::gone_note(gone)
     )]
     Timeout {
@@ -53,8 +52,16 @@ macro_rules! runtime_error_enum {
         /// The deadline that passed.
         timeout: ::std::time::Duration,
         /// Other ranks whose connections to this rank had closed or failed when the
-        /// deadline passed: the likely root cause when `peer` was only blocked behind them.
+        /// deadline passed, with no abort notice to explain them: the likely root cause
+        /// when `peer` was only blocked behind them. A rank that sent an abort notice
+        /// before its connections closed only reacted, and is not listed.
         gone: Vec<usize>,
+        /// The rank most likely at the root of the timeout, and what points at it, when
+        /// something does: `peer` itself when it answered that it had not started this
+        /// call, the rank `peer` was itself waiting for (followed as far as this rank
+        /// knows), or the rank another rank's abort notice named. `None` when only the
+        /// wait is known. [`likely_cause`](Self::likely_cause) gives the rank.
+        cause: Option<Box<$crate::Cause>>,
     },
 
     /// A peer's connection failed (process killed, connection reset, host unreachable).
@@ -117,7 +124,7 @@ macro_rules! runtime_error_enum {
 
     /// Another rank aborted the group (a mismatch, a timeout, a lost peer, a device error,
     /// a panic, or the program dropping the group mid-operation) and told this one why.
-    #[error("rank {by} aborted the group: {reason} (seen by rank {rank}); the group is now broken, create a new one (e.g. restart under `ringrun --max-restarts`)")]
+    #[error("rank {by} aborted the group: {reason} (seen by rank {rank}){}; the group is now broken, create a new one (e.g. restart under `ringrun --max-restarts`)", $crate::aborted_note(*rank, cause.as_deref(), reason))]
     GroupAborted {
         /// The rank that saw the notice.
         rank: usize,
@@ -125,6 +132,10 @@ macro_rules! runtime_error_enum {
         by: usize,
         /// Its reason, as it gave it.
         reason: String,
+        /// The rank the aborting rank named as the likely cause (for a timeout, the rank
+        /// it found everyone waiting for), when it named one; its reason says why.
+        /// [`likely_cause`](Self::likely_cause) gives the rank.
+        cause: Option<Box<$crate::Cause>>,
     },
 
     /// An earlier error left the group's connections unusable.
@@ -161,6 +172,32 @@ macro_rules! runtime_error_enum {
         }
 
         impl $name {
+            /// The rank most likely at the root of this error, when one is known: the
+            /// cause a timeout found (or heard of in an abort notice), the cause an abort
+            /// notice named, or the peer that was lost. A rank that only aborted in
+            /// reaction to another is never named.
+            ///
+            /// ```
+            /// use ringccl_collectives::{Cause, Error};
+            ///
+            /// let err = Error::GroupAborted {
+            ///     rank: 1,
+            ///     by: 0,
+            ///     reason: "rank 0: timed out waiting for rank 2".into(),
+            ///     cause: Some(Box::new(Cause::rank(2))),
+            /// };
+            /// assert_eq!(err.likely_cause(), Some(2));
+            /// ```
+            pub fn likely_cause(&self) -> Option<usize> {
+                match self {
+                    $name::Timeout { cause, .. } | $name::GroupAborted { cause, .. } => {
+                        cause.as_ref().map(|c| c.rank)
+                    }
+                    $name::PeerLost { rank, .. } => Some(*rank),
+                    _ => None,
+                }
+            }
+
             /// Whether this is one of the runtime's variants that leave the group's
             /// connections in an unknown state.
             fn runtime_variant_breaks_group(&self) -> bool {
@@ -213,6 +250,77 @@ pub fn exchanged_note(moved: u64, expected: u64) -> String {
     format!(" ({moved} of {expected} bytes exchanged with it)")
 }
 
+/// The rank most likely at the root of a failure, and what points at it: the `cause` of
+/// [`Error::Timeout`] and [`Error::GroupAborted`] (boxed there: errors stay small).
+///
+/// ```
+/// use ringccl_collectives::Cause;
+///
+/// let cause = Cause::rank(2).because("rank 0 was itself waiting for rank 2");
+/// assert_eq!((cause.rank, cause.evidence.as_str()), (2, "rank 0 was itself waiting for rank 2"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Cause {
+    /// The rank.
+    pub rank: usize,
+    /// What points at it, in words (`"it had not started op #3 when asked"`); empty when
+    /// nothing more than the rank is known.
+    pub evidence: String,
+}
+
+impl Cause {
+    /// Rank `rank`, with no evidence given.
+    pub fn rank(rank: usize) -> Cause {
+        Cause {
+            rank,
+            evidence: String::new(),
+        }
+    }
+
+    /// The same cause, pointed at by `evidence`.
+    pub fn because(self, evidence: impl Into<String>) -> Cause {
+        Cause {
+            evidence: evidence.into(),
+            ..self
+        }
+    }
+}
+
+/// What a timeout says about who is to blame: `"; rank 2 is the likely cause (rank 0 was
+/// itself waiting for rank 2): it may be stuck, …"` when a cause is known, else that
+/// `peer` may be stuck.
+#[doc(hidden)]
+pub fn blame_note(peer: usize, cause: Option<&Cause>) -> String {
+    const WHY: &str = "stuck, dead, slower than the timeout allows, or in a different collective";
+    match cause {
+        None => format!("; rank {peer} may be {WHY}"),
+        Some(Cause { rank, evidence }) if evidence.is_empty() => {
+            format!("; rank {rank} is the likely cause: it may be {WHY}")
+        }
+        Some(Cause { rank, evidence }) => {
+            format!("; rank {rank} is the likely cause ({evidence}): it may be {WHY}")
+        }
+    }
+}
+
+/// The cause an abort notice named, unless its reason already says it: `"; rank 2 is the
+/// likely cause"`, or for the rank named itself `"; the notice names this rank (rank 2)
+/// as the likely cause"`.
+#[doc(hidden)]
+pub fn aborted_note(rank: usize, cause: Option<&Cause>, reason: &str) -> String {
+    match cause.map(|c| c.rank) {
+        None => String::new(),
+        Some(cause) if cause == rank => {
+            format!("; the notice names this rank (rank {cause}) as the likely cause")
+        }
+        Some(cause) if reason.contains(&format!("rank {cause} is the likely cause")) => {
+            String::new()
+        }
+        Some(cause) => format!("; rank {cause} is the likely cause"),
+    }
+}
+
 /// `"; connections to rank 3, rank 5 had also closed or failed"`, or nothing.
 #[doc(hidden)]
 pub fn gone_note(gone: &[usize]) -> String {
@@ -224,6 +332,34 @@ pub fn gone_note(gone: &[usize]) -> String {
         "; connections to {} had also closed or failed (the likely root cause)",
         ranks.join(", ")
     )
+}
+
+/// Writes `error` as its message followed by the causes its message does not already
+/// quote, as `anyhow` prints an error: the `Debug` form of ringccl's errors, so that
+/// `fn main() -> Result<(), ringccl::Error>` prints something a person can read.
+#[doc(hidden)]
+pub fn debug_as_report(
+    error: &(dyn std::error::Error + 'static),
+    f: &mut std::fmt::Formatter<'_>,
+) -> std::fmt::Result {
+    let message = error.to_string();
+    f.write_str(&message)?;
+    let mut quoted = message;
+    let mut source = error.source();
+    let mut first = true;
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !quoted.contains(&text) {
+            if first {
+                f.write_str("\n\nCaused by:")?;
+                first = false;
+            }
+            write!(f, "\n    {text}")?;
+            quoted.push_str(&text);
+        }
+        source = cause.source();
+    }
+    Ok(())
 }
 
 /// ringccl's result type.
@@ -244,6 +380,7 @@ mod tests {
             expected,
             timeout: Duration::from_secs(2),
             gone: Vec::new(),
+            cause: None,
         }
         .to_string()
     }
@@ -261,5 +398,73 @@ mod tests {
         let text = timeout(0, 0);
         assert!(text.contains("waiting for rank 1; rank 1 may be"), "{text}");
         assert!(!text.contains("bytes"), "{text}");
+    }
+
+    /// Errors stay small: results carry them by value.
+    #[test]
+    fn the_error_stays_small() {
+        assert!(
+            std::mem::size_of::<Error>() <= 120,
+            "{}",
+            std::mem::size_of::<Error>()
+        );
+    }
+
+    #[test]
+    fn a_timeout_names_its_likely_cause_and_the_evidence() {
+        let err = Error::Timeout {
+            rank: 1,
+            peer: 0,
+            op: OpDesc::all_reduce(3, DType::F32, 1024, ReduceOp::Sum),
+            moved: 0,
+            expected: 0,
+            timeout: Duration::from_secs(8),
+            gone: Vec::new(),
+            cause: Some(Box::new(
+                Cause::rank(2).because("rank 0 was itself waiting for rank 2"),
+            )),
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains(
+                "waiting for rank 0; rank 2 is the likely cause (rank 0 was itself waiting for \
+                 rank 2): it may be stuck"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("rank 0 may be"), "{text}");
+        assert_eq!(err.likely_cause(), Some(2));
+    }
+
+    #[test]
+    fn an_abort_names_its_cause_once() {
+        let aborted = |rank, reason: &str, cause: Option<usize>| {
+            Error::GroupAborted {
+                rank,
+                by: 0,
+                reason: reason.into(),
+                cause: cause.map(|r| Box::new(Cause::rank(r))),
+            }
+            .to_string()
+        };
+        let text = aborted(1, "rank 0: timed out in op #3", Some(2));
+        assert!(
+            text.contains("(seen by rank 1); rank 2 is the likely cause; the group"),
+            "{text}"
+        );
+        let said = "rank 0: timed out; rank 2 is the likely cause (it had not started op #3)";
+        let text = aborted(1, said, Some(2));
+        assert_eq!(
+            text.matches("rank 2 is the likely cause").count(),
+            1,
+            "{text}"
+        );
+        let text = aborted(2, said, Some(2));
+        assert!(
+            text.contains("the notice names this rank (rank 2) as the likely cause"),
+            "{text}"
+        );
+        let text = aborted(1, "op #3: mismatch", None);
+        assert!(!text.contains("likely cause"), "{text}");
     }
 }

@@ -300,6 +300,7 @@ fn timed_out(call: &Call<'_>, progress: &Progress<'_>, peer: usize) -> Error {
         expected: exchanged.expected,
         timeout: call.timeout,
         gone: Vec::new(),
+        cause: None,
     }
 }
 

@@ -257,7 +257,9 @@ impl<T: Transport> HostEngine<T> {
         let call = Announced::begin(
             self.control.as_deref(),
             self.flight.as_deref(),
-            self.trace.is_some(),
+            self.trace
+                .as_ref()
+                .map(|trace| (trace, (rank, world_size), deadline)),
             (*op, algorithm),
         );
         let observers = Observers {
@@ -276,15 +278,18 @@ impl<T: Transport> HostEngine<T> {
     }
 
     fn run(&mut self, op: &OpDesc, job: Job<'_>, deadline: Deadline) -> Result<(), Error> {
+        let (rank, world_size) = (self.transport.rank(), self.transport.world_size());
         let announced = Announced::begin(
             self.control.as_deref(),
             self.flight.as_deref(),
-            self.trace.is_some(),
+            self.trace
+                .as_ref()
+                .map(|trace| (trace, (rank, world_size), deadline)),
             (*op, job.algorithm),
         );
         let call = Call {
-            rank: self.transport.rank(),
-            world_size: self.transport.world_size(),
+            rank,
+            world_size,
             op: *op,
             algorithm: job.algorithm,
             elem_size: job.elem_size,
@@ -326,15 +331,17 @@ struct Announced<'a> {
     flight: Option<&'a FlightRecorder>,
     op: OpDesc,
     algorithm: Algorithm,
-    /// When it started, if tracing.
-    started: Option<Instant>,
+    /// When it started and its opening on the timeline, if tracing.
+    started: Option<(Instant, timeline::Started)>,
 }
 
 impl<'a> Announced<'a> {
+    /// `trace`: the timeline, with this rank and the group's size, and the call's
+    /// deadline, when tracing.
     fn begin(
         control: Option<&'a GroupControl>,
         flight: Option<&'a FlightRecorder>,
-        tracing: bool,
+        trace: Option<(&CollectiveTrace, (usize, usize), Deadline)>,
         (op, algorithm): (OpDesc, Algorithm),
     ) -> Announced<'a> {
         let activity = control.map(GroupControl::activity);
@@ -344,12 +351,16 @@ impl<'a> Announced<'a> {
         if let Some(flight) = flight {
             flight.running(op, algorithm);
         }
+        let started = trace.map(|(trace, ranks, deadline)| {
+            let now = Instant::now();
+            (now, trace.start(&op, Some(algorithm), ranks, deadline, now))
+        });
         Announced {
             activity,
             flight,
             op,
             algorithm,
-            started: tracing.then(Instant::now),
+            started,
         }
     }
 
@@ -365,7 +376,7 @@ impl<'a> Announced<'a> {
         if let Some(activity) = self.activity {
             activity.end();
         }
-        if let (Some(trace), Some(started)) = (trace, self.started) {
+        if let (Some(trace), Some((started, opened))) = (trace, self.started) {
             trace.record(timeline::Call {
                 op: &self.op,
                 algorithm: Some(self.algorithm),
@@ -375,6 +386,7 @@ impl<'a> Announced<'a> {
                 deadline,
                 started,
                 result,
+                opened: Some(opened),
             });
         }
     }

@@ -41,7 +41,9 @@ pub use algorithm::{
 pub use backend::{validate_blocks, validate_reduce, validate_root, Backend};
 pub use buffer::{BufferMut, BufferRef};
 pub use dtype::{DType, Element};
-pub use error::{exchanged_note, gone_note, Error, Result};
+pub use error::{
+    aborted_note, blame_note, debug_as_report, exchanged_note, gone_note, Cause, Error, Result,
+};
 pub use group::{
     validate_peer, Deadline, Engine, GroupRunner, Request, Sequence, ABORT_NOTICE_GRACE,
     PEER_FAILURE_GRACE,

@@ -167,6 +167,7 @@ pub(crate) fn run<T: Transport + ?Sized>(
                         expected: 0,
                         timeout,
                         gone: Vec::new(),
+                        cause: None,
                     })
                 }
                 Arrivals::Missing(peer) => observers.blocked_on(peer),

@@ -415,6 +415,7 @@ impl PeerMemory {
             expected: posted.len as u64,
             timeout,
             gone: gone(peer),
+            cause: None,
         };
         let stopped = |stop: Stop| -> Error {
             self.abort(me, call);
@@ -439,6 +440,7 @@ impl PeerMemory {
                             "it gave up on {op} before every rank had joined (its deadline \
                              passed, a peer left, or the calls differ)"
                         ),
+                        cause: None,
                     },
                     _ => timed_out(self.not_joined(call).unwrap_or((me + 1) % n)),
                 },

@@ -234,6 +234,7 @@ impl Cx<'_> {
                 expected: 0,
                 timeout: deadline.timeout(),
                 gone: Vec::new(),
+                cause: None,
             }),
         }
     }

@@ -2,15 +2,15 @@
 //! rank is doing, whether the group was aborted (by whom, why), and how to close the
 //! data connections so whatever waits on them wakes.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::Activity;
+use super::{Activity, Snapshot};
 use crate::transport::Closer;
-use crate::{Deadline, Error, OpDesc};
+use crate::{CollectiveKind, Deadline, Error, OpDesc};
 
 /// Who aborted the group, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +19,17 @@ pub struct AbortRecord {
     pub origin: usize,
     /// Its reason.
     pub reason: String,
+    /// The rank it named as the root of its failure, when it named one.
+    pub cause: Option<usize>,
+}
+
+/// What a peer last said it was doing (in a question or an answer on the control
+/// connection), and what this rank was doing when it heard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PeerReport {
+    theirs: Snapshot,
+    /// This rank's op when the report arrived: a report counts for that call only.
+    mine: Option<OpDesc>,
 }
 
 #[derive(Default)]
@@ -33,6 +44,8 @@ struct AbortState {
     outgoing: VecDeque<OpDesc>,
     /// The predecessor's fingerprints not yet checked, oldest first.
     incoming: VecDeque<(usize, OpDesc)>,
+    /// What each peer last said it was doing.
+    reports: BTreeMap<usize, PeerReport>,
 }
 
 /// Shared by everything that runs one rank's group. See the module documentation.
@@ -105,12 +118,47 @@ impl GroupControl {
     /// Then, with a control thread attached, wakes it to tell the peers and close the
     /// connections; without one, closes them at once.
     pub fn abort(&self, origin: usize, reason: String, local_error: Option<Error>) -> bool {
+        let cause = local_error.as_ref().and_then(Error::likely_cause);
+        self.abort_caused(origin, reason, cause, local_error)
+    }
+
+    /// [`GroupControl::abort`], naming `cause` as the rank at the root of the failure
+    /// (the notice to the peers carries it).
+    ///
+    /// Only the rank that aborts on its own account logs a warning; a rank that stops
+    /// because a peer's notice arrived logs it at `info`, so that the warning names the
+    /// one rank where the failure was seen.
+    ///
+    /// ```
+    /// use ringccl_collectives::control::GroupControl;
+    ///
+    /// let control = GroupControl::new(1);
+    /// assert!(control.abort_caused(0, "rank 0 timed out".into(), Some(2), None));
+    /// let record = control.aborted().unwrap();
+    /// assert_eq!((record.origin, record.cause), (0, Some(2)));
+    /// ```
+    pub fn abort_caused(
+        &self,
+        origin: usize,
+        reason: String,
+        cause: Option<usize>,
+        local_error: Option<Error>,
+    ) -> bool {
         let mut state = self.lock();
         if state.record.is_some() {
             return false;
         }
-        tracing::warn!(rank = self.rank, origin, %reason, "the process group is aborted");
-        state.record = Some(AbortRecord { origin, reason });
+        if origin == self.rank {
+            tracing::warn!(rank = self.rank, ?cause, %reason, "this rank aborts the process group");
+        } else {
+            tracing::info!(rank = self.rank, origin, ?cause, %reason,
+                "rank {origin} aborted the process group; this rank stops too");
+        }
+        state.record = Some(AbortRecord {
+            origin,
+            reason,
+            cause,
+        });
         state.local_error = local_error;
         self.aborted.store(true, Ordering::Release);
         let link = state.link.clone();
@@ -221,6 +269,7 @@ impl GroupControl {
                     expected: 0,
                     timeout: deadline.timeout(),
                     gone: Vec::new(),
+                    cause: None,
                 });
             }
             state = self
@@ -297,6 +346,92 @@ impl GroupControl {
     pub fn take_local_error(&self) -> Option<Error> {
         self.lock().local_error.take()
     }
+
+    /// Keeps what `peer` said it was doing (`theirs`, from its question or its answer on
+    /// the control connection) while this rank was in `mine`, for [`GroupControl::blame`].
+    /// The control thread calls this for every question and answer.
+    pub fn note_peer(&self, peer: usize, theirs: Snapshot, mine: Option<OpDesc>) {
+        if peer != self.rank {
+            self.lock()
+                .reports
+                .insert(peer, PeerReport { theirs, mine });
+        }
+    }
+
+    /// Who is most likely to blame when this rank's `op` timed out waiting for `peer`,
+    /// and why, from what the peers said during `op`: `peer` itself when it answered
+    /// that it had not started `op`; the rank it was itself waiting for, followed as far
+    /// as the reports go ("rank 1 was itself waiting for rank 2"). `None` when no report
+    /// of this call says more than the wait itself, or when the waits close a circle.
+    ///
+    /// ```
+    /// use ringccl_collectives::control::{GroupControl, PairCounts, Snapshot};
+    /// use ringccl_collectives::{wire::Algorithm, DType, OpDesc, ReduceOp};
+    ///
+    /// let op = OpDesc::all_reduce(3, DType::F32, 1024, ReduceOp::Sum);
+    /// let control = GroupControl::new(1);
+    /// // Rank 0 answered, during op #3, that it was in op #3 waiting for rank 2.
+    /// let waiting = Snapshot {
+    ///     current: Some((op, Algorithm::Ring)),
+    ///     blocked_on: Some(2),
+    ///     ..Snapshot::default()
+    /// };
+    /// control.note_peer(0, waiting, Some(op));
+    /// let (cause, why) = control.blame(&op, 0).unwrap();
+    /// assert_eq!(cause, 2);
+    /// assert_eq!(why, "rank 0 was itself waiting for rank 2");
+    /// ```
+    pub fn blame(&self, op: &OpDesc, peer: usize) -> Option<(usize, String)> {
+        let reports = self.lock().reports.clone();
+        // The same call: its number and kind (the rest of the description is the same
+        // call's, or a mismatch the sentinel names on its own).
+        let of_this_call = |rank: usize| {
+            reports
+                .get(&rank)
+                .filter(|r| r.mine.is_some_and(|m| m.seq == op.seq && m.kind == op.kind))
+        };
+        let mut path = vec![peer];
+        let mut end = None;
+        // Every step visits a new rank, so the walk ends within the group's size.
+        while let Some(report) = path.last().and_then(|&at| of_this_call(at)) {
+            let at = path[path.len() - 1];
+            let theirs = &report.theirs;
+            match theirs.current {
+                None => {
+                    let started = theirs.counts.map(|c| c.collectives);
+                    end = Some(match started {
+                        Some(n) if op.kind != CollectiveKind::SendRecv && n < op.seq => {
+                            format!("had not started op #{} when asked", op.seq)
+                        }
+                        _ => "was in no call when asked".to_string(),
+                    });
+                    break;
+                }
+                Some(_) => match theirs.blocked_on {
+                    // Waits that close a circle (back to this rank or a rank on the way)
+                    // have no single cause.
+                    Some(next) if next == self.rank || path.contains(&next) => return None,
+                    Some(next) if next != at => path.push(next),
+                    _ => break,
+                },
+            }
+        }
+        let cause = *path.last()?;
+        let mut why = String::new();
+        for pair in path.windows(2) {
+            if why.is_empty() {
+                why = format!("rank {} was itself waiting for rank {}", pair[0], pair[1]);
+            } else {
+                why.push_str(&format!(", which was waiting for rank {}", pair[1]));
+            }
+        }
+        match (end, why.is_empty()) {
+            (None, true) => None,
+            (None, false) => Some((cause, why)),
+            (Some(end), true) => Some((cause, format!("it {end}"))),
+            (Some(end), false) => Some((cause, format!("{why}, which {end}"))),
+        }
+    }
 }
 
 impl fmt::Debug for GroupControl {
@@ -363,5 +498,118 @@ mod tests {
             control.try_fingerprint(&op(4), 0),
             Err(Error::GroupBroken { .. })
         ));
+    }
+
+    /// The blame of a timeout follows what the peers said during the call: to the rank
+    /// at the end of a chain of waits, to a rank that had not started the call; reports
+    /// of another call name nobody, nor do circles of waits (through this rank or not).
+    #[test]
+    fn a_timeout_is_blamed_on_the_rank_at_the_end_of_the_waits() {
+        use super::super::PairCounts;
+        use crate::wire::Algorithm;
+        let op = |seq| OpDesc::all_reduce(seq, DType::F32, 1000, crate::ReduceOp::Sum);
+        let waiting = |seq, on| Snapshot {
+            current: Some((op(seq), Algorithm::Ring)),
+            blocked_on: Some(on),
+            ..Snapshot::default()
+        };
+        let idle = |collectives| Snapshot {
+            counts: Some(PairCounts {
+                peer: 1,
+                collectives,
+                sent: 0,
+                received: 0,
+            }),
+            ..Snapshot::default()
+        };
+        let control = GroupControl::new(1);
+        assert_eq!(control.blame(&op(3), 0), None, "nothing reported");
+        // Reports of an earlier call say nothing about this one.
+        control.note_peer(0, waiting(2, 2), Some(op(2)));
+        assert_eq!(control.blame(&op(3), 0), None);
+        control.note_peer(0, waiting(3, 2), Some(op(3)));
+        assert_eq!(
+            control.blame(&op(3), 0),
+            Some((2, "rank 0 was itself waiting for rank 2".into()))
+        );
+        control.note_peer(2, waiting(3, 4), Some(op(3)));
+        control.note_peer(4, idle(2), Some(op(3)));
+        assert_eq!(
+            control.blame(&op(3), 0),
+            Some((
+                4,
+                "rank 0 was itself waiting for rank 2, which was waiting for rank 4, which \
+                 had not started op #3 when asked"
+                    .into()
+            ))
+        );
+        assert_eq!(
+            control.blame(&op(3), 4),
+            Some((4, "it had not started op #3 when asked".into()))
+        );
+        // Rank 4 waits for rank 0 again: a circle, with no single cause.
+        control.note_peer(4, waiting(3, 0), Some(op(3)));
+        assert_eq!(control.blame(&op(3), 0), None);
+        // A peer waiting for this rank: a circle through this rank.
+        let control = GroupControl::new(1);
+        control.note_peer(0, waiting(3, 1), Some(op(3)));
+        assert_eq!(control.blame(&op(3), 0), None);
+        // A peer in no call, past this one: in no call, not behind.
+        control.note_peer(0, idle(5), Some(op(3)));
+        assert_eq!(
+            control.blame(&op(3), 0),
+            Some((0, "it was in no call when asked".into()))
+        );
+    }
+
+    /// Only the first abort counts, and it keeps the cause it named.
+    #[test]
+    fn an_abort_keeps_the_cause_it_names() {
+        let control = GroupControl::new(1);
+        assert!(control.abort_caused(0, "rank 0 timed out".into(), Some(2), None));
+        assert!(!control.abort_caused(1, "rank 1 timed out".into(), Some(0), None));
+        let record = control.aborted().unwrap();
+        assert_eq!((record.origin, record.cause), (0, Some(2)));
+    }
+
+    /// The levels of the events logged on this thread while `body` runs.
+    fn levels_logged(body: impl FnOnce()) -> Vec<tracing::Level> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        struct Levels(Mutex<Vec<tracing::Level>>, AtomicU64);
+        impl tracing::Subscriber for Levels {
+            fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+                true
+            }
+            fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+                tracing::span::Id::from_u64(self.1.fetch_add(1, Ordering::Relaxed) + 1)
+            }
+            fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+            fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+            fn event(&self, event: &tracing::Event<'_>) {
+                self.0.lock().unwrap().push(*event.metadata().level());
+            }
+            fn enter(&self, _: &tracing::span::Id) {}
+            fn exit(&self, _: &tracing::span::Id) {}
+        }
+        let levels = Arc::new(Levels(Mutex::new(Vec::new()), AtomicU64::new(0)));
+        tracing::subscriber::with_default(Arc::clone(&levels), body);
+        let logged = levels.0.lock().unwrap().clone();
+        logged
+    }
+
+    /// Only the rank that aborts on its own account warns; a rank that stops because a
+    /// peer's notice came says so at `info`.
+    #[test]
+    fn only_the_rank_that_aborts_on_its_own_account_warns() {
+        let aborting = GroupControl::new(0);
+        let logged = levels_logged(|| {
+            aborting.abort_caused(0, "op #3 timed out".into(), Some(2), None);
+        });
+        assert_eq!(logged, [tracing::Level::WARN]);
+        let told = GroupControl::new(1);
+        let logged = levels_logged(|| {
+            told.abort_caused(0, "op #3 timed out".into(), Some(2), None);
+        });
+        assert_eq!(logged, [tracing::Level::INFO]);
     }
 }

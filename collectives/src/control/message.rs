@@ -5,7 +5,8 @@
 //!
 //! | kind | message   | body                                                      |
 //! |------|-----------|-----------------------------------------------------------|
-//! | 1    | `Abort`   | u32 origin rank, reason (UTF-8, at most 2 KiB)            |
+//! | 1    | `Abort` without a cause | u32 origin rank, reason (UTF-8, at most 2 KiB) |
+//! | 6    | `Abort` with a cause | u32 origin rank, u32 cause rank, reason (UTF-8, at most 2 KiB) |
 //! | 2    | `Ask`     | u32 nonce, snapshot                                       |
 //! | 3    | `Status`  | u32 nonce, snapshot                                       |
 //! | 4    | `Leaving` | nothing                                                   |
@@ -21,6 +22,12 @@
 //!
 //! (Layout 2. Layout 1 had bits 0 and 1 only, with the header alone; a build of either
 //! layout refuses the other's `Ask` and `Status` as malformed.)
+//!
+//! An `Abort` that names no cause is sent as kind 1, byte for byte as before kind 6
+//! existed; one that names the rank the aborting rank found at the root of its failure
+//! (the rank everyone waited for) is kind 6. Every decoder of this layout reads both; a
+//! build that predates kind 6 refuses it as an unknown kind and closes that control
+//! connection, so it learns of the abort from the data connections closing instead.
 
 use std::fmt;
 
@@ -42,6 +49,7 @@ const ASK: u8 = 2;
 const STATUS: u8 = 3;
 const LEAVING: u8 = 4;
 const FINGERPRINT: u8 = 5;
+const ABORT_CAUSED: u8 = 6;
 
 const RUNNING: u8 = 1;
 const BLOCKED: u8 = 2;
@@ -57,12 +65,16 @@ const NO_PEER: u32 = u32::MAX;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ControlMessage {
     /// Rank `origin` aborted the group, for `reason`. Receivers fail every pending and
-    /// later call, naming `origin` and `reason`, and pass the notice on.
+    /// later call, naming `origin`, `reason` and `cause`, and pass the notice on.
     Abort {
         /// The rank that aborted.
         origin: usize,
         /// Why, in words.
         reason: String,
+        /// The rank `origin` found at the root of its failure (for a timeout, the rank
+        /// it, and whoever it waited for, waited for), when it knows one. A rank whose
+        /// connections close right after its notice only aborted; this is who to blame.
+        cause: Option<usize>,
     },
     /// "I am doing this; what are you doing?" Answered with a `Status` of the same nonce.
     Ask {
@@ -236,7 +248,11 @@ impl ControlMessage {
     /// use ringccl_collectives::control::ControlMessage;
     ///
     /// let mut bytes = Vec::new();
-    /// let notice = ControlMessage::Abort { origin: 2, reason: "op #17 timed out".into() };
+    /// let notice = ControlMessage::Abort {
+    ///     origin: 2,
+    ///     reason: "op #17 timed out".into(),
+    ///     cause: Some(0),
+    /// };
     /// notice.encode_into(&mut bytes);
     /// assert_eq!(ControlMessage::decode(&bytes), Ok(Some((notice, bytes.len()))));
     /// ```
@@ -244,9 +260,22 @@ impl ControlMessage {
         let start = out.len();
         out.put_u32_le(0); // length, patched below
         match self {
-            ControlMessage::Abort { origin, reason } => {
-                out.put_u8(ABORT);
-                out.put_u32_le(rank_u32(*origin));
+            ControlMessage::Abort {
+                origin,
+                reason,
+                cause,
+            } => {
+                match cause {
+                    None => {
+                        out.put_u8(ABORT);
+                        out.put_u32_le(rank_u32(*origin));
+                    }
+                    Some(cause) => {
+                        out.put_u8(ABORT_CAUSED);
+                        out.put_u32_le(rank_u32(*origin));
+                        out.put_u32_le(rank_u32(*cause));
+                    }
+                }
                 let mut end = reason.len().min(MAX_REASON);
                 while !reason.is_char_boundary(end) {
                     end -= 1;
@@ -302,7 +331,17 @@ impl ControlMessage {
             ABORT => ControlMessage::Abort {
                 origin: body.try_get_u32_le()? as usize,
                 reason: String::from_utf8_lossy(body).into_owned(),
+                cause: None,
             },
+            ABORT_CAUSED => {
+                let origin = body.try_get_u32_le()? as usize;
+                let cause = body.try_get_u32_le()? as usize;
+                ControlMessage::Abort {
+                    origin,
+                    reason: String::from_utf8_lossy(body).into_owned(),
+                    cause: Some(cause),
+                }
+            }
             ASK | STATUS => {
                 let nonce = body.try_get_u32_le()?;
                 let snapshot = get_snapshot(&mut body)?;
@@ -366,6 +405,12 @@ mod tests {
             ControlMessage::Abort {
                 origin: 2,
                 reason: "op #17 all_reduce timed out".into(),
+                cause: None,
+            },
+            ControlMessage::Abort {
+                origin: 0,
+                reason: "op #17 all_reduce timed out waiting for rank 1".into(),
+                cause: Some(3),
             },
             ControlMessage::Ask {
                 nonce: 7,
@@ -496,6 +541,50 @@ mod tests {
         );
     }
 
+    /// An abort without a cause is encoded as before the cause existed (kind 1); one with
+    /// a cause is kind 6, the cause after the origin.
+    #[test]
+    fn the_abort_layouts_are_as_documented() {
+        let mut bytes = Vec::new();
+        ControlMessage::Abort {
+            origin: 3,
+            reason: "why".into(),
+            cause: None,
+        }
+        .encode_into(&mut bytes);
+        assert_eq!(bytes, [7, 0, 0, 0, ABORT, 3, 0, 0, 0, b'w', b'h', b'y']);
+        let mut bytes = Vec::new();
+        ControlMessage::Abort {
+            origin: 3,
+            reason: "why".into(),
+            cause: Some(2),
+        }
+        .encode_into(&mut bytes);
+        assert_eq!(
+            bytes,
+            [
+                11,
+                0,
+                0,
+                0,
+                ABORT_CAUSED,
+                3,
+                0,
+                0,
+                0,
+                2,
+                0,
+                0,
+                0,
+                b'w',
+                b'h',
+                b'y'
+            ]
+        );
+        // Cut short before the cause: refused, not read as a reason.
+        assert!(ControlMessage::decode(&[6, 0, 0, 0, ABORT_CAUSED, 3, 0, 0, 0, 2, 0]).is_err());
+    }
+
     #[test]
     fn every_kind_round_trips_and_streams_split_anywhere() {
         let mut stream = Vec::new();
@@ -520,7 +609,12 @@ mod tests {
     fn long_reasons_are_cut_at_a_character_boundary() {
         let reason = "é".repeat(MAX_REASON);
         let mut bytes = Vec::new();
-        ControlMessage::Abort { origin: 1, reason }.encode_into(&mut bytes);
+        ControlMessage::Abort {
+            origin: 1,
+            reason,
+            cause: Some(2),
+        }
+        .encode_into(&mut bytes);
         let (m, _) = ControlMessage::decode(&bytes).unwrap().unwrap();
         let ControlMessage::Abort { reason, .. } = m else {
             panic!("not an abort: {m:?}")
@@ -559,7 +653,7 @@ mod tests {
             }
             bytes[0] %= 128;
             (bytes[1], bytes[2], bytes[3]) = (0, 0, 0);
-            bytes[4] = 1 + bytes[4] % 5;
+            bytes[4] = 1 + bytes[4] % 6;
             if i % 2 == 0 {
                 // Half of them get a valid op, so the blocks after it are exercised too.
                 bytes[4] = STATUS;

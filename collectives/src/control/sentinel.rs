@@ -50,12 +50,15 @@ pub enum Verdict {
     /// This rank and a peer are in different collectives, or their calls wait on each
     /// other: the group must be aborted with this error.
     Broken(Error),
-    /// Rank `origin` aborted the group for `reason`.
+    /// Rank `origin` aborted the group for `reason`, naming `cause` as the rank at the
+    /// root of it when it knew one.
     Aborted {
         /// The rank that aborted.
         origin: usize,
         /// Its reason.
         reason: String,
+        /// The rank it blamed.
+        cause: Option<usize>,
     },
     /// The predecessor in rank order says it runs `op` (see [`Sentinel::fingerprint`]).
     Fingerprint {
@@ -167,11 +170,24 @@ impl Sentinel {
     /// This rank aborts the group (or passes on rank `origin`'s abort): tell every peer.
     /// Only the first abort is sent.
     pub fn abort(&mut self, origin: usize, reason: String) {
+        self.abort_caused(origin, reason, None);
+    }
+
+    /// [`Sentinel::abort`], naming `cause` as the rank at the root of the failure (the
+    /// rank everyone waited for), so that no peer takes an aborting rank for the culprit.
+    pub fn abort_caused(&mut self, origin: usize, reason: String, cause: Option<usize>) {
         if self.aborted {
             return;
         }
         self.aborted = true;
-        self.tell_all_but(&[origin], &ControlMessage::Abort { origin, reason });
+        self.tell_all_but(
+            &[origin],
+            &ControlMessage::Abort {
+                origin,
+                reason,
+                cause,
+            },
+        );
     }
 
     /// This rank runs `op` on an engine that cannot check frames: tell the successor in
@@ -262,14 +278,26 @@ impl Sentinel {
         mine: &Snapshot,
     ) {
         match message {
-            ControlMessage::Abort { origin, reason } => {
+            ControlMessage::Abort {
+                origin,
+                reason,
+                cause,
+            } => {
                 if !self.aborted {
                     self.verdicts.push_back(Verdict::Aborted {
                         origin,
                         reason: reason.clone(),
+                        cause,
                     });
                     self.aborted = true;
-                    self.tell_all_but(&[from, origin], &ControlMessage::Abort { origin, reason });
+                    self.tell_all_but(
+                        &[from, origin],
+                        &ControlMessage::Abort {
+                            origin,
+                            reason,
+                            cause,
+                        },
+                    );
                 }
             }
             ControlMessage::Ask { nonce, snapshot } => {

@@ -61,7 +61,8 @@ impl SentinelDriver {
     pub fn turn(&mut self, now: Instant, stopping: bool) {
         if !self.sentinel.is_aborted() {
             if let Some(record) = self.control.aborted() {
-                self.sentinel.abort(record.origin, record.reason);
+                self.sentinel
+                    .abort_caused(record.origin, record.reason, record.cause);
             }
         }
         if stopping {
@@ -85,9 +86,16 @@ impl SentinelDriver {
     }
 
     /// Hands the sentinel a message from `from`, answered with what this rank is doing,
-    /// and acts on what it concludes.
+    /// and acts on what it concludes. What a peer says it is doing (in a question or an
+    /// answer) is kept, for the blame of a timeout ([`GroupControl::blame`]).
     pub fn handle_message(&mut self, now: Instant, from: usize, message: ControlMessage) {
         let mine = self.control.activity().snapshot_for(from);
+        if let ControlMessage::Ask { snapshot, .. } | ControlMessage::Status { snapshot, .. } =
+            &message
+        {
+            self.control
+                .note_peer(from, *snapshot, mine.current.map(|(op, _)| op));
+        }
         self.sentinel.handle_message(now, from, message, &mine);
         self.conclude();
     }
@@ -114,12 +122,20 @@ impl SentinelDriver {
             match verdict {
                 Verdict::Broken(error) => {
                     let reason = error.to_string();
-                    if self.control.abort(self.rank, reason.clone(), Some(error)) {
-                        self.sentinel.abort(self.rank, reason);
+                    let cause = error.likely_cause();
+                    if self
+                        .control
+                        .abort_caused(self.rank, reason.clone(), cause, Some(error))
+                    {
+                        self.sentinel.abort_caused(self.rank, reason, cause);
                     }
                 }
-                Verdict::Aborted { origin, reason } => {
-                    self.control.abort(origin, reason, None);
+                Verdict::Aborted {
+                    origin,
+                    reason,
+                    cause,
+                } => {
+                    self.control.abort_caused(origin, reason, cause, None);
                 }
                 Verdict::Fingerprint { from, op } => self.control.record_fingerprint(from, op),
             }

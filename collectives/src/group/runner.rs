@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::{Deadline, Engine, Request, Sequence};
 use crate::control::{AbortRecord, GroupControl};
 use crate::flight::{break_reason, FlightConfig, FlightDump, FlightRecorder};
-use crate::{Backend, BufferMut, BufferRef, Error, OpDesc, ReduceOp};
+use crate::{Backend, BufferMut, BufferRef, Cause, Error, OpDesc, ReduceOp};
 
 /// After a peer failure, how long to wait for other failing connections to show, so the
 /// error can name the rank really at fault when this one was only blocked behind
@@ -204,8 +204,9 @@ impl<E: Engine> GroupRunner<E> {
             Err(error) if error.breaks_group() => {
                 state.engine.abort();
                 let dump = self.flight.break_snapshot(&break_reason(&error));
+                let cause = error.likely_cause();
                 self.control
-                    .abort(self.rank, error.to_string(), Some(error));
+                    .abort_caused(self.rank, error.to_string(), cause, Some(error));
                 drop(state);
                 self.flight.write_break(dump);
                 None
@@ -314,7 +315,8 @@ impl<E: Engine> GroupRunner<E> {
         };
         state.broken = Some(cause.clone());
         state.engine.abort();
-        self.control.abort(self.rank, cause, None);
+        self.control
+            .abort_caused(self.rank, cause, error.likely_cause(), None);
         self.flight.break_snapshot(&break_reason(error))
     }
 
@@ -325,6 +327,7 @@ impl<E: Engine> GroupRunner<E> {
                 rank: self.rank,
                 by: record.origin,
                 reason: record.reason,
+                cause: record.cause.map(|rank| Box::new(Cause::rank(rank))),
             };
         }
         self.control
@@ -366,8 +369,13 @@ impl<E: Engine> GroupRunner<E> {
         )
     }
 
-    /// Names every rank whose connection is gone: when this rank was only blocked behind
-    /// a healthy peer, that is where the failure really is.
+    /// Says who is to blame for `error`. A timeout names the rank at the root of it when
+    /// the peers' reports show one ([`GroupControl::blame`]). Then, for a timeout or a
+    /// lost peer, it names every other rank whose connection is gone: when this rank was
+    /// only blocked behind a healthy peer, that is where the failure really is. A rank
+    /// whose connections closed because it aborted (its notice arrives within
+    /// [`ABORT_NOTICE_GRACE`] of the closure) is not one: it only reacted, and the cause
+    /// its notice names is taken instead, so that every survivor names the same rank.
     fn diagnose(&self, state: &mut RunState<E>, mut error: Error, deadline: Deadline) -> Error {
         // A failed connection may be a peer's abort on its way (or this rank's own,
         // which closed the connections under the call): then its reason is the error.
@@ -382,31 +390,106 @@ impl<E: Engine> GroupRunner<E> {
         if let Some(record) = record {
             return self.abort_error(record);
         }
-        let (Error::Timeout { peer, gone, .. }
-        | Error::PeerLost {
-            rank: peer, gone, ..
-        }) = &mut error
-        else {
-            return error;
+        if let Error::Timeout {
+            peer,
+            op,
+            cause: cause @ None,
+            ..
+        } = &mut error
+        {
+            *cause = self
+                .control
+                .blame(op, *peer)
+                .map(|(rank, why)| Box::new(Cause::rank(rank).because(why)));
+        }
+        let named = match &error {
+            Error::Timeout { peer, .. } => *peer,
+            Error::PeerLost { rank, .. } => *rank,
+            _ => return error,
         };
-        let named = *peer;
         // Other failures may be seconds behind (a cut link is noticed by keepalive):
-        // give them a moment to show.
+        // give them a moment to show. A closed connection may be a peer's abort whose
+        // notice is still on its way: give that a moment too.
         let until = Instant::now() + PEER_FAILURE_GRACE.min(deadline.timeout());
+        let mut closed_at = None;
         loop {
+            if let Some(record) = self.control.aborted() {
+                // This rank's own abort, or the lost peer's notice (it aborted, and its
+                // connections closed after): the abort is the error. Any other notice
+                // came after this rank's own failure, seen first-hand (a timeout, or a
+                // peer lost before): a consequence, which only tells who reacted.
+                let lost_to_its_abort =
+                    matches!(error, Error::PeerLost { .. }) && record.origin == named;
+                if record.origin == self.rank || lost_to_its_abort {
+                    return self.abort_error(record);
+                }
+                return heard_of(error, &record);
+            }
             let others: Vec<usize> = state
                 .engine
                 .failed_peers()
                 .into_iter()
                 .filter(|&p| p != named && p != self.rank)
                 .collect();
-            if !others.is_empty() || Instant::now() >= until {
-                gone.extend(others);
+            let now = Instant::now();
+            if others.is_empty() {
+                if now >= until {
+                    return error;
+                }
+            } else if now >= *closed_at.get_or_insert(now) + ABORT_NOTICE_GRACE {
+                if let Error::Timeout { gone, .. } | Error::PeerLost { gone, .. } = &mut error {
+                    for rank in others {
+                        if !gone.contains(&rank) {
+                            gone.push(rank);
+                        }
+                    }
+                }
                 return error;
             }
-            thread::sleep(Duration::from_millis(50));
+            thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// This rank's timeout or lost peer `error`, once the abort notice `record` of another
+/// rank has arrived: the ranks whose connections closed aborted in reaction (they are no
+/// root cause, and no longer listed as gone). For a timeout, when this rank knew no
+/// cause, or blamed the rank that aborted, the notice's cause is taken (unless it names
+/// this rank, which was waiting itself).
+fn heard_of(mut error: Error, record: &AbortRecord) -> Error {
+    if let Error::PeerLost { gone, .. } = &mut error {
+        gone.clear();
+    }
+    if let Error::Timeout {
+        rank, gone, cause, ..
+    } = &mut error
+    {
+        gone.clear();
+        let origin = record.origin;
+        let mine = cause.as_ref().map(|c| c.rank);
+        let Some(named) = record.cause.filter(|named| named != rank) else {
+            if mine == Some(origin) {
+                *cause = None;
+            }
+            return error;
+        };
+        match cause.as_deref_mut() {
+            Some(mine) if mine.rank == named && !mine.evidence.is_empty() => {
+                mine.evidence.push_str(&format!(
+                    ", and rank {origin} named it too when it aborted the group"
+                ));
+            }
+            // What this rank saw points elsewhere, and not at the rank that aborted.
+            Some(mine) if mine.rank != named && mine.rank != origin => {}
+            _ => {
+                *cause = Some(Box::new(
+                    Cause::rank(named)
+                        .because(format!("rank {origin} named it when it aborted the group")),
+                ));
+            }
+        }
+    }
+    error
 }
 
 impl<E: Engine> Backend for GroupRunner<E> {
@@ -540,5 +623,83 @@ impl<E: fmt::Debug> fmt::Debug for GroupRunner<E> {
             Err(_) => s.field("engine", &"<running a call>"),
         };
         s.finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod blame_tests {
+    use super::*;
+    use crate::{DType, OpDesc};
+
+    fn timed_out(cause: Option<usize>, evidence: &str, gone: Vec<usize>) -> Error {
+        let cause = cause.map(|rank| Box::new(Cause::rank(rank).because(evidence)));
+        Error::Timeout {
+            rank: 1,
+            peer: 0,
+            op: OpDesc::all_reduce(3, DType::F32, 8, ReduceOp::Sum),
+            moved: 0,
+            expected: 0,
+            timeout: Duration::from_secs(3),
+            gone,
+            cause,
+        }
+    }
+
+    fn notice(origin: usize, cause: Option<usize>) -> AbortRecord {
+        AbortRecord {
+            origin,
+            reason: format!("rank {origin} timed out"),
+            cause,
+        }
+    }
+
+    fn blame(error: &Error) -> (Option<usize>, String, Vec<usize>) {
+        match error {
+            Error::Timeout { cause, gone, .. } => (
+                cause.as_ref().map(|c| c.rank),
+                cause
+                    .as_ref()
+                    .map(|c| c.evidence.clone())
+                    .unwrap_or_default(),
+                gone.clone(),
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Rank 1 timed out waiting for rank 0; rank 0's notice names rank 2. Rank 0 only
+    /// aborted: it is never listed as gone, and never the cause; rank 2 is.
+    #[test]
+    fn an_abort_notice_explains_closed_connections_and_names_the_cause() {
+        // This rank knew nothing more: the notice's cause is taken.
+        let (cause, why, gone) =
+            blame(&heard_of(timed_out(None, "", vec![0]), &notice(0, Some(2))));
+        assert_eq!((cause, gone), (Some(2), vec![]));
+        assert_eq!(why, "rank 0 named it when it aborted the group");
+        // It found the same cause: the notice adds to the evidence.
+        let mine = "rank 0 was itself waiting for rank 2";
+        let (cause, why, _) = blame(&heard_of(
+            timed_out(Some(2), mine, vec![]),
+            &notice(0, Some(2)),
+        ));
+        assert_eq!(cause, Some(2));
+        assert_eq!(
+            why,
+            "rank 0 was itself waiting for rank 2, and rank 0 named it too when it aborted the group"
+        );
+        // It blamed the rank that aborted: the notice knows better.
+        let (cause, _, _) = blame(&heard_of(
+            timed_out(Some(0), "x", vec![]),
+            &notice(0, Some(2)),
+        ));
+        assert_eq!(cause, Some(2));
+        // A notice with no cause clears a blame of its sender, and keeps another.
+        let (cause, why, _) = blame(&heard_of(timed_out(Some(0), "x", vec![]), &notice(0, None)));
+        assert_eq!((cause, why.as_str()), (None, ""));
+        let (cause, _, _) = blame(&heard_of(timed_out(Some(3), "x", vec![]), &notice(0, None)));
+        assert_eq!(cause, Some(3));
+        // A notice naming this rank (itself waiting) is not taken.
+        let (cause, _, _) = blame(&heard_of(timed_out(None, "", vec![]), &notice(0, Some(1))));
+        assert_eq!(cause, None);
     }
 }

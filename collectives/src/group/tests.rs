@@ -191,6 +191,7 @@ fn overdue(rank: usize) -> Error {
         expected: 0,
         timeout: Duration::from_secs(2),
         gone: Vec::new(),
+        cause: None,
     }
 }
 

@@ -2,11 +2,19 @@
 //! them: recording takes an uncontended lock and pushes (no system call, no I/O); a full
 //! buffer drops the record and counts it, so a writer that falls behind (a slow disk)
 //! never slows a collective down, and memory never grows past the cap.
+//!
+//! It also keeps the spans still open (collective calls in progress): one that runs
+//! longer than [`UNFINISHED_AFTER`] is written as an *unfinished* span, from its start to
+//! the moment of writing, and again every [`UNFINISHED_EVERY`] while it runs (and once
+//! more when the file is finished). So a call that hangs until the process is killed
+//! still shows on the timeline, up to about the moment the process died; `ringrun`'s
+//! merge keeps only the longest copy, or none once the call's own span exists.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::chrome::Record;
+use super::span::Span;
 
 /// Records the buffer holds at most. At 8-byte all-reduces (some 20 µs each) a batch
 /// interval's worth is about 5,000; each record is a few hundred bytes, so the buffer
@@ -17,6 +25,31 @@ pub const BUFFER_CAPACITY: usize = 8192;
 /// full): what a crash can lose, besides what is in the buffer.
 pub(crate) const BATCH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// How long a span stays open before it is written as unfinished.
+pub const UNFINISHED_AFTER: Duration = Duration::from_secs(1);
+/// How often an open span's unfinished copy is written again while it stays open.
+pub const UNFINISHED_EVERY: Duration = Duration::from_secs(1);
+
+/// A span still open: started, not ended.
+#[derive(Debug)]
+struct OpenSpan {
+    id: u64,
+    tid: u32,
+    /// The span, its end unknown yet.
+    span: Span,
+    /// When its unfinished copy was last written.
+    written: Option<Instant>,
+}
+
+impl OpenSpan {
+    fn due(&self, now: Instant) -> bool {
+        match self.written {
+            None => now.saturating_duration_since(self.span.start) >= UNFINISHED_AFTER,
+            Some(at) => now.saturating_duration_since(at) >= UNFINISHED_EVERY,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Queue {
     records: Vec<Record>,
@@ -25,6 +58,8 @@ struct Queue {
     closing: bool,
     /// The writer has finished the file (or given up on it).
     closed: bool,
+    open: Vec<OpenSpan>,
+    next_open: u64,
 }
 
 /// See the module documentation.
@@ -94,13 +129,43 @@ impl Buffer {
         self.lock().records.len()
     }
 
-    /// The writer's wait: until `next` (its next batch time) with records waiting, the
-    /// buffer half full, or closing; then swaps the records into `into` (empty).
+    /// Opens `span` (its end not known yet) on row `tid`; returns its id for
+    /// [`Buffer::close_span`]. Nothing is written unless it stays open past
+    /// [`UNFINISHED_AFTER`]. A closing file opens nothing (and returns an id that closes
+    /// nothing).
+    pub(crate) fn open_span(&self, tid: u32, span: Span) -> u64 {
+        let mut queue = self.lock();
+        queue.next_open = queue.next_open.wrapping_add(1);
+        let id = queue.next_open;
+        if !queue.closing {
+            queue.open.push(OpenSpan {
+                id,
+                tid,
+                span,
+                written: None,
+            });
+        }
+        id
+    }
+
+    /// Closes the open span `id` (its own span is recorded by the caller).
+    pub(crate) fn close_span(&self, id: u64) {
+        let mut queue = self.lock();
+        if let Some(at) = queue.open.iter().position(|o| o.id == id) {
+            queue.open.swap_remove(at);
+        }
+    }
+
+    /// The writer's wait: until `next` (its next batch time) with records waiting or an
+    /// open span due for its unfinished copy, the buffer half full, or closing; then
+    /// swaps the records into `into` (empty), followed by the unfinished copies due
+    /// (every open span's, when closing).
     pub(crate) fn take(&self, into: &mut Vec<Record>, next: Instant) -> Batch {
         let mut queue = self.lock();
         loop {
             let now = Instant::now();
-            let due = now >= next && !queue.records.is_empty();
+            let due =
+                now >= next && (!queue.records.is_empty() || queue.open.iter().any(|o| o.due(now)));
             if due || queue.closing || queue.records.len() >= self.capacity / 2 {
                 break;
             }
@@ -116,9 +181,21 @@ impl Buffer {
                 .0;
         }
         std::mem::swap(&mut queue.records, into);
-        Batch {
-            closing: queue.closing,
+        let now = Instant::now();
+        let closing = queue.closing;
+        for open in queue.open.iter_mut().filter(|o| closing || o.due(now)) {
+            open.written = Some(now);
+            let mut span = open.span.clone();
+            span.end = now;
+            into.push(Record::Unfinished {
+                tid: open.tid,
+                span,
+            });
         }
+        if closing {
+            queue.open.clear();
+        }
+        Batch { closing }
     }
 
     /// Refuses further records and wakes the writer to finish the file.

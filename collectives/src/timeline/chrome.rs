@@ -33,6 +33,14 @@ pub(crate) enum Record {
         /// The span.
         span: Span,
     },
+    /// A span still open, written from its start to now: `"status":"unfinished"` in
+    /// its arguments (a call that may never end; see the `buffer` module).
+    Unfinished {
+        /// The row.
+        tid: u32,
+        /// The span, ending now.
+        span: Span,
+    },
     /// A row's name and position.
     Row {
         /// The row.
@@ -160,56 +168,69 @@ pub(crate) fn write_record(out: &mut impl Write, pid: usize, record: &Record) ->
             };
             metadata(out, "thread_sort_index", pid, Some(*tid), &sort)
         }
-        Record::Span { tid, span } => {
-            let head = Head {
-                name: &span.name,
-                cat: category(&span.args),
-                ts: unix_micros(span.start),
-                dur: span.end.saturating_duration_since(span.start).as_nanos() as f64 / 1000.0,
-                pid,
-                tid: *tid,
+        Record::Span { tid, span } => write_span(out, pid, *tid, span, false),
+        Record::Unfinished { tid, span } => write_span(out, pid, *tid, span, true),
+    }
+}
+
+/// One complete event for `span` on row `tid`; an `unfinished` one says so.
+fn write_span(
+    out: &mut impl Write,
+    pid: usize,
+    tid: u32,
+    span: &Span,
+    unfinished: bool,
+) -> io::Result<()> {
+    let head = Head {
+        name: &span.name,
+        cat: category(&span.args),
+        ts: unix_micros(span.start),
+        dur: span.end.saturating_duration_since(span.start).as_nanos() as f64 / 1000.0,
+        pid,
+        tid,
+    };
+    match &span.args {
+        SpanArgs::Collective(c) => {
+            let peers = c.peers.per_peer();
+            let args = CollectiveJson {
+                op: c.op.seq,
+                kind: c.op.kind.name(),
+                dtype: c.op.dtype.map(|d| d.name()),
+                count: c.op.count,
+                bytes: c.bytes,
+                redop: c.op.op.map(|o| o.name()),
+                root: c.op.root,
+                algorithm: c.algorithm.map(|a| a.name()),
+                transport: c.transport,
+                rank: c.rank,
+                world_size: c.world_size,
+                queued_us: c.queued.as_nanos() as f64 / 1000.0,
+                sent_to: PeerMap(&peers, |p| p.sent),
+                received_from: PeerMap(&peers, |p| p.received),
+                status: match (unfinished, &c.error) {
+                    (true, _) => "unfinished",
+                    (false, Some(_)) => "failed",
+                    (false, None) => "ok",
+                },
+                error: c.error.clone(),
             };
-            match &span.args {
-                SpanArgs::Collective(c) => {
-                    let peers = c.peers.per_peer();
-                    let args = CollectiveJson {
-                        op: c.op.seq,
-                        kind: c.op.kind.name(),
-                        dtype: c.op.dtype.map(|d| d.name()),
-                        count: c.op.count,
-                        bytes: c.bytes,
-                        redop: c.op.op.map(|o| o.name()),
-                        root: c.op.root,
-                        algorithm: c.algorithm.map(|a| a.name()),
-                        transport: c.transport,
-                        rank: c.rank,
-                        world_size: c.world_size,
-                        queued_us: c.queued.as_nanos() as f64 / 1000.0,
-                        sent_to: PeerMap(&peers, |p| p.sent),
-                        received_from: PeerMap(&peers, |p| p.received),
-                        status: if c.error.is_some() { "failed" } else { "ok" },
-                        error: c.error.clone(),
-                    };
-                    complete(out, &head, args)
-                }
-                SpanArgs::Bucket(b) => {
-                    let args = BucketJson {
-                        bucket: b.bucket,
-                        step: b.step,
-                        count: b.count,
-                        bytes: b.bytes,
-                        waited_us: b.waited.as_nanos() as f64 / 1000.0,
-                    };
-                    complete(out, &head, args)
-                }
-                SpanArgs::Numbers(numbers) => {
-                    let args: BTreeMap<&str, u64> =
-                        numbers.iter().map(|(k, v)| (&**k, *v)).collect();
-                    complete(out, &head, args)
-                }
-                SpanArgs::None => complete(out, &head, Empty {}),
-            }
+            complete(out, &head, args)
         }
+        SpanArgs::Bucket(b) => {
+            let args = BucketJson {
+                bucket: b.bucket,
+                step: b.step,
+                count: b.count,
+                bytes: b.bytes,
+                waited_us: b.waited.as_nanos() as f64 / 1000.0,
+            };
+            complete(out, &head, args)
+        }
+        SpanArgs::Numbers(numbers) => {
+            let args: BTreeMap<&str, u64> = numbers.iter().map(|(k, v)| (&**k, *v)).collect();
+            complete(out, &head, args)
+        }
+        SpanArgs::None => complete(out, &head, Empty {}),
     }
 }
 

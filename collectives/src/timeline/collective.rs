@@ -25,6 +25,21 @@ pub struct CollectiveTrace {
     transport: &'static str,
 }
 
+/// A call in progress, opened on the timeline by [`CollectiveTrace::start`]: should it
+/// never end (it hangs until the process is killed), the file still shows it, as an
+/// unfinished span. Dropping it closes the opening (a call that ends, or unwinds).
+#[derive(Debug)]
+pub(crate) struct Started {
+    row: Timeline,
+    id: u64,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        self.row.close_open(self.id);
+    }
+}
+
 /// One finished call, as the engine saw it.
 pub(crate) struct Call<'a> {
     pub(crate) op: &'a OpDesc,
@@ -36,6 +51,8 @@ pub(crate) struct Call<'a> {
     pub(crate) deadline: Deadline,
     pub(crate) started: Instant,
     pub(crate) result: &'a Result<(), Error>,
+    /// Its opening by [`CollectiveTrace::start`], if it was opened.
+    pub(crate) opened: Option<Started>,
 }
 
 impl CollectiveTrace {
@@ -110,35 +127,87 @@ impl CollectiveTrace {
             deadline,
             started,
             result,
+            opened: None,
         });
     }
 
-    /// Records `call`, which ends now.
-    pub(crate) fn record(&self, call: Call<'_>) {
-        let end = Instant::now();
-        let deadline = call.deadline;
+    /// Opens the call `op`, run by `algorithm` for rank `rank` of `world_size`, started
+    /// at `started` and issued with `deadline`, on the timeline: if it has not ended
+    /// after [`UNFINISHED_AFTER`](super::buffer::UNFINISHED_AFTER), the file shows it as
+    /// an unfinished span (and keeps extending it), so that a call that hangs until the
+    /// process is killed is still seen. [`CollectiveTrace::record`] closes it.
+    pub(crate) fn start(
+        &self,
+        op: &OpDesc,
+        algorithm: Option<Algorithm>,
+        (rank, world_size): (usize, usize),
+        deadline: Deadline,
+        started: Instant,
+    ) -> Started {
+        let args = self.args(
+            op,
+            algorithm,
+            (rank, world_size),
+            deadline,
+            started,
+            (PeerTraffic::default(), None),
+        );
+        let id = self.row.open(Span::new(
+            op.kind.name(),
+            started,
+            started,
+            SpanArgs::Collective(Box::new(args)),
+        ));
+        Started {
+            row: self.row.clone(),
+            id,
+        }
+    }
+
+    fn args(
+        &self,
+        op: &OpDesc,
+        algorithm: Option<Algorithm>,
+        (rank, world_size): (usize, usize),
+        deadline: Deadline,
+        started: Instant,
+        (peers, error): (PeerTraffic, Option<String>),
+    ) -> CollectiveArgs {
         // The deadline was fixed at issue: issue = deadline - timeout (unknown for the
         // century-long "no deadline", whose instant is capped).
         let issued = deadline.at().checked_sub(deadline.timeout());
-        let queued = issued.map_or_else(Default::default, |at| {
-            call.started.saturating_duration_since(at)
-        });
-        let (peers, error) = match call.result {
-            Ok(()) => (call.traffic, None),
-            Err(e) => (PeerTraffic::default(), Some(e.to_string())),
-        };
-        let bytes = call.op.count * call.op.dtype.map_or(0, |d| d.size() as u64);
-        let args = CollectiveArgs {
-            op: *call.op,
+        let queued =
+            issued.map_or_else(Default::default, |at| started.saturating_duration_since(at));
+        let bytes = op.count * op.dtype.map_or(0, |d| d.size() as u64);
+        CollectiveArgs {
+            op: *op,
             bytes,
-            algorithm: call.algorithm,
+            algorithm,
             transport: self.transport,
-            rank: call.rank,
-            world_size: call.world_size,
+            rank,
+            world_size,
             queued,
             peers,
             error,
+        }
+    }
+
+    /// Records `call`, which ends now (and closes its opening, if it was opened).
+    pub(crate) fn record(&self, call: Call<'_>) {
+        let end = Instant::now();
+        drop(call.opened);
+        let outcome = match call.result {
+            Ok(()) => (call.traffic, None),
+            Err(e) => (PeerTraffic::default(), Some(e.to_string())),
         };
+        let args = self.args(
+            call.op,
+            call.algorithm,
+            (call.rank, call.world_size),
+            call.deadline,
+            call.started,
+            outcome,
+        );
         self.row.record(Span::new(
             call.op.kind.name(),
             call.started,

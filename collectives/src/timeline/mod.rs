@@ -18,9 +18,9 @@ mod file;
 mod row;
 mod span;
 
-pub use buffer::BUFFER_CAPACITY;
-pub(crate) use collective::Call;
+pub use buffer::{BUFFER_CAPACITY, UNFINISHED_AFTER, UNFINISHED_EVERY};
 pub use collective::CollectiveTrace;
+pub(crate) use collective::{Call, Started};
 pub use file::{TraceFile, TraceHold, CLOSE_WAIT};
 pub use row::{SpanGuard, Timeline};
 pub use span::{BucketArgs, CollectiveArgs, PeerBytes, PeerTraffic, Span, SpanArgs};

@@ -59,6 +59,19 @@ impl Timeline {
         );
     }
 
+    /// Opens `span` on this row, its end not known yet: if it stays open past
+    /// [`UNFINISHED_AFTER`](super::buffer::UNFINISHED_AFTER), the file shows it as
+    /// unfinished up to the moment of writing. [`Timeline::close_open`] closes it (the
+    /// caller records the finished span itself).
+    pub(crate) fn open(&self, span: Span) -> u64 {
+        self.file.buffer.open_span(self.tid, span)
+    }
+
+    /// Closes a span opened by [`Timeline::open`].
+    pub(crate) fn close_open(&self, id: u64) {
+        self.file.buffer.close_span(id);
+    }
+
     /// A span called `name` from now until the returned guard is dropped (or
     /// [`SpanGuard::end`]ed).
     ///

@@ -197,3 +197,49 @@ fn a_device_library_call_is_a_span_with_its_outcome_and_no_bytes_per_peer() {
         spans[1]["args"]
     );
 }
+
+/// A call that never ends (it hangs until the process is killed) still shows in the
+/// file: written as an unfinished span once it has run for a second, extended while it
+/// runs; a call that ends leaves its own span, and its opening writes nothing more.
+#[test]
+fn a_call_that_never_ends_is_written_as_unfinished() {
+    use crate::{DType, Deadline, OpDesc, ReduceOp};
+    let out = Gated::default();
+    let file = TraceFile::to_writer(out.clone(), 3).unwrap();
+    let trace = CollectiveTrace::new(file.new_row("collectives"), "tcp");
+    let deadline = Deadline::after(Duration::from_secs(60));
+    let op = |seq| OpDesc::all_reduce(seq, DType::F32, 8, ReduceOp::Sum);
+    // A quick call: opened and ended well within a second.
+    let quick = trace.start(&op(1), None, (3, 4), deadline, Instant::now());
+    drop(quick);
+    let _hung = trace.start(&op(2), None, (3, 4), deadline, Instant::now());
+    let unfinished = |text: &str| {
+        text.lines()
+            .filter(|l| l.contains(r#""status":"unfinished""#))
+            .map(|l| {
+                let event: serde_json::Value =
+                    serde_json::from_str(l.trim_start_matches(',')).unwrap();
+                (
+                    event["args"]["op"].as_u64().unwrap(),
+                    event["dur"].as_f64().unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let waited = Instant::now();
+    while unfinished(&out.text()).len() < 2 && waited.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let copies = unfinished(&out.text());
+    assert!(copies.len() >= 2, "{}", out.text());
+    assert!(copies.iter().all(|(op, _)| *op == 2), "{copies:?}");
+    assert!(
+        copies[1].1 > copies[0].1 && copies[0].1 >= 1e6,
+        "each copy reaches further: {copies:?}"
+    );
+    // Closing the file writes it once more, up to the close.
+    assert!(file.close());
+    assert!(unfinished(&out.text()).len() > copies.len());
+    let events: Vec<serde_json::Value> = serde_json::from_str(&out.text()).unwrap();
+    assert!(!events.is_empty());
+}

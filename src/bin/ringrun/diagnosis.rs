@@ -3,6 +3,11 @@
 //! RINGCCL_FLIGHT_DIR is set), waits briefly for the files, adds what it knows of the
 //! ranks' processes, and prints one diagnosis on stderr, each line starting with
 //! `ringrun: DIAGNOSIS:`.
+//!
+//! A rank that exits while ringrun waits sends no fresh dump: its last one (the dump it
+//! wrote as its call failed) is final, and is used as it is. So after a timeout, the
+//! ranks that gave up and exited still show whom they waited for, and the diagnosis names
+//! the rank they all waited for, as `ringrun diagnose DIR` does afterwards.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -120,7 +125,12 @@ fn gather(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Diagnosis {
     let mut awaited = request_dumps(dir, ranks, not_before_us);
     let deadline = Instant::now() + DUMP_WAIT;
     loop {
-        awaited.retain(|path| read_dump(path).map_or(true, |d| d.dumped_at_us < requested_us));
+        // A fresh dump has come, or the process ended: its last dump is final.
+        awaited.retain(|(path, pid)| {
+            let ended = process_group::process_state(*pid)
+                .is_none_or(|(state, _)| state == 'Z' || state == 'X');
+            !ended && read_dump(path).map_or(true, |d| d.dumped_at_us < requested_us)
+        });
         if awaited.is_empty() || Instant::now() >= deadline {
             break;
         }
@@ -137,7 +147,7 @@ fn gather(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Diagnosis {
     if !awaited.is_empty() {
         let names: Vec<String> = awaited
             .iter()
-            .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+            .filter_map(|(p, _)| Some(p.file_name()?.to_string_lossy().into_owned()))
             .collect();
         evidence.notes.push(format!(
             "no fresh dump within {DUMP_WAIT:?} for {} (older files, or the beacon, were used)",
@@ -150,8 +160,8 @@ fn gather(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Diagnosis {
 
 /// Sends SIGUSR1 to every live process that keeps a beacon of this run in `dir`, belongs
 /// to one of the ranks' process groups and handles SIGUSR1. Returns the dump files to
-/// wait for.
-fn request_dumps(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Vec<PathBuf> {
+/// wait for, with the process that writes each.
+fn request_dumps(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Vec<(PathBuf, Pid)> {
     let groups: BTreeSet<Pid> = ranks
         .iter_mut()
         .filter_map(|r| r.poll().is_none().then_some(r.pgid))
@@ -177,7 +187,7 @@ fn request_dumps(dir: &Path, ranks: &mut [Rank], not_before_us: u64) -> Vec<Path
         if signalled.insert(pid) && !process_group::signal_process(pid, libc::SIGUSR1) {
             continue;
         }
-        awaited.push(file.path.with_extension("json"));
+        awaited.push((file.path.with_extension("json"), pid));
     }
     awaited
 }

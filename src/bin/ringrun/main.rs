@@ -17,8 +17,8 @@
 //! - **Signals.** SIGINT, SIGTERM and SIGHUP are forwarded to every rank's group; whatever
 //!   is still running [`stop::GRACE`] later is SIGKILLed, at once on a second signal.
 //!   ringrun then exits with 128 + the signal's number.
-//! - **Failures.** When a rank fails, the others are stopped and ringrun names the rank
-//!   and its exit status. A rank that cannot be started stops the ranks already started,
+//! - **Failures.** When a rank fails, its last output lines (its error) are printed, then
+//!   the others are stopped and ringrun names the rank and its exit status. A rank that cannot be started stops the ranks already started,
 //!   and ringrun exits non-zero naming it and the reason. When every rank succeeds,
 //!   processes they left running are stopped too.
 //! - **Restarts.** With `--max-restarts R` a failed job is stopped and started again, up
@@ -29,14 +29,15 @@
 //!   (their peer is lost), so the nodes' counts move together.
 //! - **Timeline.** With `--trace DIR` every rank writes a Chrome trace (RINGCCL_TRACE);
 //!   when the job ends, however it ends, ringrun merges them into `DIR/trace.json` (see
-//!   [`trace`]).
+//!   [`trace`]); a call that never finished shows there as a span marked unfinished.
 //! - **Hangs.** With `--hang-timeout SECS` every rank gets RINGCCL_FLIGHT_DIR, and
 //!   ringrun polls the ranks' progress beacons there (see [`hang_watch`]). When no rank
 //!   has finished a collective for SECS while some rank has one in flight, it asks every
 //!   live rank for a flight dump (SIGUSR1), and prints one diagnosis naming who is stuck
 //!   where and why (see [`diagnosis`]); `--hang-action stop` then stops the job as if a
-//!   rank had failed. A failed rank gets the same diagnosis. `ringrun diagnose DIR` runs
-//!   the analysis offline on the dumps in DIR.
+//!   rank had failed. A failed rank gets the same diagnosis, from the live ranks' fresh
+//!   dumps and the last dumps of the ranks that exited. `ringrun diagnose DIR` runs the
+//!   analysis offline on the dumps in DIR.
 //! - **ringrun's own death.** The ranks are started with `PR_SET_PDEATHSIG`: if ringrun
 //!   dies, even by SIGKILL, the kernel kills them. A watchdog process (see [`watchdog`])
 //!   then kills whatever they had started.
@@ -97,7 +98,7 @@ fn free_port(addr: &str) -> io::Result<u16> {
 fn start_ranks(
     args: &Args,
     launch: &Launch<'_>,
-    done: &mpsc::Sender<()>,
+    done: &mpsc::Sender<usize>,
     watchdog: &mut Watchdog,
 ) -> Result<Vec<Rank>, StartFailure> {
     let mut ranks = Vec::with_capacity(args.nproc_per_node);
@@ -142,6 +143,7 @@ fn run_job(
             None => 29500,
         };
         let (done, streams_done) = mpsc::channel();
+        let mut streams = output::StreamEnds::new(streams_done);
         let launch = Launch {
             port,
             restart,
@@ -175,7 +177,7 @@ fn run_job(
                     );
                 }
                 stop::stop(&mut started, libc::SIGTERM, watchdog);
-                output::drain(2 * started.len(), &streams_done);
+                streams.drain(2 * started.len());
                 return Ok(ExitCode::FAILURE);
             }
         };
@@ -186,6 +188,8 @@ fn run_job(
                 say!("got {}, forwarding it to every rank", signals::name(signal))
             }
             Outcome::Failed { rank, status } => {
+                // Its own last lines (its error) first, then ringrun's verdict.
+                streams.drain_rank(rank, output::FAILED_RANK_DRAIN);
                 say!(
                     "rank {rank} failed ({}); stopping the other ranks",
                     supervise::describe(status)
@@ -206,7 +210,7 @@ fn run_job(
         // Every process of this run is gone before the next run starts or ringrun exits.
         let interrupted = stop::stop(&mut ranks, signal, watchdog);
         // Print every rank's last lines before deciding what comes next.
-        output::drain(2 * ranks.len(), &streams_done);
+        streams.drain(2 * ranks.len());
         // A signal while a failed run was being stopped means: stop, do not restart.
         let outcome = match (outcome, interrupted) {
             (Outcome::Failed { .. } | Outcome::Hung, Some(signal)) => Outcome::Interrupted(signal),
@@ -226,8 +230,8 @@ fn run_job(
             Outcome::Failed { .. } | Outcome::Hung => {
                 if args.max_restarts > 0 {
                     say!(
-                        "giving up after {} restarts (the budget counts restarts of the whole job)",
-                        args.max_restarts
+                        "giving up after {} (the budget counts restarts of the whole job)",
+                        restarts(args.max_restarts)
                     );
                 }
                 return Ok(ExitCode::FAILURE);
@@ -235,6 +239,15 @@ fn run_job(
         }
     }
     Ok(ExitCode::FAILURE)
+}
+
+/// `"1 restart"`, `"3 restarts"`.
+fn restarts(n: u32) -> String {
+    if n == 1 {
+        "1 restart".into()
+    } else {
+        format!("{n} restarts")
+    }
 }
 
 fn run(args: &Args) -> Result<ExitCode, String> {

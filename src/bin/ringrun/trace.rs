@@ -6,7 +6,13 @@
 //! The merge reads the files line by line (each line is one event, see the library's
 //! `timeline` module), so the file of a rank that was killed, which lacks its closing `]`
 //! and perhaps half of its last line, still contributes every complete event.
+//!
+//! A call that runs long is written by its rank as an *unfinished* span (`"status":
+//! "unfinished"`), extended every second while it runs. The merge keeps the longest copy
+//! of each such call that never finished (a call that hung until its rank was stopped
+//! shows up to about that moment), and drops the copies of calls that did finish.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -44,6 +50,80 @@ pub(crate) struct Merged {
     pub(crate) unfinished: Vec<usize>,
     /// Lines that were not an event (a last line cut short), skipped.
     pub(crate) skipped: usize,
+    /// Calls that never finished, kept as spans marked unfinished.
+    pub(crate) unfinished_calls: usize,
+}
+
+/// What identifies one span across its copies: process, row, start, name.
+type SpanKey = (u64, u64, u64, String);
+
+/// The event on one line of a rank file, or why there is none.
+enum Line {
+    /// Not an event: blank, the opening `[`.
+    Nothing,
+    /// The closing `]`.
+    End,
+    /// Not JSON, or not an object (a line cut short).
+    Broken,
+    /// An event, and its text.
+    Event(serde_json::Value, String),
+}
+
+fn parse_line(line: &str) -> Line {
+    let event = line.trim().trim_start_matches(',');
+    match event {
+        "" | "[" => Line::Nothing,
+        "]" => Line::End,
+        _ => match serde_json::from_str::<serde_json::Value>(event) {
+            Ok(value) if value.is_object() => Line::Event(value, event.to_string()),
+            _ => Line::Broken,
+        },
+    }
+}
+
+/// For a complete event: its key, and whether it is an unfinished copy.
+fn span_key(event: &serde_json::Value) -> Option<(SpanKey, bool)> {
+    if event["ph"] != "X" {
+        return None;
+    }
+    let number = |field: &str| event[field].as_u64().unwrap_or(u64::MAX);
+    let key = (
+        number("pid"),
+        number("tid"),
+        event["ts"].as_f64().map_or(u64::MAX, f64::to_bits),
+        event["name"].as_str().unwrap_or_default().to_string(),
+    );
+    Some((key, event["args"]["status"] == "unfinished"))
+}
+
+/// The lines (by number) of `path` to keep among its unfinished copies: for each span
+/// with no finished copy, its longest one.
+fn unfinished_to_keep(path: &Path) -> io::Result<HashSet<usize>> {
+    let mut finished: HashSet<SpanKey> = HashSet::new();
+    let mut longest: HashMap<SpanKey, (f64, usize)> = HashMap::new();
+    for (number, line) in BufReader::new(File::open(path)?).lines().enumerate() {
+        let Line::Event(event, _) = parse_line(&line?) else {
+            continue;
+        };
+        match span_key(&event) {
+            Some((key, false)) => {
+                finished.insert(key);
+            }
+            Some((key, true)) => {
+                let dur = event["dur"].as_f64().unwrap_or(0.0);
+                let slot = longest.entry(key).or_insert((dur, number));
+                if dur >= slot.0 {
+                    *slot = (dur, number);
+                }
+            }
+            None => {}
+        }
+    }
+    Ok(longest
+        .into_iter()
+        .filter(|(key, _)| !finished.contains(key))
+        .map(|(_, (_, number))| number)
+        .collect())
 }
 
 /// The `rank-<r>.json` and `rank-<r>.<n>.json` files of `dir`, by rank.
@@ -80,24 +160,25 @@ pub(crate) fn merge(dir: &Path) -> io::Result<Merged> {
     let mut first = true;
     for (path, rank) in &files {
         let mut finished = false;
-        for line in BufReader::new(File::open(path)?).lines() {
-            let line = line?;
-            let event = line.trim().trim_start_matches(',');
-            match event {
-                "" | "[" => continue,
-                "]" => {
+        let keep = unfinished_to_keep(path)?;
+        for (number, line) in BufReader::new(File::open(path)?).lines().enumerate() {
+            let (value, event) = match parse_line(&line?) {
+                Line::Nothing => continue,
+                Line::End => {
                     finished = true;
                     continue;
                 }
-                _ => {}
-            }
-            let Ok(value) = serde_json::from_str::<serde_json::Value>(event) else {
-                merged.skipped += 1;
-                continue;
+                Line::Broken => {
+                    merged.skipped += 1;
+                    continue;
+                }
+                Line::Event(value, event) => (value, event),
             };
-            if !value.is_object() {
-                merged.skipped += 1;
-                continue;
+            if let Some((_, true)) = span_key(&value) {
+                if !keep.contains(&number) {
+                    continue;
+                }
+                merged.unfinished_calls += 1;
             }
             merged.spans += usize::from(value["ph"] == "X");
             out.write_all(if first { b"" } else { b"," })?;
@@ -134,6 +215,13 @@ pub(crate) fn merge_and_report(dir: &Path) {
                 dir.join(MERGED).display(),
                 merged.spans
             );
+            if merged.unfinished_calls > 0 {
+                crate::say!(
+                    "--trace: {} call(s) never finished; they show as spans marked unfinished \
+                     (\"status\": \"unfinished\"), up to the last moment their rank wrote",
+                    merged.unfinished_calls
+                );
+            }
             if !merged.unfinished.is_empty() {
                 crate::say!(
                     "--trace: the files of rank(s) {:?} were not finished (the rank was killed or \
@@ -204,6 +292,52 @@ mod tests {
         assert!(rank_files(&prepared).unwrap().is_empty());
         assert!(!prepared.join(MERGED).exists());
         assert!(prepared.join("notes.json").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A call that hung shows once, as its longest unfinished copy; a call that was
+    /// written unfinished and then finished shows once, finished.
+    #[test]
+    fn the_longest_copy_of_a_call_that_never_finished_is_kept() {
+        let dir = std::env::temp_dir().join(format!("ringrun-unfinished-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let span = |ts: u64, dur: u64, status: &str| {
+            format!(
+                r#"{{"name":"all_reduce","cat":"collective","ph":"X","ts":{ts}.5,"dur":{dur},"pid":0,"tid":1,"args":{{"op":{ts},"status":"{status}"}}}}"#
+            )
+        };
+        let lines = [
+            span(10, 1_000_000, "unfinished"),
+            span(10, 1_500_000, "ok"),
+            span(20, 1_000_000, "unfinished"),
+            span(20, 2_000_000, "unfinished"),
+            span(20, 3_000_000, "unfinished"),
+        ];
+        fs::write(
+            dir.join("rank-0.json"),
+            format!("[\n{}\n", lines.join("\n,")),
+        )
+        .unwrap();
+        let merged = merge(&dir).unwrap();
+        assert_eq!(merged.spans, 2);
+        assert_eq!(merged.unfinished_calls, 1);
+        let text = fs::read_to_string(dir.join(MERGED)).unwrap();
+        let events: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+        let spans: Vec<(f64, f64, &str)> = events
+            .iter()
+            .map(|e| {
+                (
+                    e["ts"].as_f64().unwrap(),
+                    e["dur"].as_f64().unwrap(),
+                    e["args"]["status"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            spans,
+            [(10.5, 1_500_000.0, "ok"), (20.5, 3_000_000.0, "unfinished")]
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 }

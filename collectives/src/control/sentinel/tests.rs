@@ -170,7 +170,7 @@ fn an_abort_reaches_everyone_once_and_is_passed_on() {
     let now = Instant::now();
     let n = 4;
     let mut ranks: Vec<Sentinel> = (0..n).map(|r| Sentinel::new(r, n)).collect();
-    ranks[2].abort(2, "op #17 all_reduce: mismatch".into());
+    ranks[2].abort_caused(2, "op #17 all_reduce: timed out".into(), Some(1));
     // Rank 2 "dies" after telling only rank 0.
     let first = drain(&mut ranks[2]);
     assert_eq!(first.len(), n - 1);
@@ -192,7 +192,12 @@ fn an_abort_reaches_everyone_once_and_is_passed_on() {
     }
     for r in [0, 1, 3] {
         match ranks[r].poll_verdict() {
-            Some(Verdict::Aborted { origin: 2, reason }) => assert!(reason.contains("op #17")),
+            // The cause travels with the notice, however far it is passed on.
+            Some(Verdict::Aborted {
+                origin: 2,
+                reason,
+                cause: Some(1),
+            }) => assert!(reason.contains("op #17")),
             other => panic!("rank {r}: {other:?}"),
         }
         assert!(

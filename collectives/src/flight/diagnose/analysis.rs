@@ -149,8 +149,11 @@ fn waiting(group: &GroupEvidence<'_>) -> (Vec<Finding>, Vec<Finding>, BTreeSet<u
         let Activity::Running { call, .. } = &view.activity else {
             continue;
         };
-        if matches!(view.process, Process::Exited(_)) {
-            continue; // it no longer waits: its dump shows where it died
+        // A rank that ended no longer waits (its dump shows where it died), unless its
+        // last record is of the wait its own deadline ended: that record is final. A rank
+        // a peer's abort stopped only reacted.
+        if !view.waits() {
+            continue;
         }
         let (end, path) = follow(group, view.rank);
         let culprits = match end {
@@ -255,12 +258,7 @@ fn follow(group: &GroupEvidence<'_>, start: usize) -> (ChainEnd, Vec<usize>) {
         }
         path.push(next);
         match group.views.get(&next) {
-            Some(v)
-                if matches!(v.activity, Activity::Running { .. })
-                    && !matches!(v.process, Process::Exited(_)) =>
-            {
-                current = next
-            }
+            Some(v) if v.waited_to_the_end() => current = next,
             _ => return (ChainEnd::Culprits(vec![suspect(group, next)]), path),
         }
     }

@@ -3,6 +3,7 @@
 
 use crate::flight::beacon::Beacon;
 use crate::flight::dump::{CallState, FlightDump, FlightEntry};
+use crate::flight::{ending, Ending};
 
 use super::evidence::{RankExit, RankProcess};
 use super::finding::CallRef;
@@ -68,6 +69,9 @@ pub(super) struct RankView {
     pub(super) process: Process,
     /// Whether a dump or beacon was found.
     pub(super) seen: bool,
+    /// How its dump says its part in the group ended (not broken for a dump on request,
+    /// a beacon, or nothing).
+    pub(super) ending: Ending,
 }
 
 pub(super) fn call_ref(entry: &FlightEntry) -> CallRef {
@@ -90,6 +94,7 @@ impl RankView {
             last_end_us: None,
             process,
             seen: false,
+            ending: Ending::NotBroken,
         }
     }
 
@@ -138,6 +143,7 @@ impl RankView {
             last_end_us: last_finished.and_then(|e| e.ended_us),
             process,
             seen: true,
+            ending: ending(&dump.reason),
         }
     }
 
@@ -173,7 +179,27 @@ impl RankView {
             last_end_us: (beacon.last_finished_us != 0).then_some(beacon.last_finished_us),
             process,
             seen: true,
+            ending: Ending::NotBroken,
         }
+    }
+
+    /// Whether it waits (or, ended, waited to the last) on its own account: a rank in a
+    /// call, alive or with a final record of a wait that ended at its own deadline. A
+    /// rank a peer's abort stopped only reacted: it starts no chain of waits (it is
+    /// passed through, [`RankView::waited_to_the_end`]).
+    pub(super) fn waits(&self) -> bool {
+        matches!(self.activity, Activity::Running { .. })
+            && self.ending != Ending::Reacted
+            && (!matches!(self.process, Process::Exited(_)) || self.ending == Ending::TimedOut)
+    }
+
+    /// Whether its record shows where it waited when it stopped: in a call and alive, or
+    /// ended with the record of a wait (its deadline passed, or a peer's abort stopped
+    /// it). Such a rank passes a chain of waits on; one that died otherwise ends it.
+    pub(super) fn waited_to_the_end(&self) -> bool {
+        matches!(self.activity, Activity::Running { .. })
+            && (!matches!(self.process, Process::Exited(_))
+                || matches!(self.ending, Ending::TimedOut | Ending::Reacted))
     }
 
     /// The group-wide op number of its last finished collective.

@@ -645,3 +645,62 @@ fn dumps_of_format_1_are_still_read() {
     fs::remove_dir_all(&dir).ok();
     assert_eq!(read.map(|d| d.entries.len()), Ok(2));
 }
+
+/// Issue 31: ranks 0 and 1 timed out waiting (0 for 1, 1 for 2) and exited; rank 2 is
+/// alive and idle. The exited ranks' last dumps are final records of their waits: the
+/// diagnosis named only the exited ranks before; it names rank 2, live as offline. A
+/// rank that a peer's abort stopped only reacted: it passes the chain on, starts none.
+#[test]
+fn ranks_that_timed_out_and_exited_still_point_at_the_rank_they_waited_for() {
+    let broke = |rank, reason: &str, entries| {
+        let mut d = dump(rank, 3, entries);
+        d.reason = reason.into();
+        d
+    };
+    let timed_out = "timeout: rank 0: timed out after 3s in op #5 …";
+    let reacted = "group broken: rank 0 aborted the group: rank 0: timed out … (seen by rank 1)";
+    for (second, waiters) in [(timed_out, "ranks 0, 1 wait"), (reacted, "rank 0 waits")] {
+        let mut live = evidence(vec![
+            broke(0, timed_out, with(done(4, AR), running(5, AR, Some(1)))),
+            broke(1, second, with(done(4, AR), running(5, AR, Some(2)))),
+            dump(2, 3, done(4, AR)),
+        ]);
+        let offline = live.clone();
+        live.launcher = launcher(&[
+            (0, exit("exit code 1", at(28))),
+            (1, exit("exit code 1", at(28))),
+            (2, RankProcess::Running),
+        ]);
+        let culprit = format!(
+            "{waiters} in op #5 all_reduce(sum, 1024 x f32) for rank 2; rank 2 last finished \
+             op #4 and has issued nothing since"
+        );
+        for (how, evidence) in [("live", &live), ("offline", &offline)] {
+            let lines = diagnose(evidence).lines();
+            assert!(lines[0].starts_with(&culprit), "{how}: {lines:#?}");
+            assert!(
+                lines.contains(&"  rank 0 waits for 1, 1 for 2".to_string()),
+                "{how}: {lines:#?}"
+            );
+        }
+    }
+    // A rank that died of its own error (a mismatch it found) ends a chain, as a rank
+    // that exited.
+    let mut mismatch = evidence(vec![
+        broke(0, reacted, with(done(4, AR), running(5, AR, Some(1)))),
+        broke(
+            1,
+            "group broken: rank 1 is in op #5 … but rank 0 is in op #5 …",
+            with(done(4, AR), running(5, AR, Some(0))),
+        ),
+    ]);
+    mismatch.launcher = launcher(&[
+        (0, exit("exit code 1", at(28))),
+        (1, exit("exit code 1", at(28))),
+    ]);
+    let lines = diagnose(&mismatch).lines();
+    assert!(
+        !lines.iter().any(|l| l.contains("wait")),
+        "exited ranks that waited on their own account only: {lines:#?}"
+    );
+}

@@ -44,6 +44,7 @@ fn timeout_error() -> Error {
         expected: 64,
         timeout: Duration::from_secs(1),
         gone: Vec::new(),
+        cause: None,
     }
 }
 
@@ -371,6 +372,7 @@ fn a_rank_idle_at_the_break_keeps_its_dump_and_records_the_call_refused_after() 
         rank: 2,
         by: 1,
         reason: "rank 1 is in op #5 ...".into(),
+        cause: None,
     };
     recorder.refused_as(Sequence::Collective, 5, Some(op), &error);
     assert_eq!(read().entries.len(), 1);
