@@ -2,37 +2,85 @@
 //!
 //! Collective communications for data-parallel training, in Rust: all-reduce,
 //! broadcast and barrier across processes and machines, the way `torch.distributed`
-//! provides them to PyTorch.
+//! provides them to PyTorch, and [`ddp::DistributedDataParallel`] on top, torch's DDP
+//! for a trainer that owns its own autograd.
 //!
-//! ```no_run
+//! ## Training with DDP
+//!
+//! Every rank runs the same loop on its own share of the data; DDP averages the
+//! gradients across ranks, bucket by bucket, while backward goes on.
+//!
+//! ```
+//! use ringccl::ddp::{DdpConfig, DistributedDataParallel, DistributedSampler};
+//!
 //! # fn main() -> Result<(), ringccl::Error> {
-//! let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::from_env()?)?;
-//! let mut params = vec![0.0f32; 1024];
-//! let mut grads = vec![1.0f32; 1024];
-//! pg.broadcast(&mut params, 0)?; // rank 0's values everywhere
-//! pg.all_reduce(&mut grads, ringccl::ReduceOp::Sum)?;
-//! pg.barrier()?;
+//! // Under `ringrun`, `InitOptions::from_env()?` reads RANK, WORLD_SIZE and MASTER_ADDR;
+//! // this example is a group of one rank.
+//! let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+//!
+//! // Fit y = w·x + b to y = 2x + 1.
+//! let xs: Vec<f32> = (0..256).map(|i| i as f32 / 256.0).collect();
+//! let (mut w, mut b) = ([0.0f32], [0.0f32]);
+//! let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1), ("b", 1)], DdpConfig::default())?;
+//! ddp.broadcast_parameters(&mut [&mut w[..], &mut b[..]])?; // every rank starts from rank 0's
+//!
+//! let sampler = DistributedSampler::new(xs.len(), pg.world_size(), pg.rank())?;
+//! for batch in sampler.batches(32)?.take(300) {
+//!     // Forward and backward of the mean squared error on this rank's samples.
+//!     let n = batch.indices.len() as f32;
+//!     let (mut dw, mut db) = (0.0, 0.0);
+//!     for &i in &batch.indices {
+//!         let error = w[0] * xs[i] + b[0] - (2.0 * xs[i] + 1.0);
+//!         dw += 2.0 * error * xs[i] / n;
+//!         db += 2.0 * error / n;
+//!     }
+//!     ddp.mark_grad_ready(1, &[db])?; // as backward produces each gradient
+//!     ddp.mark_grad_ready(0, &[dw])?; // a full bucket's all-reduce starts at once
+//!     ddp.finish()?; // every bucket averaged over the ranks
+//!     w[0] -= 0.3 * ddp.grad(0)?[0];
+//!     b[0] -= 0.3 * ddp.grad(1)?[0];
+//! }
+//! assert!((w[0] - 2.0).abs() < 0.01 && (b[0] - 1.0).abs() < 0.01);
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! Backends are picked at run time by name:
-//! - `"gloo"`: ringccl's own CPU backend — over shared memory when every rank is on
-//!   one host, over TCP otherwise: pipelined ring and recursive-doubling all-reduce,
-//!   tree/chain broadcast, dissemination barrier, reduce, all-gather, reduce-scatter,
-//!   all-to-all, send/recv, async and bucketed all-reduce.
-//! - `"nccl"`: NVIDIA NCCL for GPUs, loaded at run time (cargo feature `nccl`, on by
-//!   default). Host buffers are staged through GPU memory; `CudaSlice` buffers go to
-//!   NCCL directly through the `*_device` methods, which also work under `"gloo"`
-//!   (staged through host memory). Without CUDA, init returns an error saying what is
-//!   missing. [`DeviceDdp`] is DDP on gradients in GPU memory (buckets on the device,
-//!   reduced by NCCL while backward runs), with element-wise kernels compiled at run
-//!   time by NVRTC.
+//! ## A tour
 //!
-//! Ranks of one group can also live in one process, one per thread:
-//! [`local_groups`] connects them in memory (under `"gloo"` with no rendezvous and no
-//! sockets; under `"nccl"` one GPU each), with the same guarantees (deadlines, aborts,
-//! mismatch detection, bit-identical results).
+//! - **Process groups**: [`init_process_group`] joins a group and returns its
+//!   [`ProcessGroup`]; [`InitOptions::from_env`] reads what `ringrun` (or torchrun) sets.
+//!   Backends are picked by name at run time: `"gloo"`, ringccl's own CPU backend (shared
+//!   memory when every rank is on one host, TCP otherwise), and `"nccl"`, NVIDIA NCCL,
+//!   loaded at run time (cargo feature `nccl`, on by default; without CUDA, init says
+//!   what is missing).
+//! - **Collectives**: [`ProcessGroup`]'s all-reduce, broadcast, barrier, reduce,
+//!   all-gather, reduce-scatter, all-to-all and send/recv, with async forms that return
+//!   a [`Work`]. Every call has a deadline; a failure is an [`Error`] that names the rank
+//!   and the operation.
+//! - **[`ddp`]**: [`ddp::DistributedDataParallel`] and its [`ddp::DdpConfig`],
+//!   [`ddp::DistributedSampler`], [`ddp::Checkpoint`], and torch's single-process
+//!   [`ddp::DataParallel`].
+//! - **[`local_groups`]**: every rank of a group in one process, one thread each (under
+//!   `"nccl"`, one GPU each), with the same guarantees: deadlines, aborts, mismatch
+//!   detection, bit-identical results.
+//! - **GPUs**: `CudaSlice` buffers go to NCCL through the `*_device` methods, and
+//!   [`DeviceDdp`] is DDP with its buckets in GPU memory.
+//! - **[`flight`] and [`timeline`]**: the flight recorder of each group's last calls
+//!   (behind `ringrun diagnose`), and a Chrome trace per rank.
+//! - **[`logging`]**: `RINGCCL_DEBUG`, and the `tracing` events the library emits.
+//! - **[`core`]**: the building blocks under the facade, for implementing or testing
+//!   backends.
+//!
+//! ```
+//! # fn main() -> Result<(), ringccl::Error> {
+//! let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+//! let mut grads = vec![1.0f32; 1024];
+//! pg.all_reduce(&mut grads, ringccl::ReduceOp::Sum)?; // summed over every rank
+//! pg.broadcast(&mut grads, 0)?; // rank 0's values everywhere
+//! pg.barrier()?;
+//! # Ok(())
+//! # }
+//! ```
 
 #![deny(unsafe_code)]
 
@@ -70,8 +118,8 @@ pub use ringccl_collectives::flight;
 /// [`ddp::Communicator`] report it; [`Error`] converts from it.
 pub use ringccl_collectives::Error as RuntimeError;
 pub use ringccl_collectives::{
-    half, AllReduceAlgo, Backend, BufferMut, BufferRef, CollectiveKind, DType, Element, HostConfig,
-    OpDesc, ReduceOp,
+    half, AllReduceAlgo, Backend, BufferMut, BufferRef, Cause, CollectiveKind, DType, Element,
+    HostConfig, OpDesc, ReduceOp,
 };
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
 pub use ringccl_transports::PeerGone;
@@ -83,10 +131,46 @@ pub use work::Work;
 /// "Timeline" section.
 pub use ringccl_collectives::timeline;
 
-/// Data-parallel training: [`ddp::DistributedDataParallel`] averages gradients in
-/// buckets while backward runs; [`ddp::DistributedSampler`] splits a dataset between
-/// ranks. `ProcessGroup` implements [`ddp::Communicator`]. See docs/ddp.md.
-pub use ringccl_ddp as ddp;
+/// Data-parallel training, after PyTorch's `DistributedDataParallel`: gradients are
+/// grouped into buckets, and each bucket is averaged across ranks as soon as it is
+/// complete, while the backward pass goes on. DDP does not own autograd: the trainer
+/// tells it when each gradient is ready. See docs/ddp.md for the guide.
+///
+/// - [`DistributedDataParallel`](ddp::DistributedDataParallel): buckets, ordered async
+///   all-reduce, `no_sync` accumulation, unused parameters, the one-time bucket rebuild,
+///   communication hooks; configured by [`DdpConfig`](ddp::DdpConfig). Its errors, and
+///   which of them make it refuse further use, are [`DdpError`](ddp::DdpError)'s.
+/// - [`DistributedSampler`](ddp::DistributedSampler): each rank's share of a dataset,
+///   torch's semantics, and [`Batches`](ddp::Batches) of it that resume mid-epoch.
+/// - [`Checkpoint`](ddp::Checkpoint): training snapshots written atomically.
+/// - [`DataParallel`](ddp::DataParallel): torch's single-process `DataParallel`, one
+///   thread per replica.
+/// - [`Reducer`](ddp::Reducer) and [`plan_buckets`](ddp::plan_buckets): DDP's
+///   bookkeeping without the gradients, shared with [`DeviceDdp`].
+///
+/// [`ProcessGroup`] implements [`Communicator`](ddp::Communicator), what DDP needs from
+/// a group.
+///
+/// ```
+/// use ringccl::ddp::{DdpConfig, DistributedDataParallel, DistributedSampler};
+/// # fn main() -> Result<(), ringccl::Error> {
+/// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+/// let sampler = DistributedSampler::new(1000, pg.world_size(), pg.rank())?;
+/// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 4), ("b", 1)], DdpConfig::default())?;
+/// for batch in sampler.batches(32)?.take(3) {
+///     let _ = batch.indices; // forward and backward on this rank's samples, then:
+///     ddp.mark_grad_ready(1, &[0.5])?;
+///     ddp.mark_grad_ready(0, &[1.0; 4])?;
+///     ddp.finish()?;
+///     assert_eq!(ddp.grad(1)?, [0.5]); // the average over every rank
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub mod ddp {
+    #[doc(inline)]
+    pub use ringccl_ddp::*;
+}
 
 #[cfg(feature = "nccl")]
 pub use device_ddp::{DeviceCommHook, DeviceDdp, DeviceGrad, DeviceNoSync};

@@ -19,7 +19,7 @@ impl BatchPosition {
     /// `steps_per_epoch` steps in each epoch; `None` if `steps_per_epoch` is 0.
     ///
     /// ```
-    /// use ringccl_ddp::BatchPosition;
+    /// use ringccl::ddp::BatchPosition;
     /// let at = BatchPosition::of_global_step(25, 10).unwrap();
     /// assert_eq!((at.epoch, at.step), (2, 5));
     /// assert_eq!(at.global_step(10), 25);
@@ -34,7 +34,7 @@ impl BatchPosition {
     /// The global step of this position with `steps_per_epoch` steps in each epoch.
     ///
     /// ```
-    /// let at = ringccl_ddp::BatchPosition { epoch: 2, step: 3 };
+    /// let at = ringccl::ddp::BatchPosition { epoch: 2, step: 3 };
     /// assert_eq!(at.global_step(10), 23);
     /// ```
     pub fn global_step(&self, steps_per_epoch: u64) -> u64 {
@@ -58,7 +58,7 @@ pub struct Batch {
 /// Each epoch's order is built once, when the epoch starts.
 ///
 /// ```
-/// use ringccl_ddp::{BatchPosition, DistributedSampler};
+/// use ringccl::ddp::{BatchPosition, DistributedSampler};
 /// let sampler = DistributedSampler::new(100, 2, 0)?.seed(7);
 /// let mut batches = sampler.batches(8)?; // 50 indices per rank: 6 batches per epoch
 /// assert_eq!(batches.steps_per_epoch(), 6);
@@ -69,7 +69,7 @@ pub struct Batch {
 /// let saved = batches.position();
 /// let mut resumed = sampler.batches_from(8, saved)?;
 /// assert_eq!(resumed.next(), batches.next());
-/// # Ok::<(), ringccl_ddp::DdpError>(())
+/// # Ok::<(), ringccl::ddp::DdpError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct Batches {
@@ -120,9 +120,9 @@ impl Batches {
     /// Full batches per epoch.
     ///
     /// ```
-    /// let sampler = ringccl_ddp::DistributedSampler::new(64, 2, 1)?;
+    /// let sampler = ringccl::ddp::DistributedSampler::new(64, 2, 1)?;
     /// assert_eq!(sampler.batches(10)?.steps_per_epoch(), 3); // 32 indices per rank
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn steps_per_epoch(&self) -> u64 {
         self.steps_per_epoch
@@ -131,12 +131,12 @@ impl Batches {
     /// The position of the batch `next` returns next: what a checkpoint saves.
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, DistributedSampler};
+    /// use ringccl::ddp::{BatchPosition, DistributedSampler};
     /// let mut batches = DistributedSampler::new(64, 2, 0)?.batches(16)?; // 2 per epoch
     /// batches.next();
     /// batches.next();
     /// assert_eq!(batches.position(), BatchPosition { epoch: 1, step: 0 });
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn position(&self) -> BatchPosition {
         self.next

@@ -26,7 +26,7 @@ const SUFFIX: &str = ".ckpt";
 /// skips a damaged file and falls back to the one before.
 ///
 /// ```
-/// use ringccl_ddp::{BatchPosition, Checkpoint};
+/// use ringccl::ddp::{BatchPosition, Checkpoint};
 /// let dir = std::env::temp_dir().join(format!("ckpt-doc-{}", std::process::id()));
 /// let mut snapshot = Checkpoint::new(120, BatchPosition { epoch: 3, step: 4 });
 /// snapshot.put("fc.weight", &[0.5f32, -1.25]);
@@ -35,7 +35,7 @@ const SUFFIX: &str = ".ckpt";
 /// assert_eq!(back.step(), 120);
 /// assert_eq!(back.get::<f32>("fc.weight")?, vec![0.5, -1.25]);
 /// # std::fs::remove_dir_all(&dir).ok();
-/// # Ok::<(), ringccl_ddp::DdpError>(())
+/// # Ok::<(), ringccl::ddp::DdpError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checkpoint {
@@ -56,7 +56,7 @@ impl Checkpoint {
     /// next batch to train on).
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// use ringccl::ddp::{BatchPosition, Checkpoint};
     /// let snapshot = Checkpoint::new(50, BatchPosition { epoch: 1, step: 2 });
     /// assert_eq!(snapshot.names().count(), 0);
     /// ```
@@ -71,7 +71,7 @@ impl Checkpoint {
     /// Optimizer steps taken when it was made.
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// use ringccl::ddp::{BatchPosition, Checkpoint};
     /// assert_eq!(Checkpoint::new(50, BatchPosition::default()).step(), 50);
     /// ```
     pub fn step(&self) -> u64 {
@@ -81,7 +81,7 @@ impl Checkpoint {
     /// The next batch to train on.
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// use ringccl::ddp::{BatchPosition, Checkpoint};
     /// let at = BatchPosition { epoch: 3, step: 1 };
     /// assert_eq!(Checkpoint::new(7, at).position(), at);
     /// ```
@@ -92,12 +92,12 @@ impl Checkpoint {
     /// Adds (or replaces) tensor `name`.
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// use ringccl::ddp::{BatchPosition, Checkpoint};
     /// let mut snapshot = Checkpoint::new(1, BatchPosition::default());
     /// snapshot.put("w", &[1.0f32, 2.0]);
     /// snapshot.put("w", &[3.0f32]); // replaces
     /// assert_eq!(snapshot.get::<f32>("w")?, vec![3.0]);
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn put<T: Element>(&mut self, name: &str, values: &[T]) {
         let tensor = Tensor {
@@ -114,13 +114,13 @@ impl Checkpoint {
     /// Tensor `name`, which must have been stored as `T`.
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// use ringccl::ddp::{BatchPosition, Checkpoint};
     /// let mut snapshot = Checkpoint::new(1, BatchPosition::default());
     /// snapshot.put("step_sizes", &[1i64, 2]);
     /// assert_eq!(snapshot.get::<i64>("step_sizes")?, vec![1, 2]);
     /// assert!(snapshot.get::<f32>("step_sizes").is_err()); // saved as i64
     /// assert!(snapshot.get::<i64>("missing").is_err());
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn get<T: Element>(&self, name: &str) -> Result<Vec<T>, DdpError> {
         let Some(tensor) = self.tensors.iter().find(|t| t.name == name) else {
@@ -145,7 +145,7 @@ impl Checkpoint {
     /// The tensors' names, in the order they were put.
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// use ringccl::ddp::{BatchPosition, Checkpoint};
     /// let mut snapshot = Checkpoint::new(1, BatchPosition::default());
     /// snapshot.put("b", &[0u8]);
     /// snapshot.put("a", &[0u8]);
@@ -160,7 +160,7 @@ impl Checkpoint {
     /// Returns the file's path.
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// use ringccl::ddp::{BatchPosition, Checkpoint};
     /// let dir = std::env::temp_dir().join(format!("ringccl-doc-save-{}", std::process::id()));
     /// for step in 1..=3 {
     ///     Checkpoint::new(step, BatchPosition::default()).save(&dir, 2)?;
@@ -169,7 +169,7 @@ impl Checkpoint {
     /// assert_eq!(latest.step(), 3);
     /// assert_eq!(std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0), 2); // kept 2
     /// # std::fs::remove_dir_all(&dir).ok();
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn save(&self, dir: &Path, keep: usize) -> Result<PathBuf, DdpError> {
         let io = |what: &str, path: &Path, e: io::Error| {
@@ -208,7 +208,7 @@ impl Checkpoint {
     /// temporary files of interrupted saves are removed.
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, Checkpoint};
+    /// use ringccl::ddp::{BatchPosition, Checkpoint};
     /// let dir = std::env::temp_dir().join(format!("ringccl-doc-load-{}", std::process::id()));
     /// assert!(Checkpoint::load_latest(&dir)?.is_none()); // nothing saved yet
     /// let mut snapshot = Checkpoint::new(9, BatchPosition { epoch: 0, step: 9 });
@@ -216,7 +216,7 @@ impl Checkpoint {
     /// snapshot.save(&dir, 1)?;
     /// assert_eq!(Checkpoint::load_latest(&dir)?, Some(snapshot));
     /// # std::fs::remove_dir_all(&dir).ok();
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn load_latest(dir: &Path) -> Result<Option<Checkpoint>, DdpError> {
         let Ok(entries) = fs::read_dir(dir) else {

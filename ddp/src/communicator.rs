@@ -28,8 +28,8 @@ impl GradBuf {
     /// The element type.
     ///
     /// ```
-    /// use ringccl_collectives::DType;
-    /// assert_eq!(ringccl_ddp::GradBuf::F64(vec![1.0]).dtype(), DType::F64);
+    /// use ringccl::DType;
+    /// assert_eq!(ringccl::ddp::GradBuf::F64(vec![1.0]).dtype(), DType::F64);
     /// ```
     pub fn dtype(&self) -> DType {
         match self {
@@ -43,7 +43,7 @@ impl GradBuf {
     /// Number of elements.
     ///
     /// ```
-    /// assert_eq!(ringccl_ddp::GradBuf::F32(vec![0.0; 5]).len(), 5);
+    /// assert_eq!(ringccl::ddp::GradBuf::F32(vec![0.0; 5]).len(), 5);
     /// ```
     pub fn len(&self) -> usize {
         match self {
@@ -57,7 +57,7 @@ impl GradBuf {
     /// Whether it holds no elements.
     ///
     /// ```
-    /// assert!(ringccl_ddp::GradBuf::F32(Vec::new()).is_empty());
+    /// assert!(ringccl::ddp::GradBuf::F32(Vec::new()).is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -140,20 +140,14 @@ pub trait Communicator: Send + Sync {
 /// cheap to clone (`&ringccl::ProcessGroup`), or an `Arc` of one.
 ///
 /// ```
-/// # use std::sync::Arc;
-/// # use ringccl_collectives::{Error, BufferMut};
-/// # use ringccl_ddp::*;
-/// # #[derive(Clone)]
-/// # struct Solo;
-/// # impl Communicator for Solo {
-/// #     fn rank(&self) -> usize { 0 }
-/// #     fn world_size(&self) -> usize { 1 }
-/// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-/// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-/// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-/// # }
-/// let shared: Arc<dyn Communicator> = (&Solo).to_communicator();
+/// use std::sync::Arc;
+/// use ringccl::ddp::{Communicator, ToCommunicator};
+/// # fn main() -> Result<(), ringccl::Error> {
+/// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+/// let shared: Arc<dyn Communicator> = (&pg).to_communicator(); // a clone of the handle
 /// assert_eq!(Arc::clone(&shared).to_communicator().world_size(), 1);
+/// # Ok(())
+/// # }
 /// ```
 pub trait ToCommunicator {
     /// The shared handle.

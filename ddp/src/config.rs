@@ -18,8 +18,8 @@ impl ParamSpec {
     /// A parameter named `name` with `numel` elements of `dtype`.
     ///
     /// ```
-    /// use ringccl_collectives::DType;
-    /// let p = ringccl_ddp::ParamSpec::new("fc1.weight", 512 * 256, DType::F32);
+    /// use ringccl::DType;
+    /// let p = ringccl::ddp::ParamSpec::new("fc1.weight", 512 * 256, DType::F32);
     /// assert_eq!((p.name.as_str(), p.numel), ("fc1.weight", 131072));
     /// ```
     pub fn new(name: impl Into<String>, numel: usize, dtype: DType) -> ParamSpec {
@@ -57,8 +57,9 @@ impl DdpConfig {
     /// The default configuration.
     ///
     /// ```
-    /// let config = ringccl_ddp::DdpConfig::new();
-    /// assert_eq!(format!("{config:?}"), format!("{:?}", ringccl_ddp::DdpConfig::default()));
+    /// let config = ringccl::ddp::DdpConfig::new(); // torch's defaults
+    /// assert_eq!(config.bucket_cap(), 25 << 20);
+    /// assert!(!config.gradient_as_bucket_view_on());
     /// ```
     pub fn new() -> DdpConfig {
         DdpConfig::default()
@@ -67,8 +68,8 @@ impl DdpConfig {
     /// The cap of every bucket but the first (default 25 MiB, torch's `bucket_cap_mb`).
     ///
     /// ```
-    /// let config = ringccl_ddp::DdpConfig::new().bucket_cap_bytes(4 << 20);
-    /// assert!(format!("{config:?}").contains("bucket_cap_bytes: 4194304"));
+    /// let config = ringccl::ddp::DdpConfig::new().bucket_cap_bytes(4 << 20);
+    /// assert_eq!(config.bucket_cap(), 4 << 20);
     /// ```
     pub fn bucket_cap_bytes(mut self, bytes: usize) -> DdpConfig {
         self.bucket_cap_bytes = bytes;
@@ -79,8 +80,13 @@ impl DdpConfig {
     /// starts early in the backward pass.
     ///
     /// ```
-    /// let config = ringccl_ddp::DdpConfig::new().first_bucket_bytes(256 << 10);
-    /// assert!(format!("{config:?}").contains("first_bucket_bytes: 262144"));
+    /// use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
+    /// // Four parameters of 256 bytes; backward produces the last one first.
+    /// let params: Vec<ParamSpec> =
+    ///     (0..4).map(|i| ParamSpec::new(format!("p{i}"), 64, ringccl::DType::F32)).collect();
+    /// let config = DdpConfig::new().first_bucket_bytes(256);
+    /// let layout = Reducer::new(0, &params, config).bucket_layout();
+    /// assert_eq!(layout, vec![vec![3], vec![2, 1, 0]]); // a first bucket of 256 bytes
     /// ```
     pub fn first_bucket_bytes(mut self, bytes: usize) -> DdpConfig {
         self.first_bucket_bytes = bytes;
@@ -92,8 +98,14 @@ impl DdpConfig {
     /// Without it, such a step is an error that lists the parameters.
     ///
     /// ```
-    /// let config = ringccl_ddp::DdpConfig::new().find_unused_parameters(true);
-    /// assert!(format!("{config:?}").contains("find_unused_parameters: true"));
+    /// use ringccl::ddp::{DdpConfig, DistributedDataParallel};
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let config = DdpConfig::new().find_unused_parameters(true);
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1), ("head", 1)], config)?;
+    /// ddp.mark_grad_ready(0, &[1.0])?; // "head" got no gradient this step
+    /// ddp.finish()?; // without find_unused_parameters: an error naming "head"
+    /// assert_eq!(ddp.grad(1)?, [0.0]);
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn find_unused_parameters(mut self, on: bool) -> DdpConfig {
         self.find_unused_parameters = on;
@@ -107,8 +119,15 @@ impl DdpConfig {
     /// before its all-reduce.
     ///
     /// ```
-    /// let config = ringccl_ddp::DdpConfig::new().gradient_as_bucket_view(true);
-    /// assert!(format!("{config:?}").contains("gradient_as_bucket_view: true"));
+    /// use ringccl::ddp::{DdpConfig, DistributedDataParallel};
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let config = DdpConfig::new().gradient_as_bucket_view(true);
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 2)], config)?;
+    /// ddp.grad_view_mut(0)?.copy_from_slice(&[1.0, 2.0]); // backward writes in the bucket
+    /// ddp.mark_grad_ready_in_view(0)?;
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.grad(0)?, [1.0, 2.0]);
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn gradient_as_bucket_view(mut self, on: bool) -> DdpConfig {
         self.gradient_as_bucket_view = on;
@@ -119,8 +138,15 @@ impl DdpConfig {
     /// arrived on rank 0 (default true, as torch).
     ///
     /// ```
-    /// let config = ringccl_ddp::DdpConfig::new().rebuild_buckets(false);
-    /// assert!(format!("{config:?}").contains("rebuild_buckets: false"));
+    /// use ringccl::ddp::{DdpConfig, DistributedDataParallel};
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let config = DdpConfig::new().rebuild_buckets(false);
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("a", 1), ("b", 1)], config)?;
+    /// ddp.mark_grad_ready(0, &[1.0])?; // gradients arrive in registration order
+    /// ddp.mark_grad_ready(1, &[1.0])?;
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.bucket_order(), [1, 0]); // still the first guess: reverse registration
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn rebuild_buckets(mut self, on: bool) -> DdpConfig {
         self.rebuild_buckets = on;
@@ -131,7 +157,7 @@ impl DdpConfig {
     /// [`gradient_as_bucket_view`](Self::gradient_as_bucket_view)).
     ///
     /// ```
-    /// assert!(!ringccl_ddp::DdpConfig::new().gradient_as_bucket_view_on());
+    /// assert!(!ringccl::ddp::DdpConfig::new().gradient_as_bucket_view_on());
     /// ```
     pub fn gradient_as_bucket_view_on(&self) -> bool {
         self.gradient_as_bucket_view
@@ -140,7 +166,7 @@ impl DdpConfig {
     /// The cap of every bucket but the first, in bytes.
     ///
     /// ```
-    /// assert_eq!(ringccl_ddp::DdpConfig::new().bucket_cap(), 25 << 20);
+    /// assert_eq!(ringccl::ddp::DdpConfig::new().bucket_cap(), 25 << 20);
     /// ```
     pub fn bucket_cap(&self) -> usize {
         self.bucket_cap_bytes

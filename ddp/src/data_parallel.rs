@@ -14,7 +14,7 @@ use crate::DdpError;
 /// overwrite, as flat slices in a fixed order (the order of the gradients).
 ///
 /// ```
-/// use ringccl_ddp::Replica;
+/// use ringccl::ddp::Replica;
 /// #[derive(Clone)]
 /// struct Linear { w: Vec<f32>, b: Vec<f32> }
 /// impl Replica<f32> for Linear {
@@ -55,7 +55,7 @@ impl<T: GradElement> Grads<'_, T> {
     /// Which replica this is (0 is the master).
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -77,7 +77,7 @@ impl<T: GradElement> Grads<'_, T> {
     /// Sets the gradient of parameter `index` (of this replica's shard's mean loss).
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -100,7 +100,7 @@ impl<T: GradElement> Grads<'_, T> {
     /// counts as set.
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -159,7 +159,7 @@ impl<T> fmt::Debug for Grads<'_, T> {
 /// the new parameters out again.
 ///
 /// ```
-/// use ringccl_ddp::{DataParallel, DdpError, Replica};
+/// use ringccl::ddp::{DataParallel, DdpError, Replica};
 /// #[derive(Clone)]
 /// struct Scale { w: Vec<f32> }
 /// impl Replica<f32> for Scale {
@@ -194,7 +194,7 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// `replicas` copies of `model` (at least 1); `model` becomes the master.
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -230,7 +230,7 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// The number of replicas.
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -247,7 +247,7 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// The master replica, whose parameters are the model's.
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -266,7 +266,7 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// The master's reduced gradients after a step, in parameter order.
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -288,7 +288,7 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// Where the last step spent its time.
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -308,7 +308,7 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// Steps run so far.
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -329,7 +329,7 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// the start of the next step.
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {
@@ -358,7 +358,7 @@ impl<M: Replica<T>, T: GradElement> DataParallel<M, T> {
     /// unspecified until the next successful step.
     ///
     /// ```
-    /// use ringccl_ddp::{DataParallel, DdpError, Replica};
+    /// use ringccl::ddp::{DataParallel, DdpError, Replica};
     /// #[derive(Clone)]
     /// struct Scale { w: Vec<f32> }
     /// impl Replica<f32> for Scale {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut, Range};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ringccl_collectives::timeline::{SpanGuard, Timeline};
 use ringccl_collectives::{BufferMut, Error};
@@ -26,30 +26,28 @@ use crate::DdpError;
 ///    buckets start strictly in bucket order, the same on every rank — while backward
 ///    goes on;
 /// 2. call [`finish`](Self::finish), which waits for the buckets, then read the averaged
-///    gradients with [`grad`](Self::grad) and update the parameters.
+///    gradients with [`grad`](Self::grad) and update the parameters. `grad` before
+///    `finish` is an error, never this rank's own gradient passing for the average.
 ///
 /// ```
-/// # use ringccl_collectives::{DType, Error, BufferMut};
-/// # use ringccl_ddp::*;
-/// # #[derive(Clone)]
-/// # struct Solo;
-/// # impl Communicator for Solo {
-/// #     fn rank(&self) -> usize { 0 }
-/// #     fn world_size(&self) -> usize { 1 }
-/// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-/// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-/// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-/// # }
-/// # let pg = Solo; // in a real program: ringccl::init_process_group(...)?
+/// use ringccl::ddp::{DdpConfig, DistributedDataParallel};
+/// # fn main() -> Result<(), ringccl::Error> {
+/// // Under ringrun: ringccl::InitOptions::from_env()?; here, a group of one rank.
+/// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
 /// let params = [("fc.weight", 6), ("fc.bias", 2)];
 /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, params, DdpConfig::default())?;
 /// // ... forward, then backward produces the bias gradient first:
 /// ddp.mark_grad_ready(1, &[0.5, -0.5])?;
 /// ddp.mark_grad_ready(0, &[1.0; 6])?;
+/// assert!(ddp.grad(1).is_err()); // not averaged before finish()
 /// ddp.finish()?;
 /// assert_eq!(ddp.grad(1)?, &[0.5, -0.5]); // averaged over the (one) rank
-/// # Ok::<(), DdpError>(())
+/// # Ok(())
+/// # }
 /// ```
+///
+/// An error either poisons the instance (every later call returns
+/// [`DdpError::Broken`], naming it) or leaves it usable; [`DdpError`] lists which.
 ///
 /// It holds its own handle on the group (a clone of the `ProcessGroup`), so it can live
 /// in the same struct as the group and the model.
@@ -60,7 +58,8 @@ pub struct DistributedDataParallel<T: GradElement> {
     hook: Box<dyn CommHook<T>>,
     /// The gradients, one flat buffer per bucket of the reducer's layout.
     buckets: Vec<Bucket<T>>,
-    broken: Option<String>,
+    /// The first error that poisoned the instance (see [`DdpError`]).
+    broken: OnceLock<String>,
     /// The timeline's `trainer` row, when the communicator traces.
     trainer: Option<Timeline>,
 }
@@ -79,23 +78,15 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// handle on the same group); an `Arc` of a communicator works too.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
+    /// # use ringccl::ddp::*;
+    /// # use ringccl::DType;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let specs = [ParamSpec::new("w", 3, DType::F32), ParamSpec::new("b", 1, DType::F32)];
-    /// let ddp = DistributedDataParallel::<f32>::new(&Solo, &specs, DdpConfig::default())?;
+    /// let ddp = DistributedDataParallel::<f32>::new(&pg, &specs, DdpConfig::default())?;
     /// assert_eq!(ddp.params().len(), 2);
     /// let wrong = [ParamSpec::new("w", 3, DType::F64)];
-    /// assert!(DistributedDataParallel::<f32>::new(&Solo, &wrong, DdpConfig::default()).is_err());
-    /// # Ok::<(), DdpError>(())
+    /// assert!(DistributedDataParallel::<f32>::new(&pg, &wrong, DdpConfig::default()).is_err());
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn new(
         comm: impl ToCommunicator,
@@ -118,7 +109,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
             reducer: Reducer::new(comm.rank(), params, config),
             hook: Box::new(AllReduceHook),
             buckets: Vec::new(),
-            broken: None,
+            broken: OnceLock::new(),
             trainer: comm.trace_file().map(|file| file.row("trainer")),
             comm,
         };
@@ -130,18 +121,9 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// their element type is `T`'s.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// # let pg = Solo;
+    /// # use ringccl::ddp::*;
+    /// # use ringccl::DType;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let names: Vec<String> = (0..3).map(|l| format!("layer{l}.weight")).collect();
     /// let ddp = DistributedDataParallel::<f64>::with_params(
     ///     &pg,
@@ -149,7 +131,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     ///     DdpConfig::default(),
     /// )?;
     /// assert_eq!(ddp.params()[2].dtype, DType::F64);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn with_params<N: Into<String>>(
         comm: impl ToCommunicator,
@@ -167,23 +149,14 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// the same hook.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 4)], DdpConfig::default())?;
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 4)], DdpConfig::default())?;
     /// ddp.register_comm_hook(Fp16CompressHook); // all-reduce in f16, half the bytes
     /// ddp.mark_grad_ready(0, &[1.0, 2.0, 3.0, 4.0])?;
     /// ddp.finish()?;
     /// assert_eq!(ddp.grad(0)?, &[1.0, 2.0, 3.0, 4.0]); // exact in f16
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn register_comm_hook(&mut self, hook: impl CommHook<T> + 'static) {
         self.hook = Box::new(hook);
@@ -192,20 +165,12 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// The registered parameters.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// let ddp = DistributedDataParallel::<f64>::with_params(&Solo, [("w", 2)], DdpConfig::default())?;
+    /// # use ringccl::ddp::*;
+    /// # use ringccl::DType;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let ddp = DistributedDataParallel::<f64>::with_params(&pg, [("w", 2)], DdpConfig::default())?;
     /// assert_eq!(ddp.params()[0], ParamSpec::new("w", 2, DType::F64));
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn params(&self) -> &[ParamSpec] {
         self.reducer.params()
@@ -214,22 +179,13 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// The current buckets, as parameter indices, in launch order.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// // 4-byte gradients, first bucket capped at 8 bytes: [c, b] then [a].
     /// let config = DdpConfig::default().first_bucket_bytes(8);
-    /// let ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("a", 2), ("b", 1), ("c", 1)], config)?;
+    /// let ddp = DistributedDataParallel::<f32>::with_params(&pg, [("a", 2), ("b", 1), ("c", 1)], config)?;
     /// assert_eq!(ddp.bucket_layout(), vec![vec![2, 1], vec![0]]);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn bucket_layout(&self) -> Vec<Vec<usize>> {
         self.reducer.bucket_layout()
@@ -238,22 +194,13 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// Steps finished so far (each `finish` counts, `no_sync` ones included).
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 1)], DdpConfig::default())?;
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1)], DdpConfig::default())?;
     /// ddp.mark_grad_ready(0, &[1.0])?;
     /// ddp.finish()?;
     /// assert_eq!(ddp.steps(), 1);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn steps(&self) -> u64 {
         self.reducer.step()
@@ -293,25 +240,16 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// overlapping the backward pass. Records nothing when tracing is off.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// # let pg = Solo;
+    /// # use ringccl::ddp::*;
+    /// # use ringccl::DType;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let params = [ParamSpec::new("w", 2, DType::F32)];
     /// let mut ddp = DistributedDataParallel::<f32>::new(&pg, &params, DdpConfig::default())?;
     /// let backward = ddp.backward_span();
     /// ddp.mark_grad_ready(0, &[1.0, 2.0])?; // as backward produces it
     /// drop(backward); // the backward pass ends
     /// ddp.finish()?;
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn backward_span(&self) -> SpanGuard {
         self.trainer_span("backward")
@@ -322,23 +260,14 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// should follow each other (or nest), not overlap.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// # let pg = Solo;
+    /// # use ringccl::ddp::*;
+    /// # use ringccl::DType;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// # let params = [ParamSpec::new("w", 2, DType::F32)];
     /// let ddp = DistributedDataParallel::<f32>::new(&pg, &params, DdpConfig::default())?;
     /// let forward = ddp.trainer_span("forward");
     /// assert!(!forward.is_on()); // this communicator does not trace
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn trainer_span(&self, name: &'static str) -> SpanGuard {
         match &self.trainer {
@@ -357,18 +286,8 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// (Calling `finish` anyway is harmless.)
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// # let pg = Solo;
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1)], DdpConfig::default())?;
     /// ddp.set_no_sync(true);
     /// ddp.mark_grad_ready(0, &[1.0])?; // micro-batch 1
@@ -377,7 +296,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// ddp.mark_grad_ready(0, &[3.0])?; // the synchronised pass
     /// ddp.finish()?;
     /// assert_eq!(ddp.grad(0)?, &[6.0]);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn set_no_sync(&mut self, off: bool) {
         self.reducer.set_no_sync(off);
@@ -387,24 +306,14 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// the returned guard is dropped, which also closes the pass (no `finish` needed).
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// # let pg = Solo;
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1)], DdpConfig::default())?;
     /// ddp.no_sync().mark_grad_ready(0, &[1.0])?; // accumulated, not communicated
     /// ddp.mark_grad_ready(0, &[2.0])?; // synchronised
     /// ddp.finish()?;
     /// assert_eq!(ddp.grad(0)?, &[3.0]);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn no_sync(&mut self) -> NoSync<'_, T> {
         self.reducer.set_no_sync(true);
@@ -412,37 +321,43 @@ impl<T: GradElement> DistributedDataParallel<T> {
     }
 
     fn check_usable(&self) -> Result<(), DdpError> {
-        match &self.broken {
+        match self.broken.get() {
             Some(cause) => Err(DdpError::Broken(cause.clone())),
             None => Ok(()),
         }
     }
 
+    /// An error of the reducer's checks: an argument refused before anything changed
+    /// leaves the instance usable; any other (an inconsistent step) poisons it.
+    fn refused_or_failed(&self, error: DdpError) -> DdpError {
+        match error {
+            DdpError::InvalidArgument(_) => error,
+            other => self.fail(other),
+        }
+    }
+
     /// Hands DDP the gradient of parameter `index` for this step; see the type's docs.
     ///
+    /// A wrong index or length is refused ([`InvalidArgument`](DdpError::InvalidArgument))
+    /// and leaves the instance usable. A gradient marked twice in one pass
+    /// ([`GradReadyTwice`](DdpError::GradReadyTwice)), or one of the next step before
+    /// `finish` ([`StepNotFinished`](DdpError::StepNotFinished)), poisons it.
+    ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 2), ("b", 1)], DdpConfig::default())?;
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 2), ("b", 1)], DdpConfig::default())?;
     /// ddp.mark_grad_ready(1, &[0.5])?; // backward produces the last layer first
     /// ddp.mark_grad_ready(0, &[1.0, 2.0])?;
     /// assert!(ddp.mark_grad_ready(0, &[1.0]).is_err()); // wrong length
     /// ddp.finish()?;
     /// assert_eq!(ddp.grad(1)?, &[0.5]);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn mark_grad_ready(&mut self, index: usize, grad: &[T]) -> Result<(), DdpError> {
         self.check_usable()?;
-        self.reducer.check_mark(index, Some(grad.len()))?;
+        let checked = self.reducer.check_mark(index, Some(grad.len()));
+        checked.map_err(|e| self.refused_or_failed(e))?;
         let n = self.comm.world_size();
         let divide = !self.reducer.config().gradient_as_bucket_view_on();
         let accumulate = self.reducer.accumulates(index);
@@ -475,40 +390,37 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// if your trainer accumulates into gradients.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let config = DdpConfig::default().gradient_as_bucket_view(true);
-    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 3)], config)?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 3)], config)?;
     /// ddp.grad_view_mut(0)?.copy_from_slice(&[1.0, 2.0, 3.0]); // backward writes in place
     /// ddp.mark_grad_ready_in_view(0)?;
     /// ddp.finish()?;
     /// assert_eq!(ddp.grad(0)?, &[1.0, 2.0, 3.0]);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn grad_view_mut(&mut self, index: usize) -> Result<&mut [T], DdpError> {
         self.check_usable()?;
+        let rank = self.comm.rank();
         if !self.reducer.config().gradient_as_bucket_view_on() {
-            return Err(DdpError::InvalidArgument(
-                "grad_view_mut needs DdpConfig::gradient_as_bucket_view(true)".into(),
-            ));
+            return Err(DdpError::InvalidArgument(format!(
+                "rank {rank}: grad_view_mut({index}) needs \
+                 DdpConfig::gradient_as_bucket_view(true)"
+            )));
         }
-        let (b, at, numel) = self
-            .reducer
-            .slot(index)
-            .ok_or_else(|| DdpError::InvalidArgument(format!("no parameter #{index}")))?;
+        let count = self.reducer.params().len();
+        let (b, at, numel) = self.reducer.slot(index).ok_or_else(|| {
+            DdpError::InvalidArgument(format!(
+                "rank {rank}: grad_view_mut({index}): there is no parameter #{index} \
+                 ({count} parameters registered)"
+            ))
+        })?;
         match self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) {
             Some(data) => Ok(&mut data[at..at + numel]),
             None => Err(DdpError::InvalidArgument(format!(
-                "parameter #{index}'s bucket is being all-reduced; its view is available again after finish()"
+                "rank {rank}: grad_view_mut({index}): parameter #{index}'s bucket is being \
+                 all-reduced; its view is available again after finish()"
             ))),
         }
     }
@@ -517,38 +429,35 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// been written into its view.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let config = DdpConfig::default().gradient_as_bucket_view(true);
-    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 1)], config)?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1)], config)?;
     /// ddp.grad_view_mut(0)?[0] = 4.0;
     /// ddp.mark_grad_ready_in_view(0)?;
     /// ddp.finish()?;
     /// assert_eq!(ddp.grad(0)?, &[4.0]);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn mark_grad_ready_in_view(&mut self, index: usize) -> Result<(), DdpError> {
         self.check_usable()?;
         if !self.reducer.config().gradient_as_bucket_view_on() {
-            return Err(DdpError::InvalidArgument(
-                "mark_grad_ready_in_view needs DdpConfig::gradient_as_bucket_view(true)".into(),
-            ));
+            return Err(DdpError::InvalidArgument(format!(
+                "rank {}: mark_grad_ready_in_view({index}) needs \
+                 DdpConfig::gradient_as_bucket_view(true)",
+                self.comm.rank()
+            )));
         }
-        self.reducer.check_mark(index, None)?;
+        let checked = self.reducer.check_mark(index, None);
+        checked.map_err(|e| self.refused_or_failed(e))?;
         self.mark(index)
     }
 
     fn mark(&mut self, index: usize) -> Result<(), DdpError> {
-        let launch = self.reducer.mark(index)?;
+        let launch = match self.reducer.mark(index) {
+            Ok(launch) => launch,
+            Err(e) => return Err(self.internal_from(e)),
+        };
         self.launch(launch)
     }
 
@@ -586,22 +495,17 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// averaged gradients readable through [`grad`](Self::grad). Under `no_sync` it only
     /// closes the step (nothing is communicated; gradients keep accumulating).
     ///
+    /// Gradients missing (without [`DdpConfig::find_unused_parameters`]) are a
+    /// [`MissingGrads`](DdpError::MissingGrads) error, and a failed all-reduce a
+    /// [`Comm`](DdpError::Comm) one; both poison the instance.
+    ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 1), ("b", 1)], DdpConfig::default())?;
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1), ("b", 1)], DdpConfig::default())?;
     /// ddp.mark_grad_ready(1, &[1.0])?;
     /// assert!(ddp.finish().is_err()); // "w" never got a gradient
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn finish(&mut self) -> Result<(), DdpError> {
         self.check_usable()?;
@@ -644,10 +548,15 @@ impl<T: GradElement> DistributedDataParallel<T> {
         self.wait_all()?;
         if let Some(pending) = used {
             let summed = pending.wait().map_err(DdpError::from);
+            let rank = self.comm.rank();
             let noted = summed.and_then(|counts| match counts {
-                GradBuf::F32(counts) => self.reducer.note_used(&counts),
-                other => Err(DdpError::InvalidArgument(format!(
-                    "internal error: the used-parameter map came back as {:?}",
+                GradBuf::F32(counts) => self.reducer.note_used(&counts).map_err(|e| match e {
+                    DdpError::InvalidArgument(what) => DdpError::Internal(what),
+                    other => other,
+                }),
+                other => Err(DdpError::Internal(format!(
+                    "rank {rank}: the group's used-parameter map came back as {} values, \
+                     not f32",
                     other.dtype()
                 ))),
             });
@@ -667,24 +576,15 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// (momentum, weight decay) skips these.
     ///
     /// ```
-    /// # use ringccl_collectives::{Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let config = DdpConfig::default().find_unused_parameters(true);
-    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 1), ("head", 1)], config)?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1), ("head", 1)], config)?;
     /// ddp.mark_grad_ready(0, &[0.5])?; // "head" sat this step out
     /// ddp.finish()?;
     /// assert_eq!(ddp.unused_everywhere(), [1]);
     /// assert_eq!(ddp.grad(1)?, [0.0]);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn unused_everywhere(&self) -> &[usize] {
         self.reducer.unused_everywhere()
@@ -721,24 +621,15 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// the interrupted one had them, with [`restore_bucket_order`](Self::restore_bucket_order).
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let ddp = DistributedDataParallel::<f32>::with_params(
-    ///     &Solo,
+    ///     &pg,
     ///     [("a", 4), ("b", 2), ("c", 8)],
     ///     DdpConfig::default(),
     /// )?;
     /// assert_eq!(ddp.bucket_order(), vec![2, 1, 0]); // reverse registration at first
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn bucket_order(&self) -> Vec<usize> {
         self.bucket_layout().concat()
@@ -755,37 +646,26 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// the same error.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let mut ddp = DistributedDataParallel::<f32>::with_params(
-    ///     &Solo,
+    ///     &pg,
     ///     [("a", 4), ("b", 2), ("c", 8)],
     ///     DdpConfig::default(),
     /// )?;
     /// ddp.restore_bucket_order(&[1, 2, 0])?;
     /// assert_eq!(ddp.bucket_order(), vec![1, 2, 0]);
     /// assert!(ddp.restore_bucket_order(&[0, 0, 1]).is_err());
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn restore_bucket_order(&mut self, order: &[usize]) -> Result<(), DdpError> {
-        if let Some(reason) = &self.broken {
-            return Err(DdpError::Broken(reason.clone()));
-        }
+        self.check_usable()?;
         if self.reducer.pass_open() || self.reducer.any_in_flight() {
-            return Err(DdpError::InvalidArgument(
-                "restore_bucket_order must be called between passes, not while gradients \
-                 are being marked or reduced"
-                    .into(),
-            ));
+            return Err(DdpError::InvalidArgument(format!(
+                "rank {}: restore_bucket_order must be called between passes (after \
+                 finish()), not while gradients are being marked or reduced",
+                self.comm.rank()
+            )));
         }
         let n = self.reducer.params().len();
         // Rank 0 sends its order even when it is wrong, so that every rank fails alike.
@@ -815,7 +695,10 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// Lays the buckets out in `order` (a permutation of the parameter indices), keeping
     /// the gradients they hold.
     fn lay_out_in(&mut self, order: &[i64]) -> Result<(), DdpError> {
-        let old_layout = self.reducer.lay_out_in(order)?;
+        let old_layout = match self.reducer.lay_out_in(order) {
+            Ok(old) => old,
+            Err(e) => return Err(self.internal_from(e)),
+        };
         let old_buckets = std::mem::take(&mut self.buckets);
         self.store_layout(Some((old_buckets, old_layout)));
         Ok(())
@@ -829,84 +712,67 @@ impl<T: GradElement> DistributedDataParallel<T> {
             .broadcast(BufferMut::from_slice(&mut order), 0)
             .map_err(|e| self.fail(e.into()))?;
         if !is_permutation(&order, self.reducer.params().len()) {
-            return Err(self.fail(DdpError::InvalidArgument(
-                "rank 0 broadcast an invalid gradient order".into(),
-            )));
+            return Err(self.internal(
+                "the bucket order broadcast by rank 0 does not name each parameter once",
+            ));
         }
         self.lay_out_in(&order)
     }
 
-    /// The averaged gradient of parameter `index` after [`finish`](Self::finish) (a view
-    /// into its bucket; no copy).
+    /// The averaged gradient of parameter `index` (a view into its bucket; no copy),
+    /// readable from the end of a synchronised step's [`finish`](Self::finish) until the
+    /// next gradient is marked.
     ///
-    /// An index out of range is an [`InvalidArgument`](DdpError::InvalidArgument) error,
-    /// and so is asking while the gradient's bucket is still being all-reduced (between
-    /// its launch and `finish`): never an empty slice that a zipped update would silently
-    /// skip.
+    /// At any other time it is an [`InvalidArgument`](DdpError::InvalidArgument) error
+    /// that says why, never this rank's own gradient passing for the average: before
+    /// `finish` (the step's gradients are this rank's own, or on the wire), after passes
+    /// under [`no_sync`](Self::no_sync) (the buckets hold this rank's accumulated
+    /// gradients until the next synchronised `finish`; torch's `.grad` would show them,
+    /// but here they are already divided by the world size), and before the first step.
+    /// So is an index out of range. These errors leave the instance usable; a poisoned
+    /// instance returns [`Broken`](DdpError::Broken).
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// # let pg = Solo;
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
     /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 2)], DdpConfig::default())?;
     /// ddp.mark_grad_ready(0, &[1.0, 2.0])?;
+    /// assert!(ddp.grad(0).is_err()); // before finish(): not an average yet
     /// ddp.finish()?;
     /// let mut w = [0.5f32, 0.5];
     /// for (w, g) in w.iter_mut().zip(ddp.grad(0)?) {
     ///     *w -= 0.1 * g;
     /// }
+    /// assert_eq!(w, [0.4, 0.3]);
     /// assert!(ddp.grad(1).is_err()); // only one parameter
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn grad(&self, index: usize) -> Result<&[T], DdpError> {
-        let Some(spec) = self.reducer.params().get(index) else {
-            return Err(DdpError::InvalidArgument(format!(
-                "rank {}: grad({index}): there is no parameter #{index} ({} parameters registered)",
-                self.comm.rank(),
-                self.reducer.params().len()
-            )));
-        };
-        let (b, at, numel) = self.reducer.slot(index).unwrap_or((usize::MAX, 0, 0));
-        match self.buckets.get(b).and_then(|b| b.data.as_ref()) {
-            Some(data) => Ok(&data[at..at + numel]),
-            None => Err(DdpError::InvalidArgument(format!(
-                "rank {}: grad({index}): the gradient of parameter #{index} {:?} is still being \
-                 all-reduced; call finish() first",
-                self.comm.rank(),
-                spec.name
+        self.check_usable()?;
+        self.reducer.check_averaged(index)?;
+        let slot = self.reducer.slot(index);
+        let data = slot.and_then(|(b, _, _)| self.buckets.get(b)?.data.as_ref());
+        match (slot, data) {
+            (Some((_, at, numel)), Some(data)) => Ok(&data[at..at + numel]),
+            // Averaged buckets have all landed; this is a bookkeeping fault.
+            _ => Err(self.internal(&format!(
+                "grad({index}): the bucket of an averaged gradient is missing"
             ))),
         }
     }
 
-    /// Copies every averaged gradient out, in parameter order (errors as [`grad`](Self::grad)).
+    /// Copies every averaged gradient out, in parameter order; readable when
+    /// [`grad`](Self::grad) is, with its errors.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 2), ("b", 1)], DdpConfig::default())?;
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 2), ("b", 1)], DdpConfig::default())?;
     /// ddp.mark_grad_ready(1, &[3.0])?;
     /// ddp.mark_grad_ready(0, &[1.0, 2.0])?;
     /// ddp.finish()?;
     /// assert_eq!(ddp.grads()?, vec![vec![1.0, 2.0], vec![3.0]]);
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn grads(&self) -> Result<Vec<Vec<T>>, DdpError> {
         (0..self.reducer.params().len())
@@ -918,29 +784,22 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// order), so that all replicas start identical.
     ///
     /// ```
-    /// # use ringccl_collectives::{DType, Error, BufferMut};
-    /// # use ringccl_ddp::*;
-    /// # #[derive(Clone)]
-    /// # struct Solo;
-    /// # impl Communicator for Solo {
-    /// #     fn rank(&self) -> usize { 0 }
-    /// #     fn world_size(&self) -> usize { 1 }
-    /// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-    /// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-    /// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-    /// # }
-    /// let ddp = DistributedDataParallel::<f32>::with_params(&Solo, [("w", 2)], DdpConfig::default())?;
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 2)], DdpConfig::default())?;
     /// let mut w = vec![0.1f32, 0.2];
     /// ddp.broadcast_parameters(&mut [&mut w])?; // every rank now holds rank 0's values
     /// assert!(ddp.broadcast_parameters(&mut []).is_err()); // one slice per parameter
-    /// # Ok::<(), DdpError>(())
+    /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn broadcast_parameters(&self, params: &mut [&mut [T]]) -> Result<(), DdpError> {
         self.check_usable()?;
         let specs = self.reducer.params();
         if params.len() != specs.len() {
             return Err(DdpError::InvalidArgument(format!(
-                "broadcast_parameters got {} tensors for {} registered parameters",
+                "rank {}: broadcast_parameters got {} tensors for {} registered parameters; \
+                 pass one slice per parameter, in registration order",
+                self.comm.rank(),
                 params.len(),
                 specs.len()
             )));
@@ -948,7 +807,9 @@ impl<T: GradElement> DistributedDataParallel<T> {
         for (i, (p, spec)) in params.iter().zip(specs).enumerate() {
             if p.len() != spec.numel {
                 return Err(DdpError::InvalidArgument(format!(
-                    "parameter #{i} {:?} has {} elements, registered with {}",
+                    "rank {}: broadcast_parameters: parameter #{i} {:?} has {} elements, \
+                     registered with {}",
+                    self.comm.rank(),
                     spec.name,
                     p.len(),
                     spec.numel
@@ -969,7 +830,8 @@ impl<T: GradElement> DistributedDataParallel<T> {
             for p in &params[start..end] {
                 fused.extend_from_slice(p);
             }
-            self.comm.broadcast(BufferMut::from_slice(&mut fused), 0)?;
+            let sent = self.comm.broadcast(BufferMut::from_slice(&mut fused), 0);
+            sent.map_err(|e| self.fail(e.into()))?;
             let mut at = 0;
             for p in &mut params[start..end] {
                 let n = p.len();
@@ -981,13 +843,28 @@ impl<T: GradElement> DistributedDataParallel<T> {
         Ok(())
     }
 
-    fn fail(&mut self, error: DdpError) -> DdpError {
-        self.broken.get_or_insert_with(|| error.to_string());
+    /// Poisons the instance (the first error is the one every later call names).
+    fn fail(&self, error: DdpError) -> DdpError {
+        self.broken.get_or_init(|| error.to_string());
         error
     }
 
-    fn internal(&mut self, what: &str) -> DdpError {
-        self.fail(DdpError::InvalidArgument(format!("internal error: {what}")))
+    /// A reducer error where none can be (its checks already passed): a fault, which
+    /// poisons the instance.
+    fn internal_from(&self, error: DdpError) -> DdpError {
+        let what = match error {
+            DdpError::InvalidArgument(what) => what,
+            other => other.to_string(),
+        };
+        let error = DdpError::Internal(what);
+        self.fail(error)
+    }
+
+    fn internal(&self, what: &str) -> DdpError {
+        self.fail(DdpError::Internal(format!(
+            "rank {}: {what}",
+            self.comm.rank()
+        )))
     }
 }
 
@@ -1033,18 +910,11 @@ impl<T: GradElement> Drop for NoSync<'_, T> {
 /// is created; a DDP over other storage (device buckets) calls it too.
 ///
 /// ```
-/// # use ringccl_collectives::{DType, Error, BufferMut};
-/// # use ringccl_ddp::*;
-/// # struct Solo;
-/// # impl Communicator for Solo {
-/// #     fn rank(&self) -> usize { 0 }
-/// #     fn world_size(&self) -> usize { 1 }
-/// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-/// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-/// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-/// # }
-/// check_same_params(&Solo, &[ParamSpec::new("w", 3, DType::F32)])?;
-/// # Ok::<(), DdpError>(())
+/// # use ringccl::ddp::*;
+/// # use ringccl::DType;
+/// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+/// check_same_params(&pg, &[ParamSpec::new("w", 3, DType::F32)])?;
+/// # Ok::<(), ringccl::Error>(())
 /// ```
 pub fn check_same_params(comm: &dyn Communicator, params: &[ParamSpec]) -> Result<(), DdpError> {
     let rank = comm.rank();
@@ -1093,18 +963,10 @@ pub fn check_same_params(comm: &dyn Communicator, params: &[ParamSpec]) -> Resul
 /// after [`check_same_params`].
 ///
 /// ```
-/// # use ringccl_collectives::{Error, BufferMut};
-/// # use ringccl_ddp::*;
-/// # struct Solo;
-/// # impl Communicator for Solo {
-/// #     fn rank(&self) -> usize { 0 }
-/// #     fn world_size(&self) -> usize { 1 }
-/// #     fn all_reduce_sum_async(&self, b: GradBuf) -> Result<Pending<GradBuf>, Error> { Ok(Box::new(Ready(b))) }
-/// #     fn broadcast(&self, _: BufferMut<'_>, _: usize) -> Result<(), Error> { Ok(()) }
-/// #     fn all_gather_i64(&self, i: &[i64], o: &mut [i64]) -> Result<(), Error> { o.copy_from_slice(i); Ok(()) }
-/// # }
-/// check_same_config(&Solo, &DdpConfig::default().find_unused_parameters(true))?;
-/// # Ok::<(), DdpError>(())
+/// # use ringccl::ddp::*;
+/// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+/// check_same_config(&pg, &DdpConfig::default().find_unused_parameters(true))?;
+/// # Ok::<(), ringccl::Error>(())
 /// ```
 pub fn check_same_config(comm: &dyn Communicator, config: &DdpConfig) -> Result<(), DdpError> {
     const FIELDS: [&str; 4] = [

@@ -2,16 +2,54 @@
 
 use ringccl_collectives::Error;
 
-/// DDP's errors. Communication failures come through as [`DdpError::Comm`].
-#[derive(Debug, thiserror::Error)]
+/// DDP's errors, and what each one leaves behind.
+///
+/// An error either **poisons** the instance that returned it (a
+/// [`DistributedDataParallel`](crate::DistributedDataParallel), or a `ringccl::DeviceDdp`)
+/// or **leaves it usable**:
+///
+/// - An error found after the step's state changed, or in a collective, poisons the
+///   instance: from then on every call that returns a `Result` (`grad` and `grads`
+///   included) returns [`Broken`](DdpError::Broken), naming that first error. Build a new
+///   instance (and a new process group if the first error broke the group).
+/// - An error found before the call changed anything leaves the instance usable: fix the
+///   argument and call again (for example, hand the gradient with the right length).
+/// - Errors of `new` and of the checks it runs leave no instance behind.
+///
+/// Each variant below says which. Communication failures come through as
+/// [`DdpError::Comm`]. The `Debug` form is the message, so that `main` returning
+/// `Result<(), DdpError>` prints it readably.
+///
+/// ```
+/// use ringccl::ddp::{DdpConfig, DdpError, DistributedDataParallel};
+/// # fn main() -> Result<(), ringccl::Error> {
+/// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+/// let params = [("w", 2), ("b", 1)];
+/// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, params, DdpConfig::default())?;
+/// // Refused before anything changed: usable.
+/// let wrong = ddp.mark_grad_ready(0, &[1.0]).unwrap_err();
+/// assert!(matches!(wrong, DdpError::InvalidArgument(_)));
+/// ddp.mark_grad_ready(0, &[1.0, 2.0])?;
+/// // Marked twice in one pass: the step is inconsistent, the instance is poisoned.
+/// let twice = ddp.mark_grad_ready(0, &[1.0, 2.0]).unwrap_err();
+/// assert!(matches!(twice, DdpError::GradReadyTwice { .. }));
+/// assert!(matches!(ddp.finish(), Err(DdpError::Broken(_))));
+/// assert!(matches!(ddp.grad(0), Err(DdpError::Broken(_))));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum DdpError {
-    /// A collective failed (timeout, lost peer, ...). The DDP instance is unusable
-    /// afterwards; so is its process group if the error says so.
+    /// A collective failed (timeout, lost peer, ...): the runtime's error, unchanged.
+    /// **Poisons the instance** (from `new`: no instance is created); the process group
+    /// is unusable too when the error says the group was aborted.
     #[error(transparent)]
     Comm(#[from] Error),
 
-    /// Ranks registered different parameters.
+    /// Ranks registered different parameters. Returned by `new` (and
+    /// [`check_same_params`](crate::check_same_params)) on every rank: **no instance is
+    /// created**; the process group stays usable.
     #[error("rank {rank}: parameters differ across ranks: {difference}; every rank must register the same parameters (names, sizes, dtypes) in the same order")]
     ParamMismatch {
         /// The rank reporting.
@@ -21,7 +59,9 @@ pub enum DdpError {
     },
 
     /// Ranks built DDP with settings that decide its collectives differently (bucket
-    /// sizes, `find_unused_parameters`, `rebuild_buckets`).
+    /// sizes, `find_unused_parameters`, `rebuild_buckets`). Returned by `new` (and
+    /// [`check_same_config`](crate::check_same_config)) on every rank: **no instance is
+    /// created**; the process group stays usable.
     #[error("rank {rank}: DDP settings differ across ranks: {difference}; every rank must use the same bucket sizes, find_unused_parameters and rebuild_buckets, which decide the collectives each step runs")]
     ConfigMismatch {
         /// The rank reporting.
@@ -30,7 +70,9 @@ pub enum DdpError {
         difference: String,
     },
 
-    /// `mark_grad_ready` was called twice for one parameter in one step.
+    /// `mark_grad_ready` was called twice for one parameter in one backward pass.
+    /// **Poisons the instance**: the trainer and DDP disagree about the step (the first
+    /// gradient is already in its bucket, perhaps on the wire).
     #[error("rank {rank}: the gradient of parameter #{index} {name:?} was marked ready twice in step {step}; mark each gradient once per backward pass (accumulate gradients yourself, or use no_sync for accumulation across passes)")]
     GradReadyTwice {
         /// The rank.
@@ -43,7 +85,9 @@ pub enum DdpError {
         step: u64,
     },
 
-    /// `finish` was called while some gradients were never marked ready.
+    /// `finish` was called while some gradients were never marked ready (and
+    /// `find_unused_parameters` is off). **Poisons the instance**: the step's buckets
+    /// were not all reduced.
     #[error("rank {rank}: step {step} finished with {} parameter(s) that received no gradient: {}; if these parameters are legitimately unused in some steps, set DdpConfig::find_unused_parameters(true); otherwise make sure every parameter's gradient is marked ready", missing.len(), format_missing(missing))]
     MissingGrads {
         /// The rank.
@@ -55,6 +99,8 @@ pub enum DdpError {
     },
 
     /// A gradient of the next step arrived before `finish` ended the current one.
+    /// **Poisons the instance**: the current step's buckets are on the wire and were
+    /// never waited for.
     #[error("rank {rank}: a gradient of a new step (parameter #{index} {name:?}) was marked ready before step {step} was finished; call finish() after every backward pass")]
     StepNotFinished {
         /// The rank.
@@ -67,7 +113,10 @@ pub enum DdpError {
         step: u64,
     },
 
-    /// A DataParallel replica failed: its pass panicked, or left a gradient unset.
+    /// A [`DataParallel`](crate::DataParallel) replica failed: its pass panicked, or left
+    /// a gradient unset. **Leaves the `DataParallel` usable**: the failed step changed no
+    /// parameter and is not counted, and the next step recomputes every gradient (until
+    /// then, [`DataParallel::grads`](crate::DataParallel::grads) holds no average).
     #[error("DataParallel replica {replica}: {reason}")]
     Replica {
         /// The replica (0 is the master).
@@ -76,16 +125,27 @@ pub enum DdpError {
         reason: String,
     },
 
-    /// A checkpoint could not be written or read.
+    /// A [`Checkpoint`](crate::Checkpoint) could not be written or read. **Leaves
+    /// everything usable**: no DDP state is involved.
     #[error("checkpoint: {0}")]
     Checkpoint(String),
 
-    /// A call's arguments do not match the registered parameters.
+    /// A call was refused before it changed anything: an index out of range, a gradient
+    /// of the wrong length, `grad` before the step's `finish`, a method the configuration
+    /// does not allow, or a call at the wrong point of the step. **Leaves the instance
+    /// usable**: correct the call and make it again.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
-    /// An earlier error left this DDP instance in an unknown state.
-    #[error("this DistributedDataParallel is unusable after an earlier error ({0}); create a new one (and, if that error broke it, a new process group)")]
+    /// A fault inside DDP: its bookkeeping disagrees with itself, or a peer sent data
+    /// that cannot be right. **Poisons the instance.** Please report it.
+    #[error("internal error in DDP: {0}")]
+    Internal(String),
+
+    /// The instance is poisoned: an earlier error (named here, the first one) left its
+    /// step in an unknown state. Every later call that returns a `Result` returns this
+    /// again; build a new instance.
+    #[error("this DDP instance is unusable after an earlier error ({0}); create a new one (and, if that error broke the process group, a new process group)")]
     Broken(String),
 }
 
@@ -100,4 +160,10 @@ fn format_missing(missing: &[(usize, String)]) -> String {
         text.push(format!("and {} more", missing.len() - SHOWN));
     }
     text.join(", ")
+}
+
+impl std::fmt::Debug for DdpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        ringccl_collectives::debug_as_report(self, f)
+    }
 }

@@ -1,23 +1,19 @@
-//! # ringccl-ddp
+//! The data-parallel layer of ringccl: torch's `DistributedDataParallel` (gradients
+//! averaged in buckets while backward runs), `DistributedSampler`, checkpoints and
+//! `DataParallel`. Use it as `ringccl::ddp`, which documents it with the rest of the
+//! library; `ringccl::ProcessGroup` implements [`Communicator`].
 //!
-//! Data-parallel training on top of ringccl, after PyTorch's `DistributedDataParallel`:
-//! gradients are grouped into buckets and each bucket is averaged across ranks as soon
-//! as it is complete, while the backward pass goes on. The crate does not own autograd:
-//! the trainer tells it when each gradient is ready.
-//!
-//! - [`DistributedDataParallel`]: the reducer (buckets, ordered async all-reduce,
-//!   `no_sync` accumulation, unused parameters, one-time bucket rebuild, comm hooks).
-//! - [`DataParallel`]: PyTorch's single-process `DataParallel` (one thread per replica,
-//!   gradients reduced to the master), to compare with DDP over threads or processes.
-//! - [`DistributedSampler`]: each rank's share of a dataset, torch's semantics, and
-//!   [`Batches`] of it that know their epoch and step and resume mid-epoch.
-//! - [`Checkpoint`]: training snapshots written atomically, for restarts that resume.
-//! - [`plan_buckets`]: the pure bucket planner.
-//! - [`Reducer`]: DDP's bookkeeping without the gradients (what to start when), shared by
-//!   host buckets here and device buckets (`ringccl::DeviceDdp`).
-//!
-//! Use it through `ringccl::ddp`, which implements [`Communicator`] for
-//! `ringccl::ProcessGroup`.
+//! ```
+//! use ringccl::ddp::{DdpConfig, DistributedDataParallel};
+//! # fn main() -> Result<(), ringccl::Error> {
+//! let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+//! let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 2)], DdpConfig::default())?;
+//! ddp.mark_grad_ready(0, &[1.0, 2.0])?;
+//! ddp.finish()?;
+//! assert_eq!(ddp.grad(0)?, [1.0, 2.0]); // the average over the (one) rank
+//! # Ok(())
+//! # }
+//! ```
 
 #![deny(unsafe_code)]
 

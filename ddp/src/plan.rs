@@ -10,13 +10,13 @@
 /// parameter larger than the cap gets a bucket of its own; parameters are never split.
 /// Empty parameters are placed like the others (they cost nothing).
 ///
-/// (`ringccl_collectives::fusion::plan_fusion`, behind `all_reduce_bucketed`, is the
+/// (`ringccl::core::fusion::plan_fusion`, behind `all_reduce_bucketed`, is the
 /// other planner: it packs tensors into fixed-size fusion buffers and does split them.)
 ///
 /// ```
 /// // Parameters of 1, 2, 4 and 1 elements of 4 bytes, in reverse order; the first
 /// // bucket closes once it holds 8 bytes, the others once they hold 12.
-/// let buckets = ringccl_ddp::plan_buckets(&[3, 2, 1, 0], &[1, 2, 4, 1], 4, 8, 12);
+/// let buckets = ringccl::ddp::plan_buckets(&[3, 2, 1, 0], &[1, 2, 4, 1], 4, 8, 12);
 /// assert_eq!(buckets, vec![vec![3, 2], vec![1, 0]]);
 /// ```
 pub fn plan_buckets(

@@ -44,8 +44,8 @@ pub enum FinishPlan {
 /// does no I/O.
 ///
 /// ```
-/// use ringccl_collectives::DType;
-/// use ringccl_ddp::{DdpConfig, FinishPlan, ParamSpec, Reducer};
+/// use ringccl::DType;
+/// use ringccl::ddp::{DdpConfig, FinishPlan, ParamSpec, Reducer};
 ///
 /// let params = [ParamSpec::new("w", 2, DType::F32), ParamSpec::new("b", 1, DType::F32)];
 /// let mut reducer = Reducer::new(0, &params, DdpConfig::default().rebuild_buckets(false));
@@ -58,7 +58,7 @@ pub enum FinishPlan {
 /// assert!(matches!(plan, FinishPlan::Reduce { zero, launch } if zero.is_empty() && launch.is_empty()));
 /// assert!(!reducer.end_finish()); // no rebuild asked for
 /// assert_eq!(reducer.step(), 1);
-/// # Ok::<(), ringccl_ddp::DdpError>(())
+/// # Ok::<(), ringccl::ddp::DdpError>(())
 /// ```
 #[derive(Debug)]
 pub struct Reducer {
@@ -92,6 +92,9 @@ pub struct Reducer {
     used_map: Option<Vec<f32>>,
     /// Parameters no rank produced a gradient for in the last synchronised step.
     unused_everywhere: Vec<usize>,
+    /// The buckets hold the averages of the last synchronised step: true from that
+    /// step's end until the next gradient is marked.
+    averaged: bool,
 }
 
 impl Reducer {
@@ -100,8 +103,8 @@ impl Reducer {
     /// `config`.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let params = [ParamSpec::new("a", 3, DType::F64), ParamSpec::new("b", 1, DType::F64)];
     /// let reducer = Reducer::new(0, &params, DdpConfig::default());
     /// assert_eq!(reducer.slot(0), Some((0, 1, 3))); // "b" comes first in the bucket
@@ -126,6 +129,7 @@ impl Reducer {
             rebuilt: false,
             used_map: None,
             unused_everywhere: Vec::new(),
+            averaged: false,
         };
         reducer.lay_out(&order);
         reducer
@@ -134,8 +138,8 @@ impl Reducer {
     /// The registered parameters.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 4, DType::F32)], DdpConfig::default());
     /// assert_eq!(reducer.params()[0].numel, 4);
     /// ```
@@ -146,8 +150,8 @@ impl Reducer {
     /// The configuration.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let config = DdpConfig::default().gradient_as_bucket_view(true);
     /// assert!(Reducer::new(0, &[], config).config().gradient_as_bucket_view_on());
     /// ```
@@ -158,8 +162,8 @@ impl Reducer {
     /// The buckets, in launch order.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 4, DType::F32)], DdpConfig::default());
     /// assert_eq!(reducer.buckets()[0].len, 4);
     /// ```
@@ -170,8 +174,8 @@ impl Reducer {
     /// The buckets as parameter indices, in launch order.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let params = [ParamSpec::new("a", 2, DType::F32), ParamSpec::new("b", 1, DType::F32)];
     /// let reducer = Reducer::new(0, &params, DdpConfig::default());
     /// assert_eq!(reducer.bucket_layout(), vec![vec![1, 0]]);
@@ -184,8 +188,8 @@ impl Reducer {
     /// length; `None` for an index that is not a registered parameter.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 4, DType::F32)], DdpConfig::default());
     /// assert_eq!(reducer.slot(0), Some((0, 0, 4)));
     /// assert_eq!(reducer.slot(1), None);
@@ -198,7 +202,7 @@ impl Reducer {
     /// Steps finished so far.
     ///
     /// ```
-    /// # use ringccl_ddp::{DdpConfig, Reducer};
+    /// # use ringccl::ddp::{DdpConfig, Reducer};
     /// assert_eq!(Reducer::new(0, &[], DdpConfig::default()).step(), 0);
     /// ```
     pub fn step(&self) -> u64 {
@@ -209,8 +213,8 @@ impl Reducer {
     /// `no_sync`) rather than to overwrite.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 1, DType::F32)], DdpConfig::default());
     /// reducer.set_no_sync(true);
     /// reducer.check_mark(0, None)?;
@@ -218,7 +222,7 @@ impl Reducer {
     /// reducer.mark(0)?;
     /// reducer.check_mark(0, None)?; // the next micro-batch
     /// assert!(reducer.accumulates(0));
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn accumulates(&self, index: usize) -> bool {
         self.has_data.get(index).copied().unwrap_or(false)
@@ -227,7 +231,7 @@ impl Reducer {
     /// Whether a bucket is being reduced.
     ///
     /// ```
-    /// # use ringccl_ddp::{DdpConfig, Reducer};
+    /// # use ringccl::ddp::{DdpConfig, Reducer};
     /// assert!(!Reducer::new(0, &[], DdpConfig::default()).any_in_flight());
     /// ```
     pub fn any_in_flight(&self) -> bool {
@@ -237,7 +241,7 @@ impl Reducer {
     /// Whether a pass is under way (a gradient was marked since the last step ended).
     ///
     /// ```
-    /// # use ringccl_ddp::{DdpConfig, Reducer};
+    /// # use ringccl::ddp::{DdpConfig, Reducer};
     /// assert!(!Reducer::new(0, &[], DdpConfig::default()).pass_open());
     /// ```
     pub fn pass_open(&self) -> bool {
@@ -248,7 +252,7 @@ impl Reducer {
     /// without it (see `DistributedDataParallel::set_no_sync`).
     ///
     /// ```
-    /// # use ringccl_ddp::{DdpConfig, Reducer};
+    /// # use ringccl::ddp::{DdpConfig, Reducer};
     /// let mut reducer = Reducer::new(0, &[], DdpConfig::default());
     /// reducer.set_no_sync(true);
     /// reducer.set_no_sync(false);
@@ -277,26 +281,28 @@ impl Reducer {
     /// first.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
     /// assert!(reducer.check_mark(1, None).is_err()); // no parameter #1
     /// assert!(reducer.check_mark(0, Some(3)).is_err()); // wrong length
     /// reducer.check_mark(0, Some(2))?;
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn check_mark(&mut self, index: usize, len: Option<usize>) -> Result<(), DdpError> {
         let Some(spec) = self.params.get(index) else {
             return Err(DdpError::InvalidArgument(format!(
-                "parameter index {index} is out of range ({} parameters registered)",
+                "rank {}: a gradient was marked for parameter #{index}, which does not exist \
+                 ({} parameters registered)",
+                self.rank,
                 self.params.len()
             )));
         };
         if let Some(len) = len.filter(|&len| len != spec.numel) {
             return Err(DdpError::InvalidArgument(format!(
-                "the gradient of parameter #{index} {:?} has {len} elements, but it was \
-                 registered with {}",
-                spec.name, spec.numel
+                "rank {}: the gradient of parameter #{index} {:?} has {len} elements, but it \
+                 was registered with {}; hand a gradient of the parameter's size",
+                self.rank, spec.name, spec.numel
             )));
         }
         if self.ready[index] && self.close_unsynced_pass() {
@@ -331,14 +337,14 @@ impl Reducer {
     /// error and changes nothing.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
     /// reducer.check_mark(0, None)?;
     /// assert_eq!(reducer.mark(0)?, 0..1);
     /// assert!(reducer.any_in_flight());
     /// assert!(reducer.mark(0).is_err()); // twice in one pass
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn mark(&mut self, index: usize) -> Result<Range<usize>, DdpError> {
         if self.ready.get(index).is_none_or(|&ready| ready) {
@@ -353,6 +359,7 @@ impl Reducer {
         }
         self.ready[index] = true;
         self.has_data[index] = true;
+        self.averaged = false;
         self.marked += 1;
         if self.step == 0 && !self.rebuilt {
             self.arrival.push(index);
@@ -381,14 +388,14 @@ impl Reducer {
     /// Every bucket in flight has landed (the storage waited for them).
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
     /// reducer.check_mark(0, None)?;
     /// reducer.mark(0)?;
     /// reducer.landed();
     /// assert!(!reducer.any_in_flight());
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn landed(&mut self) {
         for bucket in &mut self.buckets {
@@ -399,8 +406,8 @@ impl Reducer {
     /// The step ends: what the storage must do before [`end_finish`](Self::end_finish).
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, FinishPlan, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, FinishPlan, ParamSpec, Reducer};
     /// let params = [ParamSpec::new("w", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
     /// let config = DdpConfig::default().find_unused_parameters(true);
     /// let mut reducer = Reducer::new(0, &params, config);
@@ -409,7 +416,7 @@ impl Reducer {
     /// // "w" got no gradient: it is zeroed, and the bucket starts.
     /// let plan = reducer.begin_finish();
     /// assert!(matches!(plan, FinishPlan::Reduce { zero, launch } if zero == [0] && launch == (0..1)));
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn begin_finish(&mut self) -> FinishPlan {
         self.used_map = None;
@@ -481,8 +488,8 @@ impl Reducer {
     /// every other case, and once taken.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let params = [ParamSpec::new("w", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
     /// let config = DdpConfig::default().find_unused_parameters(true);
     /// let mut reducer = Reducer::new(0, &params, config);
@@ -491,7 +498,7 @@ impl Reducer {
     /// reducer.begin_finish();
     /// assert_eq!(reducer.take_used_map(), Some(vec![0.0, 1.0]));
     /// assert_eq!(reducer.take_used_map(), None);
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn take_used_map(&mut self) -> Option<Vec<f32>> {
         self.used_map.take()
@@ -502,14 +509,14 @@ impl Reducer {
     /// [`unused_everywhere`](Self::unused_everywhere).
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let params = [ParamSpec::new("w", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
     /// let mut reducer = Reducer::new(0, &params, DdpConfig::default().find_unused_parameters(true));
     /// reducer.note_used(&[0.0, 2.0])?; // "b" used on two ranks, "w" on none
     /// assert_eq!(reducer.unused_everywhere(), [0]);
     /// assert!(reducer.note_used(&[1.0]).is_err()); // one count per parameter
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn note_used(&mut self, counts: &[f32]) -> Result<(), DdpError> {
         if counts.len() != self.params.len() {
@@ -532,8 +539,8 @@ impl Reducer {
     /// weight decay) skips these.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 1, DType::F32)], DdpConfig::default());
     /// assert!(reducer.unused_everywhere().is_empty());
     /// ```
@@ -541,25 +548,82 @@ impl Reducer {
         &self.unused_everywhere
     }
 
+    /// Whether parameter `index`'s gradient can be read as an average, and if not, the
+    /// error that says why. The buckets hold averages from the end of a synchronised
+    /// step (its `finish`) until the next gradient is marked; at any other time they
+    /// hold this rank's own gradients (divided by the world size, or accumulated under
+    /// `no_sync`), which must not pass for averages. The error is an
+    /// [`InvalidArgument`](DdpError::InvalidArgument): it changes nothing.
+    ///
+    /// ```
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
+    /// assert!(reducer.check_averaged(0).is_err()); // no step has finished
+    /// reducer.check_mark(0, None)?;
+    /// reducer.mark(0)?;
+    /// let early = reducer.check_averaged(0).unwrap_err();
+    /// assert!(early.to_string().contains("before finish()"));
+    /// reducer.begin_finish();
+    /// reducer.end_finish();
+    /// reducer.check_averaged(0)?; // the step's averages
+    /// assert!(reducer.check_averaged(1).is_err()); // no parameter #1
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
+    /// ```
+    pub fn check_averaged(&self, index: usize) -> Result<(), DdpError> {
+        let rank = self.rank;
+        let Some(spec) = self.params.get(index) else {
+            return Err(DdpError::InvalidArgument(format!(
+                "rank {rank}: grad({index}): there is no parameter #{index} ({} parameters \
+                 registered)",
+                self.params.len()
+            )));
+        };
+        if self.averaged {
+            return Ok(());
+        }
+        let (name, step) = (&spec.name, self.step);
+        let why = if self.marked > 0 && !self.pass_unsynced {
+            format!(
+                "grad({index}) before finish(): step {step}'s gradients are not averaged yet \
+                 (parameter #{index} {name:?} holds this rank's own gradient, or is still being \
+                 all-reduced); call finish() first"
+            )
+        } else if self.marked > 0 || self.has_data.iter().any(|&d| d) {
+            format!(
+                "grad({index}): the gradients were accumulated under no_sync and are not \
+                 averaged (parameter #{index} {name:?} holds this rank's own sum); they are \
+                 averaged by the finish() of the next synchronised pass"
+            )
+        } else {
+            format!(
+                "grad({index}): no synchronised step has finished yet, so parameter #{index} \
+                 {name:?} has no averaged gradient; mark every gradient, then call finish()"
+            )
+        };
+        Err(DdpError::InvalidArgument(format!("rank {rank}: {why}")))
+    }
+
     /// The buckets have landed: closes the step. Returns whether the one-time rebuild is
     /// due now (then [`rebuild_order`](Self::rebuild_order), broadcast it from rank 0,
     /// and [`lay_out_in`](Self::lay_out_in)).
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let mut reducer = Reducer::new(0, &[ParamSpec::new("w", 1, DType::F32)], DdpConfig::default());
     /// reducer.check_mark(0, None)?;
     /// reducer.mark(0)?;
     /// reducer.begin_finish();
     /// assert!(reducer.end_finish()); // torch rebuilds once, after the first step
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn end_finish(&mut self) -> bool {
         self.landed();
         let synced = !self.no_sync;
         if synced {
             self.has_data.fill(false);
+            self.averaged = true;
         }
         self.reset_pass();
         let rebuild = synced && self.step == 0 && self.config.rebuild_buckets && !self.rebuilt;
@@ -581,14 +645,14 @@ impl Reducer {
     /// never arrived follow, in reverse registration order). Rank 0's becomes everyone's.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let params = [ParamSpec::new("a", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
     /// let mut reducer = Reducer::new(0, &params, DdpConfig::default());
     /// reducer.check_mark(0, None)?;
     /// reducer.mark(0)?;
     /// assert_eq!(reducer.rebuild_order(), vec![0, 1]);
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn rebuild_order(&mut self) -> Vec<i64> {
         self.rebuilt = true;
@@ -609,15 +673,15 @@ impl Reducer {
     /// slots, for the storage to move the gradients it holds.
     ///
     /// ```
-    /// # use ringccl_collectives::DType;
-    /// # use ringccl_ddp::{DdpConfig, ParamSpec, Reducer};
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
     /// let params = [ParamSpec::new("a", 1, DType::F32), ParamSpec::new("b", 1, DType::F32)];
     /// let mut reducer = Reducer::new(0, &params, DdpConfig::default());
     /// let (_, old_slots) = reducer.lay_out_in(&[0, 1])?;
     /// assert_eq!(old_slots, vec![(0, 1), (0, 0)]);
     /// assert_eq!(reducer.slot(0), Some((0, 0, 1)));
     /// assert!(reducer.lay_out_in(&[0, 0]).is_err());
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn lay_out_in(&mut self, order: &[i64]) -> Result<OldLayout, DdpError> {
         let n = self.params.len();
@@ -777,6 +841,46 @@ mod tests {
         reducer.begin_finish();
         assert_eq!(reducer.take_used_map(), Some(vec![1.0, 0.0]));
         assert!(reducer.unused_everywhere().is_empty());
+    }
+
+    #[test]
+    fn averages_are_readable_from_a_synchronised_finish_to_the_next_mark() {
+        let mut reducer = two_buckets();
+        let says = |reducer: &Reducer, what: &str| {
+            let error = reducer.check_averaged(0).unwrap_err().to_string();
+            assert!(error.contains(what), "{error}");
+            assert!(error.contains("rank 3"), "{error}");
+        };
+        says(&reducer, "no synchronised step");
+        for i in [1, 0] {
+            reducer.check_mark(i, None).unwrap();
+            reducer.mark(i).unwrap();
+        }
+        says(&reducer, "before finish()");
+        reducer.begin_finish();
+        reducer.end_finish();
+        reducer.check_averaged(0).unwrap();
+        reducer.check_averaged(1).unwrap();
+        // A finish under no_sync with nothing marked changes no bucket: still averages.
+        reducer.set_no_sync(true);
+        reducer.begin_finish();
+        reducer.end_finish();
+        reducer.check_averaged(0).unwrap();
+        // A gradient accumulated under no_sync: no average until the synchronised finish.
+        reducer.check_mark(1, None).unwrap();
+        reducer.mark(1).unwrap();
+        says(&reducer, "no_sync");
+        reducer.set_no_sync(false); // closes the pass
+        says(&reducer, "no_sync");
+        reducer.check_mark(1, None).unwrap();
+        reducer.mark(1).unwrap();
+        says(&reducer, "before finish()");
+        reducer.check_mark(0, None).unwrap();
+        reducer.mark(0).unwrap();
+        reducer.begin_finish();
+        reducer.end_finish();
+        reducer.check_averaged(0).unwrap();
+        assert!(reducer.check_averaged(2).is_err());
     }
 
     #[test]

@@ -22,12 +22,12 @@ use crate::DdpError;
 /// not bit-compatible with torch's.
 ///
 /// ```
-/// use ringccl_ddp::DistributedSampler;
+/// use ringccl::ddp::DistributedSampler;
 /// let mut sampler = DistributedSampler::new(10, 4, 1)?.shuffle(false);
 /// assert_eq!(sampler.indices(), vec![1, 5, 9]);
 /// assert_eq!(sampler.num_samples(), 3); // 10 padded to 12
 /// sampler.set_epoch(1);
-/// # Ok::<(), ringccl_ddp::DdpError>(())
+/// # Ok::<(), ringccl::ddp::DdpError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct DistributedSampler {
@@ -45,11 +45,11 @@ impl DistributedSampler {
     /// shuffling on, seed 0 and padding.
     ///
     /// ```
-    /// use ringccl_ddp::DistributedSampler;
+    /// use ringccl::ddp::DistributedSampler;
     /// let sampler = DistributedSampler::new(10, 3, 2)?;
     /// assert_eq!(sampler.num_samples(), 4); // padded to 12
     /// assert!(DistributedSampler::new(10, 3, 3).is_err());
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn new(len: usize, num_replicas: usize, rank: usize) -> Result<Self, DdpError> {
         if num_replicas == 0 || rank >= num_replicas {
@@ -71,9 +71,9 @@ impl DistributedSampler {
     /// Whether to shuffle (default true).
     ///
     /// ```
-    /// let sampler = ringccl_ddp::DistributedSampler::new(6, 2, 0)?.shuffle(false);
+    /// let sampler = ringccl::ddp::DistributedSampler::new(6, 2, 0)?.shuffle(false);
     /// assert_eq!(sampler.indices(), vec![0, 2, 4]);
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn shuffle(mut self, shuffle: bool) -> Self {
         self.shuffle = shuffle;
@@ -83,11 +83,11 @@ impl DistributedSampler {
     /// The shuffling seed; every rank must use the same one (default 0).
     ///
     /// ```
-    /// use ringccl_ddp::DistributedSampler;
+    /// use ringccl::ddp::DistributedSampler;
     /// let a = DistributedSampler::new(100, 2, 0)?.seed(1).indices();
     /// let b = DistributedSampler::new(100, 2, 0)?.seed(2).indices();
     /// assert_ne!(a, b);
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
@@ -97,9 +97,9 @@ impl DistributedSampler {
     /// Drop the tail instead of padding (default false).
     ///
     /// ```
-    /// let sampler = ringccl_ddp::DistributedSampler::new(10, 3, 0)?.drop_last(true);
+    /// let sampler = ringccl::ddp::DistributedSampler::new(10, 3, 0)?.drop_last(true);
     /// assert_eq!(sampler.num_samples(), 3); // 10 / 3, the last item dropped
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn drop_last(mut self, drop_last: bool) -> Self {
         self.drop_last = drop_last;
@@ -110,11 +110,11 @@ impl DistributedSampler {
     /// epoch on every rank.
     ///
     /// ```
-    /// let mut sampler = ringccl_ddp::DistributedSampler::new(100, 2, 0)?;
+    /// let mut sampler = ringccl::ddp::DistributedSampler::new(100, 2, 0)?;
     /// let first = sampler.indices();
     /// sampler.set_epoch(1);
     /// assert_ne!(sampler.indices(), first);
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn set_epoch(&mut self, epoch: u64) {
         self.epoch = epoch;
@@ -123,8 +123,8 @@ impl DistributedSampler {
     /// The indices each rank visits per epoch.
     ///
     /// ```
-    /// assert_eq!(ringccl_ddp::DistributedSampler::new(10, 4, 0)?.num_samples(), 3);
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// assert_eq!(ringccl::ddp::DistributedSampler::new(10, 4, 0)?.num_samples(), 3);
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn num_samples(&self) -> usize {
         let n = self.num_replicas;
@@ -138,8 +138,8 @@ impl DistributedSampler {
     /// `num_samples() * num_replicas`: the padded (or trimmed) epoch length.
     ///
     /// ```
-    /// assert_eq!(ringccl_ddp::DistributedSampler::new(10, 4, 0)?.total_size(), 12);
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// assert_eq!(ringccl::ddp::DistributedSampler::new(10, 4, 0)?.total_size(), 12);
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn total_size(&self) -> usize {
         self.num_samples() * self.num_replicas
@@ -148,14 +148,14 @@ impl DistributedSampler {
     /// This rank's indices for the current epoch, in visiting order.
     ///
     /// ```
-    /// use ringccl_ddp::DistributedSampler;
+    /// use ringccl::ddp::DistributedSampler;
     /// let all: Vec<usize> = (0..2)
     ///     .flat_map(|rank| DistributedSampler::new(8, 2, rank).unwrap().seed(3).indices())
     ///     .collect();
     /// let mut sorted = all.clone();
     /// sorted.sort();
     /// assert_eq!(sorted, (0..8).collect::<Vec<_>>()); // every item once across the ranks
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn indices(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
@@ -189,12 +189,12 @@ impl DistributedSampler {
     /// onwards, epoch after epoch (see [`Batches`]).
     ///
     /// ```
-    /// use ringccl_ddp::DistributedSampler;
+    /// use ringccl::ddp::DistributedSampler;
     /// let sampler = DistributedSampler::new(64, 4, 2)?;
     /// for batch in sampler.batches(4)?.take(10) {
     ///     assert_eq!(batch.indices.len(), 4);
     /// }
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn batches(&self, batch_size: usize) -> Result<Batches, DdpError> {
         let from = BatchPosition {
@@ -208,11 +208,11 @@ impl DistributedSampler {
     /// [`Batches::position`]), for resuming mid-epoch.
     ///
     /// ```
-    /// use ringccl_ddp::{BatchPosition, DistributedSampler};
+    /// use ringccl::ddp::{BatchPosition, DistributedSampler};
     /// let sampler = DistributedSampler::new(64, 4, 2)?;
     /// let at = BatchPosition { epoch: 3, step: 2 };
     /// assert_eq!(sampler.batches_from(4, at)?.next().unwrap().position, at);
-    /// # Ok::<(), ringccl_ddp::DdpError>(())
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
     /// ```
     pub fn batches_from(
         &self,

@@ -19,7 +19,7 @@ const STREAM_ORDERED: Completion = Completion::Enqueued;
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ringccl_ddp::{
     check_same_config, check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout,
@@ -139,6 +139,14 @@ impl Narrow for bf16 {
 /// [`synchronize`](Self::synchronize) waits for them on the host when the host needs
 /// them. No gradient passes through host memory under `"nccl"`.
 ///
+/// Errors follow host DDP's rules ([`ddp::DdpError`](crate::ddp::DdpError) says which
+/// error does what): one refused before anything changed (`Error::InvalidArgument`, or
+/// `DdpError::InvalidArgument` inside [`Error::Ddp`]: an index out of range, a wrong
+/// length or device, `grad` before `finish`) leaves the instance usable; an
+/// inconsistent step (`GradReadyTwice`, `StepNotFinished`, `MissingGrads`), a failed
+/// reduction and a failed CUDA call ([`Error::Device`]) poison it, and every later call
+/// that returns a `Result` returns `DdpError::Broken`, naming the first error.
+///
 /// ```no_run
 /// use ringccl::cudarc::driver::CudaContext;
 /// use ringccl::ddp::DdpConfig;
@@ -168,7 +176,8 @@ pub struct DeviceDdp<T: DeviceGrad> {
     /// Under `"gloo"`: the stream the buckets' staging copies run on (one for the DDP's
     /// life: making a stream per bucket could synchronize the whole context).
     staging: Option<Arc<CudaStream>>,
-    broken: Option<String>,
+    /// The first error that poisoned the instance (see [`DdpError`]).
+    broken: OnceLock<String>,
 }
 
 impl<T: DeviceGrad> DeviceDdp<T> {
@@ -233,7 +242,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             hook: DeviceCommHook::AllReduce,
             buckets: Vec::new(),
             staging,
-            broken: None,
+            broken: OnceLock::new(),
         };
         ddp.buckets = ddp.allocate_layout(None)?;
         check_same_params(pg, params)?;
@@ -377,19 +386,30 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     }
 
     fn check_usable(&self) -> Result<(), Error> {
-        match &self.broken {
+        match self.broken.get() {
             Some(cause) => Err(DdpError::Broken(cause.clone()).into()),
             None => Ok(()),
         }
     }
 
-    fn fail(&mut self, error: Error) -> Error {
-        self.broken.get_or_insert_with(|| error.to_string());
+    /// Poisons the instance (the first error is the one every later call names).
+    fn fail(&self, error: Error) -> Error {
+        self.broken.get_or_init(|| error.to_string());
         error
     }
 
+    /// An error of the reducer's checks: an argument refused before anything changed
+    /// leaves the instance usable; any other (an inconsistent step) poisons it, as in
+    /// host DDP.
+    fn refused_or_failed(&self, error: DdpError) -> Error {
+        match error {
+            DdpError::InvalidArgument(_) => error.into(),
+            other => self.fail(other.into()),
+        }
+    }
+
     /// A failed CUDA call breaks the DDP (its buckets are in an unknown state).
-    fn device_failed(&mut self, what: &str) -> impl FnOnce(KernelError) -> Error + '_ {
+    fn device_failed(&self, what: &str) -> impl FnOnce(KernelError) -> Error + '_ {
         let rank = self.pg.rank();
         let what = what.to_string();
         move |e| {
@@ -429,7 +449,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                 self.pg.rank()
             )));
         }
-        self.reducer.check_mark(index, Some(grad.len()))?;
+        let checked = self.reducer.check_mark(index, Some(grad.len()));
+        checked.map_err(|e| self.refused_or_failed(e))?;
         let n = if self.reducer.config().gradient_as_bucket_view_on() {
             1 // divided once per bucket, at launch
         } else {
@@ -469,10 +490,12 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// ```
     pub fn grad_view_mut(&mut self, index: usize) -> Result<CudaViewMut<'_, T>, Error> {
         self.check_usable()?;
+        let rank = self.pg.rank();
         if !self.reducer.config().gradient_as_bucket_view_on() {
-            return Err(Error::InvalidArgument(
-                "grad_view_mut needs DdpConfig::gradient_as_bucket_view(true)".into(),
-            ));
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank}: grad_view_mut({index}) needs \
+                 DdpConfig::gradient_as_bucket_view(true)"
+            )));
         }
         let (b, at, numel) = self.place(index)?;
         match self.buckets.get_mut(b) {
@@ -482,8 +505,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                 ..
             }) => Ok(data.slice_mut(at..at + numel)),
             _ => Err(Error::InvalidArgument(format!(
-                "parameter #{index}'s bucket is being all-reduced; its view is available \
-                 again after finish()"
+                "rank {rank}: grad_view_mut({index}): parameter #{index}'s bucket is being \
+                 all-reduced; its view is available again after finish()"
             ))),
         }
     }
@@ -512,7 +535,8 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                 "mark_grad_ready_in_view needs DdpConfig::gradient_as_bucket_view(true)".into(),
             ));
         }
-        self.reducer.check_mark(index, None)?;
+        let checked = self.reducer.check_mark(index, None);
+        checked.map_err(|e| self.refused_or_failed(e))?;
         self.mark(index)
     }
 
@@ -528,7 +552,10 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     }
 
     fn mark(&mut self, index: usize) -> Result<(), Error> {
-        let launch = self.reducer.mark(index)?;
+        let launch = match self.reducer.mark(index) {
+            Ok(launch) => launch,
+            Err(e) => return Err(self.internal_from(e)),
+        };
         for b in launch {
             self.launch(b)?;
         }
@@ -701,8 +728,9 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         self.wait_all()?;
         if let Some(work) = used {
             let counts = work.wait().map_err(|e| self.fail(e))?;
-            let noted = self.reducer.note_used(&counts).map_err(Error::from);
-            noted.map_err(|e| self.fail(e))?;
+            if let Err(e) = self.reducer.note_used(&counts) {
+                return Err(self.internal_from(e));
+            }
         }
         if self.reducer.end_finish() {
             self.rebuild()?;
@@ -807,9 +835,10 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         }
         let bucket = &mut self.buckets[b];
         let Some(data) = bucket.data.as_mut() else {
-            return Err(Error::InvalidArgument(format!(
-                "rank {rank}: internal error: a compressed bucket lost its buffer"
-            )));
+            return Err(DdpError::Internal(format!(
+                "rank {rank}: a compressed bucket lost its buffer"
+            ))
+            .into());
         };
         self.kernels
             .widen(&stream, data, &narrow, N::DTYPE == crate::DType::BF16)
@@ -868,15 +897,21 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             let sent = self.pg.broadcast(&mut order, 0);
             sent.map_err(|e| self.fail(e))?;
         }
-        let old = self.reducer.lay_out_in(&order).map_err(Error::from);
-        let old = old.map_err(|e| self.fail(e))?;
+        let old = match self.reducer.lay_out_in(&order) {
+            Ok(old) => old,
+            Err(e) => return Err(self.internal_from(e)),
+        };
         let buckets = self.allocate_layout(Some((&self.buckets, &old)));
         self.buckets = buckets.map_err(|e| self.fail(e))?;
         Ok(())
     }
 
-    /// The averaged gradient of parameter `index` after [`finish`](Self::finish): a view
-    /// of its bucket on the device, ordered after the reduction on this DDP's stream.
+    /// The averaged gradient of parameter `index`: a view of its bucket on the device,
+    /// ordered after the reduction on this DDP's stream. Readable from the end of a
+    /// synchronised step's [`finish`](Self::finish) until the next gradient is marked;
+    /// at any other time (before `finish`, after passes under `no_sync`, before the
+    /// first step) an error that says why and leaves the instance usable, as
+    /// [`ddp::DistributedDataParallel::grad`](crate::ddp::DistributedDataParallel::grad).
     ///
     /// ```no_run
     /// # use ringccl::cudarc::driver::CudaContext;
@@ -886,6 +921,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// let mut ddp = ringccl::DeviceDdp::<f32>::with_params(&pg, &stream, [("w", 2)], Default::default())?;
     /// let g = stream.clone_htod(&[1.0f32, 2.0])?;
     /// ddp.mark_grad_ready(0, &g.slice(..))?;
+    /// assert!(ddp.grad(0).is_err()); // before finish(): not an average yet
     /// ddp.finish()?;
     /// let on_host = stream.clone_dtoh(&ddp.grad(0)?)?;
     /// assert!(ddp.grad(1).is_err()); // only one parameter
@@ -894,6 +930,7 @@ impl<T: DeviceGrad> DeviceDdp<T> {
     /// ```
     pub fn grad(&self, index: usize) -> Result<CudaView<'_, T>, Error> {
         self.check_usable()?;
+        self.reducer.check_averaged(index)?;
         let (b, at, numel) = self.place(index)?;
         match self.buckets.get(b) {
             Some(DeviceBucket {
@@ -901,10 +938,9 @@ impl<T: DeviceGrad> DeviceDdp<T> {
                 in_flight: None,
                 ..
             }) => Ok(data.slice(at..at + numel)),
-            _ => Err(Error::InvalidArgument(format!(
-                "rank {}: grad({index}): the gradient of parameter #{index} is still being \
-                 all-reduced; call finish() first",
-                self.pg.rank()
+            // Averaged buckets have all landed; this is a bookkeeping fault.
+            _ => Err(self.internal(&format!(
+                "grad({index}): the bucket of an averaged gradient is missing"
             ))),
         }
     }
@@ -928,7 +964,9 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         let specs = self.reducer.params();
         if params.len() != specs.len() {
             return Err(Error::InvalidArgument(format!(
-                "broadcast_parameters got {} tensors for {} registered parameters",
+                "rank {}: broadcast_parameters got {} tensors for {} registered parameters; \
+                 pass one buffer per parameter, in registration order",
+                self.pg.rank(),
                 params.len(),
                 specs.len()
             )));
@@ -937,7 +975,9 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         for (i, (p, spec)) in params.iter().zip(specs).enumerate() {
             if p.len() != spec.numel {
                 return Err(Error::InvalidArgument(format!(
-                    "parameter #{i} {:?} has {} elements, registered with {}",
+                    "rank {}: broadcast_parameters: parameter #{i} {:?} has {} elements, \
+                     registered with {}",
+                    self.pg.rank(),
                     spec.name,
                     p.len(),
                     spec.numel
@@ -945,15 +985,26 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             }
         }
         for p in params.iter_mut() {
-            self.pg.broadcast_device(p, 0)?;
+            let sent = self.pg.broadcast_device(p, 0);
+            sent.map_err(|e| self.fail(e))?;
         }
         Ok(())
     }
 
-    fn internal(&mut self, what: &str) -> Error {
-        let error =
-            Error::InvalidArgument(format!("rank {}: internal error: {what}", self.pg.rank()));
-        self.fail(error)
+    /// A reducer error where none can be (its checks already passed): a fault, which
+    /// poisons the instance.
+    fn internal_from(&self, error: DdpError) -> Error {
+        let what = match error {
+            DdpError::InvalidArgument(what) => what,
+            other => other.to_string(),
+        };
+        let error = DdpError::Internal(what);
+        self.fail(error.into())
+    }
+
+    fn internal(&self, what: &str) -> Error {
+        let error = DdpError::Internal(format!("rank {}: {what}", self.pg.rank()));
+        self.fail(error.into())
     }
 }
 
