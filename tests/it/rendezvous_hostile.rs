@@ -152,7 +152,12 @@ impl Children {
         let exe = std::env::current_exe().expect("test binary");
         let mut command = Command::new(exe);
         command
-            .args(["--exact", &common::test_path(self.test), "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                &common::test_path(self.test),
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_VAR, self.test)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", world.to_string())

@@ -111,7 +111,12 @@ impl Job {
 
     fn spawn(&mut self, rank: usize, transport: &str, tx: &mpsc::Sender<(usize, String, Instant)>) {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", &common::test_path(self.name), "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                &common::test_path(self.name),
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(ROLE_VAR, "1")
             .env("RINGCCL_TRANSPORT", transport)
             .env("RINGCCL_DEBUG", "warn")

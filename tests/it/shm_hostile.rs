@@ -88,7 +88,12 @@ fn run_in_private_dev_shm(name: &str, size: &str, limit: Duration) {
     let mut coordinator = Command::new("unshare")
         .args(["-m", "sh", "-c", &script])
         .arg(&exe)
-        .args(["--exact", &common::test_path(name), "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &common::test_path(name),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_VAR, "coordinator")
         .spawn()
         .expect("start the coordinator");
@@ -204,7 +209,12 @@ impl Job {
         tx: &mpsc::Sender<(usize, String)>,
     ) {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["--exact", &common::test_path(name), "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                &common::test_path(name),
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(ROLE_VAR, "rank")
             .env(TIMEOUT_VAR, "20")
             .env("RINGCCL_DEBUG", "warn")

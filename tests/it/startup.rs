@@ -63,7 +63,12 @@ fn run_as_rank() -> bool {
 /// A rank of this test binary (`test` names the test it runs in), its output piped.
 fn spawn_rank(test: &str, rank: usize, world_size: usize, env: &[(&str, &str)]) -> Child {
     Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", &common::test_path(test), "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &common::test_path(test),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD, "1")
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", world_size.to_string())
@@ -245,7 +250,13 @@ fn ringrun_hang_timeout_names_ranks_missing_at_start_up() {
         Command::new(RINGRUN)
             .args(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2"])
             .args(["--master-port", &port, "--hang-timeout", "2", "--"])
-            .args([exe, "--exact", &common::test_path(test), "--nocapture", "--test-threads=1"])
+            .args([
+                exe,
+                "--exact",
+                &common::test_path(test),
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD, "1")
             .env("RINGCCL_TIMEOUT", "60")
             .env("RINGCCL_TRANSPORT", "tcp")

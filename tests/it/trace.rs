@@ -394,7 +394,12 @@ fn a_call_that_hangs_until_the_job_is_stopped_shows_in_the_merged_trace() {
         .arg(&dir)
         .arg("--")
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", &common::test_path(TEST), "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &common::test_path(TEST),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("RINGCCL_TRACE_TEST_HUNG", "1")
         .env_remove("RINGCCL_FLIGHT_DIR")
         .output()

@@ -178,7 +178,12 @@ pub fn child_options(announce: &str) -> InitOptions {
 fn spawn_child(test_name: &str, rank: usize, n: usize, port: u16, env: &[(&str, &str)]) -> Child {
     let exe = std::env::current_exe().expect("current test binary");
     Command::new(exe)
-        .args(["--exact", &test_path(test_name), "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &test_path(test_name),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("RINGCCL_TRANSPORT", "tcp")
         .envs(env.iter().copied())
         .env(CHILD_VAR, test_name)

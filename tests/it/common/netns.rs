@@ -132,7 +132,12 @@ impl Lab {
         let out = Command::new("ip")
             .args(["netns", "exec", &self.ns(self.n)])
             .arg(exe)
-            .args(["--exact", &super::test_path(test_name), "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                &super::test_path(test_name),
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .envs(env.iter().copied())
             .stderr(Stdio::inherit())
             .output()
@@ -352,7 +357,12 @@ impl Ranks {
         let host = lab.host_of[rank];
         let mut child = lab
             .command_on(host, exe)
-            .args(["--exact", &super::test_path(test_name), "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                &super::test_path(test_name),
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .envs(env.iter().copied())
             .env(CHILD_VAR, test_name)
             .env("RANK", rank.to_string())
