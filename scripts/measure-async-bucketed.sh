@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Figures for the async / bucketed / small-message work, all from the all-reduce bench.
-# Usage: scripts/measure-issue3.sh [REPS]   (interleaved repetitions, default 3)
+# Usage: scripts/measure-async-bucketed.sh [REPS]   (interleaved repetitions, default 3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPS=${1:-3}
-OUT=${OUT:-target/measure-issue3}
+OUT=${OUT:-target/measure-async-bucketed}
 mkdir -p "$OUT"
 cargo build --release --bench allreduce >/dev/null 2>&1
 BENCH=$(ls -t target/release/deps/allreduce-* | grep -v '\.d$' | head -1)
