@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut, Range};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use ringccl_collectives::timeline::{SpanGuard, Timeline};
 use ringccl_collectives::{BufferMut, Error};
@@ -58,8 +58,6 @@ pub struct DistributedDataParallel<T: GradElement> {
     hook: Box<dyn CommHook<T>>,
     /// The gradients, one flat buffer per bucket of the reducer's layout.
     buckets: Vec<Bucket<T>>,
-    /// The first error that poisoned the instance (see [`DdpError`]).
-    broken: OnceLock<String>,
     /// The timeline's `trainer` row, when the communicator traces.
     trainer: Option<Timeline>,
 }
@@ -109,7 +107,6 @@ impl<T: GradElement> DistributedDataParallel<T> {
             reducer: Reducer::new(comm.rank(), params, config),
             hook: Box::new(AllReduceHook),
             buckets: Vec::new(),
-            broken: OnceLock::new(),
             trainer: comm.trace_file().map(|file| file.row("trainer")),
             comm,
         };
@@ -320,22 +317,6 @@ impl<T: GradElement> DistributedDataParallel<T> {
         NoSync { ddp: self }
     }
 
-    fn check_usable(&self) -> Result<(), DdpError> {
-        match self.broken.get() {
-            Some(cause) => Err(DdpError::Broken(cause.clone())),
-            None => Ok(()),
-        }
-    }
-
-    /// An error of the reducer's checks: an argument refused before anything changed
-    /// leaves the instance usable; any other (an inconsistent step) poisons it.
-    fn refused_or_failed(&self, error: DdpError) -> DdpError {
-        match error {
-            DdpError::InvalidArgument(_) => error,
-            other => self.fail(other),
-        }
-    }
-
     /// Hands DDP the gradient of parameter `index` for this step; see the type's docs.
     ///
     /// A wrong index or length is refused ([`InvalidArgument`](DdpError::InvalidArgument))
@@ -355,9 +336,9 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn mark_grad_ready(&mut self, index: usize, grad: &[T]) -> Result<(), DdpError> {
-        self.check_usable()?;
+        self.reducer.check_usable()?;
         let checked = self.reducer.check_mark(index, Some(grad.len()));
-        checked.map_err(|e| self.refused_or_failed(e))?;
+        checked.map_err(|e| self.reducer.refused_or_poisoned(e))?;
         let n = self.comm.world_size();
         let divide = !self.reducer.config().gradient_as_bucket_view_on();
         let accumulate = self.reducer.accumulates(index);
@@ -401,7 +382,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn grad_view_mut(&mut self, index: usize) -> Result<&mut [T], DdpError> {
-        self.check_usable()?;
+        self.reducer.check_usable()?;
         let rank = self.comm.rank();
         if !self.reducer.config().gradient_as_bucket_view_on() {
             return Err(DdpError::InvalidArgument(format!(
@@ -440,7 +421,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn mark_grad_ready_in_view(&mut self, index: usize) -> Result<(), DdpError> {
-        self.check_usable()?;
+        self.reducer.check_usable()?;
         if !self.reducer.config().gradient_as_bucket_view_on() {
             return Err(DdpError::InvalidArgument(format!(
                 "rank {}: mark_grad_ready_in_view({index}) needs \
@@ -449,7 +430,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
             )));
         }
         let checked = self.reducer.check_mark(index, None);
-        checked.map_err(|e| self.refused_or_failed(e))?;
+        checked.map_err(|e| self.reducer.refused_or_poisoned(e))?;
         self.mark(index)
     }
 
@@ -508,7 +489,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn finish(&mut self) -> Result<(), DdpError> {
-        self.check_usable()?;
+        self.reducer.check_usable()?;
         let plan = self.reducer.begin_finish();
         if let FinishPlan::AlreadyClosed = plan {
             return Ok(());
@@ -659,7 +640,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn restore_bucket_order(&mut self, order: &[usize]) -> Result<(), DdpError> {
-        self.check_usable()?;
+        self.reducer.check_usable()?;
         if self.reducer.pass_open() || self.reducer.any_in_flight() {
             return Err(DdpError::InvalidArgument(format!(
                 "rank {}: restore_bucket_order must be called between passes (after \
@@ -748,7 +729,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn grad(&self, index: usize) -> Result<&[T], DdpError> {
-        self.check_usable()?;
+        self.reducer.check_usable()?;
         self.reducer.check_averaged(index)?;
         let slot = self.reducer.slot(index);
         let data = slot.and_then(|(b, _, _)| self.buckets.get(b)?.data.as_ref());
@@ -793,7 +774,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// # Ok::<(), ringccl::Error>(())
     /// ```
     pub fn broadcast_parameters(&self, params: &mut [&mut [T]]) -> Result<(), DdpError> {
-        self.check_usable()?;
+        self.reducer.check_usable()?;
         let specs = self.reducer.params();
         if params.len() != specs.len() {
             return Err(DdpError::InvalidArgument(format!(
@@ -845,7 +826,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
 
     /// Poisons the instance (the first error is the one every later call names).
     fn fail(&self, error: DdpError) -> DdpError {
-        self.broken.get_or_init(|| error.to_string());
+        self.reducer.poison(&error);
         error
     }
 

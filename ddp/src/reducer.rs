@@ -3,7 +3,9 @@
 //! buckets ([`DistributedDataParallel`](crate::DistributedDataParallel)) and device
 //! buckets (`ringccl::DeviceDdp`), and are tested once.
 
+use std::fmt::Display;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use crate::config::{DdpConfig, ParamSpec};
 use crate::plan::plan_buckets;
@@ -95,6 +97,9 @@ pub struct Reducer {
     /// The buckets hold the averages of the last synchronised step: true from that
     /// step's end until the next gradient is marked.
     averaged: bool,
+    /// The first error that poisoned the DDP instance this reducer keeps the books of
+    /// (see [`DdpError`]): every later call names it.
+    poisoned: OnceLock<String>,
 }
 
 impl Reducer {
@@ -130,6 +135,7 @@ impl Reducer {
             used_map: None,
             unused_everywhere: Vec::new(),
             averaged: false,
+            poisoned: OnceLock::new(),
         };
         reducer.lay_out(&order);
         reducer
@@ -546,6 +552,59 @@ impl Reducer {
     /// ```
     pub fn unused_everywhere(&self) -> &[usize] {
         &self.unused_everywhere
+    }
+
+    /// [`Broken`](DdpError::Broken), naming the first poisoning error, once the instance
+    /// is poisoned ([`poison`](Self::poison)); `Ok` until then.
+    ///
+    /// ```
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, DdpError, ParamSpec, Reducer};
+    /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
+    /// assert!(reducer.check_usable().is_ok());
+    /// reducer.poison(&"rank 0: a gradient was marked twice");
+    /// reducer.poison(&"a later error"); // the first one stays
+    /// let Err(DdpError::Broken(first)) = reducer.check_usable() else { panic!() };
+    /// assert_eq!(first, "rank 0: a gradient was marked twice");
+    /// ```
+    pub fn check_usable(&self) -> Result<(), DdpError> {
+        match self.poisoned.get() {
+            Some(first) => Err(DdpError::Broken(first.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Poisons the instance with `error`, unless an earlier error already did.
+    ///
+    /// ```
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, ParamSpec, Reducer};
+    /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
+    /// reducer.poison(&"rank 0: the all-reduce timed out");
+    /// assert!(reducer.check_usable().is_err());
+    /// ```
+    pub fn poison(&self, error: &dyn Display) {
+        self.poisoned.get_or_init(|| error.to_string());
+    }
+
+    /// An error of the reducer's checks, as the instance takes it: an argument refused
+    /// before anything changed ([`InvalidArgument`](DdpError::InvalidArgument)) leaves it
+    /// usable; any other (an inconsistent step) poisons it.
+    ///
+    /// ```
+    /// # use ringccl::DType;
+    /// # use ringccl::ddp::{DdpConfig, DdpError, ParamSpec, Reducer};
+    /// let reducer = Reducer::new(0, &[ParamSpec::new("w", 2, DType::F32)], DdpConfig::default());
+    /// reducer.refused_or_poisoned(DdpError::InvalidArgument("wrong length".into()));
+    /// assert!(reducer.check_usable().is_ok());
+    /// reducer.refused_or_poisoned(DdpError::Internal("a fault".into()));
+    /// assert!(reducer.check_usable().is_err());
+    /// ```
+    pub fn refused_or_poisoned(&self, error: DdpError) -> DdpError {
+        if !matches!(error, DdpError::InvalidArgument(_)) {
+            self.poison(&error);
+        }
+        error
     }
 
     /// Whether parameter `index`'s gradient can be read as an average, and if not, the

@@ -19,7 +19,7 @@ const STREAM_ORDERED: Completion = Completion::Enqueued;
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use ringccl_ddp::{
     check_same_config, check_same_params, DdpConfig, DdpError, FinishPlan, GradElement, OldLayout,
@@ -176,8 +176,6 @@ pub struct DeviceDdp<T: DeviceGrad> {
     /// Under `"gloo"`: the stream the buckets' staging copies run on (one for the DDP's
     /// life: making a stream per bucket could synchronize the whole context).
     staging: Option<Arc<CudaStream>>,
-    /// The first error that poisoned the instance (see [`DdpError`]).
-    broken: OnceLock<String>,
 }
 
 impl<T: DeviceGrad> DeviceDdp<T> {
@@ -242,7 +240,6 @@ impl<T: DeviceGrad> DeviceDdp<T> {
             hook: DeviceCommHook::AllReduce,
             buckets: Vec::new(),
             staging,
-            broken: OnceLock::new(),
         };
         ddp.buckets = ddp.allocate_layout(None)?;
         check_same_params(pg, params)?;
@@ -385,27 +382,21 @@ impl<T: DeviceGrad> DeviceDdp<T> {
         DeviceNoSync { ddp: self }
     }
 
+    /// The reducer's [`check_usable`](Reducer::check_usable), as the facade's error.
     fn check_usable(&self) -> Result<(), Error> {
-        match self.broken.get() {
-            Some(cause) => Err(DdpError::Broken(cause.clone()).into()),
-            None => Ok(()),
-        }
+        Ok(self.reducer.check_usable()?)
     }
 
     /// Poisons the instance (the first error is the one every later call names).
     fn fail(&self, error: Error) -> Error {
-        self.broken.get_or_init(|| error.to_string());
+        self.reducer.poison(&error);
         error
     }
 
-    /// An error of the reducer's checks: an argument refused before anything changed
-    /// leaves the instance usable; any other (an inconsistent step) poisons it, as in
-    /// host DDP.
+    /// The reducer's [`refused_or_poisoned`](Reducer::refused_or_poisoned), as the
+    /// facade's error.
     fn refused_or_failed(&self, error: DdpError) -> Error {
-        match error {
-            DdpError::InvalidArgument(_) => error.into(),
-            other => self.fail(other.into()),
-        }
+        self.reducer.refused_or_poisoned(error).into()
     }
 
     /// A failed CUDA call breaks the DDP (its buckets are in an unknown state).
