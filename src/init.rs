@@ -11,7 +11,8 @@ use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
 use ringccl_collectives::{
     Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, Transport,
 };
-use ringccl_rendezvous::{connect_mesh, Mesh, MeshConfig, SetupError};
+use ringccl_rendezvous::store::Store;
+use ringccl_rendezvous::{connect_mesh, connect_mesh_through, Mesh, MeshConfig, SetupError};
 use ringccl_transports::{
     discover_hosts, shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES,
 };
@@ -44,7 +45,8 @@ pub const BACKENDS: &[&str] = &["gloo", "nccl"];
 /// ```
 pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGroup, Error> {
     crate::logging::init_if_asked();
-    match backend.trim().to_ascii_lowercase().as_str() {
+    let any_thread = opts.any_thread;
+    let pg = match backend.trim().to_ascii_lowercase().as_str() {
         "gloo" => start_gloo(opts),
         #[cfg(feature = "nccl")]
         "nccl" => start_nccl(opts),
@@ -59,25 +61,82 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
             name: backend.to_string(),
             valid: BACKENDS,
         }),
+    }?;
+    Ok(pg.issuing_from_any_thread(any_thread))
+}
+
+/// [`init_process_group`] through `store`, a key/value store every rank of the group
+/// reaches and someone else hosts (the application's own, or torch's c10d store in the
+/// Python package): no store of ringccl's, no second port; `opts.master` is ignored.
+/// Each rank passes its own client of the same store, whose keys no other group uses.
+/// Supports `"gloo"`.
+///
+/// ```
+/// use std::time::Duration;
+/// use ringccl::core::store::{StoreClient, StoreServer};
+///
+/// // Any `ringccl::Store`; here ringccl's own, hosted apart from the group.
+/// let server = StoreServer::start(ringccl::StoreListener::bind("127.0.0.1:0")?)?;
+/// let store = StoreClient::connect(&[server.local_addr()], 0, Duration::from_secs(10))?;
+/// let opts = ringccl::InitOptions::new(0, 1, "");
+/// let pg = ringccl::init_process_group_with_store("gloo", Box::new(store), opts)?;
+/// let mut x = [2.0f32];
+/// pg.all_reduce(&mut x, ringccl::ReduceOp::Sum)?;
+/// assert_eq!(x, [2.0]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn init_process_group_with_store(
+    backend: &str,
+    store: Box<dyn Store>,
+    mut opts: InitOptions,
+) -> Result<ProcessGroup, Error> {
+    crate::logging::init_if_asked();
+    match backend.trim().to_ascii_lowercase().as_str() {
+        "gloo" => {}
+        "nccl" => {
+            return Err(Error::BackendUnavailable {
+                backend: "nccl",
+                reason: "a group started through a store of the caller's runs \"gloo\" only; \
+                         start \"nccl\" with init_process_group"
+                    .into(),
+            })
+        }
+        _ => {
+            return Err(Error::UnknownBackend {
+                name: backend.to_string(),
+                valid: BACKENDS,
+            })
+        }
     }
+    opts.master = store.describe();
+    let any_thread = opts.any_thread;
+    let (recipe, deadline) = gloo_recipe(&opts)?;
+    let mesh = connect_mesh_through(store, opts.mesh_config())?;
+    let pg = gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", MAIN_GROUP)?;
+    Ok(pg.issuing_from_any_thread(any_thread))
 }
 
 /// The `"gloo"` backend: rendezvous, then ringccl's host engine over shared memory or
 /// TCP, as `opts` and the collective start-up decide.
 fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
+    let (recipe, deadline) = gloo_recipe(&opts)?;
+    let mesh = connect_mesh(opts.mesh_config())?;
+    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", MAIN_GROUP)
+}
+
+/// How a `"gloo"` group is made from `opts` (checked), and its start-up's deadline.
+fn gloo_recipe(opts: &InitOptions) -> Result<(GlooRecipe, Instant), Error> {
     opts.validate()?;
     let recipe = GlooRecipe {
-        config: host_config(&opts)?,
+        config: host_config(opts)?,
         kind: opts.resolved_transport()?,
         mesh: opts.mesh_settings(None),
-        trace: crate::trace::open_trace(&opts)?,
+        trace: crate::trace::open_trace(opts)?,
         flight_dir: opts.resolved_flight_dir()?,
         flight_entries: opts.resolved_flight_entries()?,
         spin: opts.resolved_spin()?,
     };
-    let deadline = Deadline::after(opts.timeout).at();
-    let mesh = connect_mesh(opts.mesh_config())?;
-    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", MAIN_GROUP)
+    Ok((recipe, Deadline::after(opts.timeout).at()))
 }
 
 /// The host engine's settings from `opts`.

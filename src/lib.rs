@@ -105,7 +105,7 @@ mod work;
 mod worker;
 
 pub use error::{Error, Result};
-pub use init::{init_process_group, BACKENDS};
+pub use init::{init_process_group, init_process_group_with_store, BACKENDS};
 pub use local_groups::{local_groups, local_groups_with, run_local_ranks, LocalRankFailure};
 pub use options::{InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT};
 pub use process_group::ProcessGroup;
@@ -121,6 +121,7 @@ pub use ringccl_collectives::{
     half, AllReduceAlgo, Backend, BufferMut, BufferRef, Cause, CollectiveKind, DType, Element,
     HostConfig, OpDesc, ReduceOp,
 };
+pub use ringccl_rendezvous::store::Store;
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
 pub use ringccl_transports::PeerGone;
 pub use work::Work;
@@ -187,7 +188,7 @@ pub mod core {
         fusion, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine, Readiness,
         Request, Transport,
     };
-    pub use ringccl_rendezvous::{connect_mesh, store, Mesh, MeshConfig};
+    pub use ringccl_rendezvous::{connect_mesh, connect_mesh_through, store, Mesh, MeshConfig};
     pub use ringccl_transports::{ShmTransport, TcpTransport};
 }
 

@@ -134,6 +134,7 @@ fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
             backend.keep_control_link(Box::new(link));
             ProcessGroup::from_backend(Box::new(backend))
                 .reaching_peers_by(same_for_every_peer(rank, n, LOCAL))
+                .issuing_from_any_thread(opts.any_thread)
         })
         .collect())
 }

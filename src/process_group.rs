@@ -179,6 +179,15 @@ impl ProcessGroup {
         })
     }
 
+    /// Under [`InitOptions::issue_from_any_thread`](crate::InitOptions::issue_from_any_thread),
+    /// orders calls from any thread by issue.
+    pub(crate) fn issuing_from_any_thread(self, any_thread: bool) -> ProcessGroup {
+        if any_thread {
+            self.shared.sequencer.accept_any_thread();
+        }
+        self
+    }
+
     /// Keeps this rank's trace file open for the life of the group.
     pub(crate) fn holding_trace(self, trace: Option<TraceHold>) -> ProcessGroup {
         self.configure("trace", |shared| shared.trace = trace)
@@ -274,6 +283,55 @@ impl ProcessGroup {
     /// issue order; prefer the methods of `ProcessGroup`.
     pub fn as_backend(&self) -> &dyn Backend {
         &*self.shared.backend
+    }
+
+    /// Runs an operation of the caller's own on the calling thread, in the group's issue
+    /// order: once every operation issued before it has finished, with the group's
+    /// deadline counted from now, recorded in the flight recorder as `name`. `op` gets
+    /// the backend and the deadline, which it must pass on. For collectives over buffers
+    /// the typed methods cannot describe (memory of a tensor library, say).
+    ///
+    /// ```
+    /// use ringccl::{BufferMut, ReduceOp};
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut bytes = 3.0f64.to_ne_bytes();
+    /// pg.run("all_reduce", |backend, deadline| {
+    ///     let buf = BufferMut::from_bytes(&mut bytes, ringccl::DType::F64)?;
+    ///     backend.all_reduce(buf, ReduceOp::Sum, deadline)
+    /// })?;
+    /// assert_eq!(f64::from_ne_bytes(bytes), 3.0);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn run<R>(
+        &self,
+        name: &'static str,
+        op: impl FnOnce(&dyn Backend, Deadline) -> Result<R, crate::RuntimeError>,
+    ) -> Result<R, Error> {
+        self.in_order(name, op)
+    }
+
+    /// [`ProcessGroup::run`] on the group's background worker: queued behind every
+    /// operation issued before it, and returns at once. `op` owns what it works on,
+    /// and hands it back through the [`Work`].
+    ///
+    /// ```
+    /// use ringccl::{BufferMut, ReduceOp};
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut bytes = 3.0f64.to_ne_bytes().to_vec();
+    /// let work = pg.run_async("all_reduce", move |backend, deadline| {
+    ///     let buf = BufferMut::from_bytes(&mut bytes, ringccl::DType::F64)?;
+    ///     backend.all_reduce(buf, ReduceOp::Max, deadline)?;
+    ///     Ok(bytes)
+    /// })?;
+    /// assert_eq!(work.wait()?, 3.0f64.to_ne_bytes());
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn run_async<R: Send + 'static>(
+        &self,
+        name: &'static str,
+        op: impl FnOnce(&dyn Backend, Deadline) -> Result<R, crate::RuntimeError> + Send + 'static,
+    ) -> Result<Work<R>, Error> {
+        self.queue(name, op)
     }
 
     /// Runs `op` (named `name` in messages) on the calling thread once every earlier

@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::fmt::Display;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, Thread};
 use std::time::Instant;
@@ -75,6 +76,9 @@ pub(crate) struct Sequencer {
     flight: Option<Arc<FlightRecorder>>,
     state: Mutex<State>,
     turn_changed: Condvar,
+    /// Calls from a thread other than the one with calls pending are queued behind them
+    /// (gloo's rule) instead of refused.
+    any_thread: AtomicBool,
 }
 
 /// Holding this means it is this ticket's turn; [`Turn::finish`] (or dropping it) passes
@@ -110,7 +114,14 @@ impl Sequencer {
             flight,
             state: Mutex::default(),
             turn_changed: Condvar::new(),
+            any_thread: AtomicBool::new(false),
         }
+    }
+
+    /// From now on, orders calls from any thread by issue instead of refusing a call
+    /// made while another thread's calls are pending.
+    pub(crate) fn accept_any_thread(&self) {
+        self.any_thread.store(true, Ordering::Relaxed);
     }
 
     /// The names of the operations issued but not finished, in issue order.
@@ -160,7 +171,9 @@ impl Sequencer {
         }
         let me = thread::current();
         match (&state.issuer, state.pending.back()) {
-            (Some(issuer), Some(last)) if issuer.id() != me.id() => {
+            (Some(issuer), Some(last))
+                if issuer.id() != me.id() && !self.any_thread.load(Ordering::Relaxed) =>
+            {
                 let error = Error::ConcurrentUse {
                     rank: self.rank,
                     op,

@@ -2,7 +2,20 @@
 
 use std::fmt;
 
-use crate::{DType, Element};
+use crate::{DType, Element, Error};
+
+/// Checks that `len` bytes at `addr` are a whole number of aligned `dtype` elements.
+fn check_elements(addr: usize, len: usize, dtype: DType) -> Result<(), Error> {
+    let size = dtype.size();
+    if len % size != 0 || addr % size != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a buffer of {} must be a whole number of {size}-byte elements on a {size}-byte \
+             boundary; got {len} bytes at address {addr:#x}",
+            dtype.name()
+        )));
+    }
+    Ok(())
+}
 
 /// A mutable host buffer of known element type, borrowed for one collective.
 ///
@@ -20,6 +33,23 @@ impl<'a> BufferMut<'a> {
             dtype: T::DTYPE,
             bytes: bytemuck::cast_slice_mut(slice),
         }
+    }
+
+    /// Borrows raw memory as a buffer of `dtype` elements (memory another library
+    /// owns, such as a tensor's). Fails unless `bytes` is a whole number of elements,
+    /// aligned to the element size.
+    ///
+    /// ```
+    /// use ringccl_collectives::{BufferMut, DType};
+    /// let mut words = [0u32; 2];
+    /// let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+    /// assert_eq!(BufferMut::from_bytes(bytes, DType::F32)?.len(), 2);
+    /// assert!(BufferMut::from_bytes(&mut bytes[1..], DType::F32).is_err());
+    /// # Ok::<(), ringccl_collectives::Error>(())
+    /// ```
+    pub fn from_bytes(bytes: &'a mut [u8], dtype: DType) -> Result<BufferMut<'a>, Error> {
+        check_elements(bytes.as_ptr() as usize, bytes.len(), dtype)?;
+        Ok(BufferMut { dtype, bytes })
     }
 
     /// The element type.
@@ -72,6 +102,22 @@ impl<'a> BufferRef<'a> {
             dtype: T::DTYPE,
             bytes: bytemuck::cast_slice(slice),
         }
+    }
+
+    /// Borrows raw memory as a read-only buffer of `dtype` elements; see
+    /// [`BufferMut::from_bytes`].
+    ///
+    /// ```
+    /// use ringccl_collectives::{BufferRef, DType};
+    /// let words = [0u64; 3];
+    /// let bytes: &[u8] = bytemuck::cast_slice(&words);
+    /// assert_eq!(BufferRef::from_bytes(bytes, DType::I64)?.len(), 3);
+    /// assert!(BufferRef::from_bytes(&bytes[..7], DType::I64).is_err());
+    /// # Ok::<(), ringccl_collectives::Error>(())
+    /// ```
+    pub fn from_bytes(bytes: &'a [u8], dtype: DType) -> Result<BufferRef<'a>, Error> {
+        check_elements(bytes.as_ptr() as usize, bytes.len(), dtype)?;
+        Ok(BufferRef { dtype, bytes })
     }
 
     /// The element type.

@@ -149,8 +149,13 @@ mod tests {
                 yields,
             };
             let far = Instant::now() + Duration::from_secs(60);
+            // A window no loaded machine runs ten looks past.
+            let patient = Spin {
+                window: Duration::from_secs(30),
+                yields,
+            };
             let mut looks = 0;
-            let found = spin.look(far, 32, || {
+            let found = patient.look(far, 32, || {
                 looks += 1;
                 Ok(looks == 10)
             });

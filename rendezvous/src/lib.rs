@@ -4,7 +4,8 @@
 //! challenge–response.
 //!
 //! - [`store`]: the rendezvous store (server on rank 0, client everywhere; the wire
-//!   protocol is pure encode/decode).
+//!   protocol is pure encode/decode), and the [`store::Store`] trait start-up runs over,
+//!   so that it can use a store someone else hosts ([`connect_mesh_through`]).
 //! - `hello`: the rank-to-rank handshake (pure).
 //! - `auth`: HMAC-SHA256 challenge–response ([`AuthToken`]).
 //! - [`connect_mesh`] → [`Mesh`]: the connected ranks and the store; [`Mesh::finish`]
@@ -40,5 +41,5 @@ pub use auth::AuthToken;
 pub use config::{MeshConfig, DEFAULT_STARTUP_REPORT};
 pub use error::SetupError;
 pub use interface::{InterfaceSpec, InterfaceSpecError};
-pub use mesh::{connect_mesh, KeptStore, Mesh, MeshConnections};
+pub use mesh::{connect_mesh, connect_mesh_through, KeptStore, Mesh, MeshConnections};
 pub use store::StoreListener;

@@ -2,13 +2,13 @@
 //! ranks connect into a full mesh, each connection opened with a checked handshake. The
 //! result is a [`Mesh`], whose [`Mesh::finish`] ends start-up.
 //!
-//! Start-up is abandoned for everyone, through the store ([`StoreClient::abort`]), when a
+//! Start-up is abandoned for everyone, through the store ([`Store::abort`]), when a
 //! rank is claimed twice or a rank runs out of file descriptors; every rank asks the
 //! store at least every [`ABORT_CHECK`] while it waits, so all learn why within moments.
 
 use std::fmt;
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -24,7 +24,7 @@ use crate::job::{
 };
 use crate::peer_acceptor::PeerAcceptor;
 use crate::startup_watch::{Started, StartupWatch, Waiting};
-use crate::store::{resolve, StoreClient, StoreListener, StoreServer};
+use crate::store::{resolve, Store, StoreClient, StoreListener, StoreServer};
 
 /// How often a waiting rank asks the store whether start-up was abandoned.
 const ABORT_CHECK: Duration = Duration::from_millis(200);
@@ -46,7 +46,7 @@ pub struct Mesh {
     /// Says whom start-up waits for, while it does.
     watch: StartupWatch,
     // Field order matters for drop: close the client before stopping the server.
-    store: StoreClient,
+    store: Box<dyn Store>,
     _server: Option<StoreServer>,
 }
 
@@ -90,8 +90,8 @@ impl Mesh {
     }
 
     /// The rendezvous store, for start-up steps that follow the mesh.
-    pub fn store(&mut self) -> &mut StoreClient {
-        &mut self.store
+    pub fn store(&mut self) -> &mut dyn Store {
+        &mut *self.store
     }
 
     /// The store and the connections, for start-up steps that wait on the store while
@@ -110,8 +110,8 @@ impl Mesh {
     /// assert!(connections.data[0].is_none()); // none to itself
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn store_and_connections(&mut self) -> (&mut StoreClient, &MeshConnections) {
-        (&mut self.store, &self.connections)
+    pub fn store_and_connections(&mut self) -> (&mut dyn Store, &MeshConnections) {
+        (&mut *self.store, &self.connections)
     }
 
     /// What a start-up step after the connections (shared-memory set-up, finding the
@@ -120,7 +120,7 @@ impl Mesh {
     /// after saying why, so the closed connection is usually seen first). On rank 0, which
     /// hosts the store, it then keeps the store up until every rank has heard why.
     pub fn give_up(&mut self, error: SetupError) -> SetupError {
-        let error = abandoned_instead(&mut self.store, error);
+        let error = abandoned_instead(&mut *self.store, error);
         if let Some(server) = &self._server {
             linger_until_heard(server, &error);
         }
@@ -179,7 +179,7 @@ impl Mesh {
             })
         };
         if let Err(e) = done {
-            let e = abandoned_instead(&mut self.store, e);
+            let e = abandoned_instead(&mut *self.store, e);
             if let Some(server) = &self._server {
                 linger_until_heard(server, &e);
             }
@@ -217,7 +217,7 @@ impl MeshConnections {
 /// alive for the life of the group (tools may still read what the ranks published).
 pub struct KeptStore {
     // Field order matters for drop: close the client before stopping the server.
-    _client: StoreClient,
+    _client: Box<dyn Store>,
     _server: Option<StoreServer>,
 }
 
@@ -301,42 +301,7 @@ impl KeptStore {
         namespace: &str,
         config: MeshConfig,
     ) -> Result<Mesh, SetupError> {
-        config.validate()?;
-        if config.store_listener.is_some() {
-            return Err(SetupError::InvalidArgument(
-                "a group formed through an existing store cannot host a store of its own".into(),
-            ));
-        }
-        let deadline = deadline_after(config.timeout);
-        let watch = StartupWatch::start(
-            config.rank,
-            config.world_size,
-            &config.master,
-            Instant::now(),
-            config.startup_report,
-            None,
-        );
-        let mut store = self._client.scoped(namespace, config.rank)?;
-        let mut connections = MeshConnections::unconnected(config.world_size);
-        let mut acceptor = None;
-        let job_id = join_or_tell(
-            &config,
-            &mut store,
-            &mut connections,
-            &mut acceptor,
-            &watch,
-            deadline,
-        )?;
-        Ok(Mesh {
-            rank: config.rank,
-            world_size: config.world_size,
-            job_id,
-            dead_peer_timeout: config.dead_peer_timeout,
-            connections,
-            watch,
-            store,
-            _server: None,
-        })
+        connect_mesh_through(self._client.scoped(namespace, config.rank)?, config)
     }
 }
 
@@ -356,6 +321,69 @@ impl fmt::Debug for Mesh {
             .field("job_id", &format_args!("{:016x}", self.job_id))
             .finish_non_exhaustive()
     }
+}
+
+/// Connects rank `config.rank` of a group of `config.world_size` through `store`, a store
+/// every rank reaches that someone else hosts (torch's c10d store, say): the same
+/// start-up as [`connect_mesh`], with no store of ringccl's own. `config.master` only
+/// names the store in messages; every rank must use its own client of the same store,
+/// and no other group the same keys.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use ringccl_rendezvous::store::{StoreClient, StoreServer};
+/// use ringccl_rendezvous::{connect_mesh_through, MeshConfig, StoreListener};
+///
+/// // Any `Store` will do; here ringccl's own, hosted apart from the group.
+/// let server = StoreServer::start(StoreListener::bind("127.0.0.1:0")?)?;
+/// let timeout = Duration::from_secs(10);
+/// let store = StoreClient::connect(&[server.local_addr()], 0, timeout)?;
+/// let config = MeshConfig::new(0, 1, "a store of the caller's", timeout);
+/// let mesh = connect_mesh_through(Box::new(store), config)?;
+/// let (connections, _store) = mesh.finish(Instant::now() + timeout)?;
+/// assert!(connections.data[0].is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn connect_mesh_through(
+    mut store: Box<dyn Store>,
+    config: MeshConfig,
+) -> Result<Mesh, SetupError> {
+    config.validate()?;
+    if config.store_listener.is_some() {
+        return Err(SetupError::InvalidArgument(
+            "a group formed through an existing store cannot host a store of its own".into(),
+        ));
+    }
+    crate::interface::check_host(config.rank, config.socket_ifname.as_deref())?;
+    let deadline = deadline_after(config.timeout);
+    let watch = StartupWatch::start(
+        config.rank,
+        config.world_size,
+        &config.master,
+        Instant::now(),
+        config.startup_report,
+        None,
+    );
+    let mut connections = MeshConnections::unconnected(config.world_size);
+    let mut acceptor = None;
+    let job_id = join_or_tell(
+        &config,
+        &mut *store,
+        &mut connections,
+        &mut acceptor,
+        &watch,
+        deadline,
+    )?;
+    Ok(Mesh {
+        rank: config.rank,
+        world_size: config.world_size,
+        job_id,
+        dead_peer_timeout: config.dead_peer_timeout,
+        connections,
+        watch,
+        store,
+        _server: None,
+    })
 }
 
 /// Creates this rank's connections to every other rank of the group described by `config`.
@@ -446,13 +474,13 @@ pub fn connect_mesh(mut config: MeshConfig) -> Result<Mesh, SetupError> {
             },
             None => e,
         };
-    let mut store = connected.map_err(own_store_failure)?;
+    let mut store: Box<dyn Store> = Box::new(connected.map_err(own_store_failure)?);
     // Owned here, so that on failure they are closed only after the others were told why.
     let mut connections = MeshConnections::unconnected(config.world_size);
     let mut acceptor = None;
     match join_or_tell(
         &config,
-        &mut store,
+        &mut *store,
         &mut connections,
         &mut acceptor,
         &watch,
@@ -503,7 +531,7 @@ fn linger_until_heard(server: &StoreServer, error: &SetupError) {
 /// with the caller, so that they close only after the others were told why.
 fn join_or_tell(
     config: &MeshConfig,
-    store: &mut StoreClient,
+    store: &mut dyn Store,
     connections: &mut MeshConnections,
     acceptor: &mut Option<PeerAcceptor>,
     watch: &StartupWatch,
@@ -533,7 +561,7 @@ fn join_or_tell(
 /// `error`, unless start-up was abandoned meanwhile: then the reason published in the
 /// store, which is the cause (a rank that gave up closes its connections right after
 /// publishing why, so its peers usually see the closed connection first).
-fn abandoned_instead(store: &mut StoreClient, error: SetupError) -> SetupError {
+fn abandoned_instead(store: &mut dyn Store, error: SetupError) -> SetupError {
     match store.check() {
         Err(aborted @ SetupError::RendezvousAborted { .. }) => aborted,
         _ => error,
@@ -546,7 +574,7 @@ fn abandoned_instead(store: &mut StoreClient, error: SetupError) -> SetupError {
 /// stay open until the others have been told why.
 fn join(
     config: &MeshConfig,
-    store: &mut StoreClient,
+    store: &mut dyn Store,
     connections: &mut MeshConnections,
     acceptor: &mut Option<PeerAcceptor>,
     watch: &StartupWatch,
@@ -588,10 +616,20 @@ fn join(
 
     // Listen on the interface this host reaches the store through (the one its peers
     // can most likely reach it on too), or on the one `socket_ifname` names.
-    let store_ip = store
-        .local_addr()
-        .map_err(|e| io_error("local address of the store connection".into(), e))?
-        .ip();
+    let store_ip = match store.local_ip() {
+        Some(ip) => ip,
+        None => {
+            if config.socket_ifname.is_none() {
+                warn!(
+                    rank,
+                    store = %store.describe(),
+                    "the store is not reached over IP: listening for peers on the loopback \
+                     interface; set RINGCCL_SOCKET_IFNAME when the ranks span hosts"
+                );
+            }
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        }
+    };
     let local_ip = crate::interface::listen_ip(rank, config.socket_ifname.as_deref(), store_ip)?;
     let listener = TcpListener::bind(SocketAddr::new(local_ip, 0)).map_err(|e| {
         fd_limit::or_else(
@@ -698,7 +736,7 @@ fn join(
 /// store serves its own attempt of the job.
 fn job_record(
     config: &MeshConfig,
-    store: &mut StoreClient,
+    store: &mut dyn Store,
     deadline: Instant,
 ) -> Result<JobRecord, SetupError> {
     let rank = config.rank;
@@ -744,7 +782,7 @@ fn job_record(
 
 /// Claims `rank` in the store under this process's name. The second claimant abandons
 /// start-up for everyone, naming both.
-fn claim_rank(rank: usize, store: &mut StoreClient) -> Result<(), SetupError> {
+fn claim_rank(rank: usize, store: &mut dyn Store) -> Result<(), SetupError> {
     let me = this_process();
     match store.set_if_absent(&rank_key(rank), me.as_bytes())? {
         None => Ok(()),
@@ -758,7 +796,7 @@ fn claim_rank(rank: usize, store: &mut StoreClient) -> Result<(), SetupError> {
 
 /// The error of the second process to claim `rank` (after `first`), once it has told
 /// everyone through the store.
-fn duplicate(store: &mut StoreClient, rank: usize, first: String) -> SetupError {
+fn duplicate(store: &mut dyn Store, rank: usize, first: String) -> SetupError {
     let error = SetupError::DuplicateRank {
         rank,
         first,
@@ -780,7 +818,7 @@ fn connect_lower(
     token: Option<&AuthToken>,
     deadline: Instant,
     timeout: Duration,
-    store: &mut StoreClient,
+    store: &mut dyn Store,
 ) -> Result<TcpStream, SetupError> {
     let rank = me.rank as usize;
     let channel = me.channel;
@@ -867,7 +905,7 @@ fn read_answer(
     stream: &TcpStream,
     raw: &mut [u8],
     deadline: Instant,
-    store: &mut StoreClient,
+    store: &mut dyn Store,
 ) -> Result<io::Result<()>, SetupError> {
     let mut done = 0;
     while done < raw.len() {

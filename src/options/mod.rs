@@ -92,6 +92,9 @@ pub struct InitOptions {
     /// (`eth0`, `ib0,eth1`, `^lo,docker`, `=eth0`); `None` defers to
     /// `RINGCCL_SOCKET_IFNAME`, then the interface that reaches the rendezvous store.
     pub socket_ifname: Option<String>,
+    /// Calls issued from several threads are queued in issue order, as gloo queues them,
+    /// instead of refused ([`InitOptions::issue_from_any_thread`]).
+    pub any_thread: bool,
     store_listener: Option<StoreListener>,
 }
 
@@ -127,6 +130,7 @@ impl InitOptions {
             trace_dir: None,
             spin: None,
             socket_ifname: None,
+            any_thread: false,
         }
     }
 
@@ -461,6 +465,30 @@ impl InitOptions {
         self
     }
 
+    /// Lets any thread issue calls while another thread's are still pending: each call
+    /// is queued behind every call issued before it on this rank, whatever thread issued
+    /// it (gloo's rule, which `torch.distributed` relies on: DDP all-reduces from the
+    /// autograd thread). By default such a call is refused with
+    /// [`Error::ConcurrentUse`](crate::Error::ConcurrentUse), since threads racing to
+    /// issue can pair their calls differently on different ranks; with this setting,
+    /// keeping the issue order the same on every rank is the program's duty.
+    ///
+    /// ```
+    /// use std::thread;
+    /// let opts = ringccl::InitOptions::new(0, 1, "127.0.0.1:0").issue_from_any_thread();
+    /// let pg = ringccl::init_process_group("gloo", opts)?;
+    /// let pending = pg.all_reduce_async(vec![1.0f32; 4], ringccl::ReduceOp::Sum)?;
+    /// let other = pg.clone();
+    /// // Another thread's call, issued while the first is pending, queues behind it.
+    /// thread::spawn(move || other.barrier()).join().unwrap()?;
+    /// assert_eq!(pending.wait()?, vec![1.0; 4]);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn issue_from_any_thread(mut self) -> InitOptions {
+        self.any_thread = true;
+        self
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -615,6 +643,7 @@ impl InitOptions {
             trace_dir: self.trace_dir.clone(),
             spin: self.spin,
             socket_ifname: self.socket_ifname.clone(),
+            any_thread: self.any_thread,
         }
     }
 

@@ -478,3 +478,54 @@ impl ringccl_transports::SetupStore for StoreClient {
         StoreClient::wait(self, key, deadline, waiting_for)
     }
 }
+
+impl super::Store for StoreClient {
+    fn describe(&self) -> String {
+        format!("rendezvous store at {}", self.addr)
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<(), SetupError> {
+        StoreClient::set(self, key, value)
+    }
+
+    fn set_if_absent(&mut self, key: &str, value: &[u8]) -> Result<Option<Vec<u8>>, SetupError> {
+        StoreClient::set_if_absent(self, key, value)
+    }
+
+    fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, SetupError> {
+        StoreClient::get(self, key)
+    }
+
+    fn scoped(&self, namespace: &str, rank: usize) -> Result<Box<dyn super::Store>, SetupError> {
+        Ok(Box::new(StoreClient::scoped(self, namespace, rank)?))
+    }
+
+    fn wait(
+        &mut self,
+        key: &str,
+        deadline: Instant,
+        waiting_for: &dyn Fn() -> String,
+    ) -> Result<Vec<u8>, SetupError> {
+        StoreClient::wait(self, key, deadline, waiting_for)
+    }
+
+    fn abort(&mut self, reason: &str) -> Result<(), SetupError> {
+        StoreClient::abort(self, reason)
+    }
+
+    fn check(&mut self) -> Result<(), SetupError> {
+        StoreClient::check(self)
+    }
+
+    fn local_ip(&self) -> Option<std::net::IpAddr> {
+        self.local_addr().ok().map(|a| a.ip())
+    }
+}
