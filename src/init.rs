@@ -112,7 +112,8 @@ pub fn init_process_group_with_store(
     let any_thread = opts.any_thread;
     let (recipe, deadline) = gloo_recipe(&opts)?;
     let mesh = connect_mesh_through(store, opts.mesh_config())?;
-    let pg = gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", MAIN_GROUP)?;
+    let group = opts.group_name.as_deref().unwrap_or(MAIN_GROUP);
+    let pg = gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", group)?;
     Ok(pg.issuing_from_any_thread(any_thread))
 }
 
@@ -121,7 +122,8 @@ pub fn init_process_group_with_store(
 fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     let (recipe, deadline) = gloo_recipe(&opts)?;
     let mesh = connect_mesh(opts.mesh_config())?;
-    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", MAIN_GROUP)
+    let group = opts.group_name.as_deref().unwrap_or(MAIN_GROUP);
+    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", group)
 }
 
 /// How a `"gloo"` group is made from `opts` (checked), and its start-up's deadline.

@@ -53,10 +53,12 @@ pub(crate) fn dtype_codes(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 
 /// Joins rank `rank` of a group of `world_size` through torch's `store` (named
 /// `store_name` in messages; reached from `local_ip` when it is a TCP store), with
-/// `timeout` seconds as the deadline of start-up and of every call. The interpreter is
+/// `timeout` seconds as the deadline of start-up and of every call, named `group_name`
+/// in the flight recorder's files (the main group's when `None`). The interpreter is
 /// released while the ranks connect.
 #[pyfunction]
-#[pyo3(signature = (store, rank, world_size, timeout, store_name, local_ip=None))]
+#[pyo3(signature = (store, rank, world_size, timeout, store_name, local_ip=None, group_name=None))]
+#[allow(clippy::too_many_arguments)] // torch's constructor arguments, passed through
 pub(crate) fn init_group(
     py: Python<'_>,
     store: Py<PyAny>,
@@ -65,6 +67,7 @@ pub(crate) fn init_group(
     timeout: f64,
     store_name: String,
     local_ip: Option<String>,
+    group_name: Option<String>,
 ) -> PyResult<Group> {
     if !(timeout.is_finite() && timeout > 0.0) {
         return Err(PyValueError::new_err(format!(
@@ -83,6 +86,9 @@ pub(crate) fn init_group(
         .issue_from_any_thread();
     if std::env::var_os("RINGCCL_SPIN_US").is_none() {
         opts = opts.spin(PYTHON_SPIN);
+    }
+    if let Some(name) = group_name {
+        opts = opts.group_name(name);
     }
     let store = TorchStore::new(store, rank, timeout, store_name, local_ip);
     let pg = py

@@ -95,6 +95,9 @@ pub struct InitOptions {
     /// Calls issued from several threads are queued in issue order, as gloo queues them,
     /// instead of refused ([`InitOptions::issue_from_any_thread`]).
     pub any_thread: bool,
+    /// The group's name in its flight recorder's files (`rank-<rank>.<name>.json`);
+    /// `None`: the main group's (`rank-<rank>.json`). See [`InitOptions::group_name`].
+    pub group_name: Option<String>,
     store_listener: Option<StoreListener>,
 }
 
@@ -131,6 +134,7 @@ impl InitOptions {
             spin: None,
             socket_ifname: None,
             any_thread: false,
+            group_name: None,
         }
     }
 
@@ -489,6 +493,19 @@ impl InitOptions {
         self
     }
 
+    /// Names the group in its flight recorder's files, for a process that starts several
+    /// groups itself (one per `torch.distributed` group, say) whose dumps must not
+    /// overwrite each other's: `rank-<rank>.<name>.json` instead of `rank-<rank>.json`.
+    ///
+    /// ```
+    /// let opts = ringccl::InitOptions::new(0, 1, "127.0.0.1:0").group_name("experts");
+    /// assert_eq!(opts.group_name.as_deref(), Some("experts"));
+    /// ```
+    pub fn group_name(mut self, name: impl Into<String>) -> InitOptions {
+        self.group_name = Some(name.into());
+        self
+    }
+
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -644,6 +661,7 @@ impl InitOptions {
             spin: self.spin,
             socket_ifname: self.socket_ifname.clone(),
             any_thread: self.any_thread,
+            group_name: self.group_name.clone(),
         }
     }
 

@@ -10,6 +10,7 @@ order, whatever thread issued it, as gloo orders them.
 import datetime
 import socket
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -58,14 +59,61 @@ def _error(message):
     return dist.DistBackendError(message)
 
 
-_work_from_future = torch._C._distributed_c10d._create_work_from_future
+class _Work(dist._Work):
+    """A call's handle: finished already (a synchronous call: no future is made unless
+    asked for), or completed by the group's worker through `future`.
 
+    torch wraps a Python backend's Work in a holder that passes on only `wait` and
+    `get_future`: from user code, `work.is_completed()` stays False; ask
+    `work.get_future().done()` instead."""
 
-def _done_work(result):
-    """The Work of a call that has finished (torch's Work over a completed future)."""
-    future = torch.futures.Future()
-    future.set_result(result)
-    return _work_from_future(future)
+    def __init__(self, result, future=None):
+        super().__init__()
+        self._result = result
+        self._future = future
+
+    def wait(self, timeout=_NO_TIMEOUT):
+        future = self._future
+        if future is None:
+            return True
+        if timeout is not None and timeout != _NO_TIMEOUT and not future.done():
+            limit = time.monotonic() + timeout.total_seconds()
+            pause = 1e-5
+            while not future.done():
+                if time.monotonic() >= limit:
+                    raise _error(
+                        f"ringccl: the call did not finish within {timeout.total_seconds():g} s "
+                        "(the timeout given to wait)"
+                    )
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
+        future.wait()  # raises the call's error
+        return True
+
+    def is_completed(self):
+        return self._future is None or self._future.done()
+
+    def is_success(self):
+        return self.exception() is None
+
+    def exception(self):
+        if self._future is None or not self._future.done():
+            return None
+        try:
+            self._future.wait()
+        except Exception as error:
+            return error
+        return None
+
+    def result(self):
+        return self._result
+
+    def get_future(self):
+        if self._future is None:
+            future = torch.futures.Future()
+            future.set_result(self._result)
+            self._future = future
+        return self._future
 
 
 class _Call:
@@ -74,8 +122,8 @@ class _Call:
 
     __slots__ = ("keep", "after")
 
-    def __init__(self):
-        self.keep = []
+    def __init__(self, *keep):
+        self.keep = list(keep)
         self.after = []
 
     def contiguous(self, tensor, writes):
@@ -147,8 +195,10 @@ class RingcclBackend(C10DBackend):
         self._monitored = 0
         self._lock = threading.Lock()
         name, local_ip = _describe_store(store)
+        # torch's default group is "0"; the flight recorder names the others apart.
+        flight_name = None if group_name in ("", "0") else f"torch-{group_name}"
         self._group = _ringccl.init_group(
-            store, rank, size, timeout.total_seconds(), name, local_ip
+            store, rank, size, timeout.total_seconds(), name, local_ip, flight_name
         )
 
     # --- what torch asks of a backend -------------------------------------------------
@@ -182,7 +232,7 @@ class RingcclBackend(C10DBackend):
         if not asynchronous:
             method(*args, False)
             call.finish()
-            return _done_work(result)
+            return _Work(result)
         future = torch.futures.Future()
 
         def on_done(error):
@@ -197,7 +247,7 @@ class RingcclBackend(C10DBackend):
                 future.set_exception(_error(error))
 
         method(*args, True, on_done, call.keep)
-        return _work_from_future(future)
+        return _Work(result, future)
 
     def _reduce_plan(self, call, tensor, op):
         """How to reduce `tensor` (contiguous, in place) with torch's `op`: the tensor
@@ -248,8 +298,29 @@ class RingcclBackend(C10DBackend):
     # --- the collectives --------------------------------------------------------------
 
     def allreduce(self, tensors, opts):
-        call = _Call()
         asynchronous = opts.asyncOp
+        if len(tensors) == 1:
+            # The common call, kept short: one dense CPU tensor of a native type, summed.
+            tensor = tensors[0]
+            code = _NATIVE.get(tensor.dtype)
+            if (
+                code is not None
+                and opts.reduceOp == _T.SUM
+                and tensor.is_cpu
+                and tensor.layout is torch.strided
+                and tensor.is_contiguous()
+            ):
+                if not asynchronous:
+                    self._group.all_reduce(tensor.data_ptr(), tensor.nbytes, code, _SUM, False)
+                    return _Work(tensors)
+                return self._run(
+                    self._group.all_reduce,
+                    (tensor.data_ptr(), tensor.nbytes, code, _SUM),
+                    _Call(tensor),
+                    tensors,
+                    True,
+                )
+        call = _Call()
         if len(tensors) == 1:
             tensor = tensors[0]
             dense = call.contiguous(tensor, writes=True)
@@ -266,7 +337,7 @@ class RingcclBackend(C10DBackend):
     def allreduce_coalesced(self, tensors, opts):
         """Several tensors of one type, reduced as one flat buffer (as gloo does)."""
         if not tensors:
-            return _done_work([])
+            return _Work([])
         for t in tensors:
             _check_cpu(t)
         if len({t.dtype for t in tensors}) != 1:
@@ -655,8 +726,6 @@ class RingcclBackend(C10DBackend):
         store.set(f"{key}/{rank}", b"1")
         seconds = timeout.total_seconds()
         if rank == 0:
-            import time
-
             deadline = time.monotonic() + seconds
             missing = list(range(1, size))
             while missing and time.monotonic() < deadline:
@@ -698,7 +767,7 @@ def _last(works, result):
             future.value()  # raises the first failure
         return result
 
-    return _work_from_future(torch.futures.collect_all(futures).then(done))
+    return _Work(result, torch.futures.collect_all(futures).then(done))
 
 
 def _then(work, step, result):
@@ -709,7 +778,7 @@ def _then(work, step, result):
         step()
         return result
 
-    return _work_from_future(work.get_future().then(chained))
+    return _Work(result, work.get_future().then(chained))
 
 
 def _unflatten(flat, tensors):

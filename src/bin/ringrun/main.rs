@@ -8,9 +8,11 @@
 //! ringrun diagnose DIR
 //! ```
 //!
-//! - **Environment.** Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-//!   GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT and
-//!   TORCHELASTIC_MAX_RESTARTS. Every output line is prefixed with `[rank R]`.
+//! - **Environment.** Each rank gets torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE,
+//!   LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK,
+//!   ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT and
+//!   TORCHELASTIC_MAX_RESTARTS, so `ringrun -- python train.py` runs a torch script as
+//!   torchrun would. Every output line is prefixed with `[rank R]`.
 //! - **Process groups.** Each rank runs in a process group of its own. Stopping a rank
 //!   signals the whole group, so what the rank started (data loaders, `sh -c '... &'`)
 //!   stops with it. Processes that leave the group (`setsid`, daemons) are not followed.
