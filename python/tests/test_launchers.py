@@ -54,13 +54,18 @@ def test_file_init_method(tmp_path):
     check(sorted(ranks.results(), key=lambda r: r["rank"]))
 
 
-def test_ringrun(tmp_path):
+def ringrun_binary():
     ringrun = os.environ.get("RINGCCL_RINGRUN") or shutil.which("ringrun")
     if not ringrun:
         built = REPO / "target" / "debug" / "ringrun"
         ringrun = str(built) if built.exists() else None
     if not ringrun:
         pytest.skip("no ringrun binary: build it with `cargo build` (or set RINGCCL_RINGRUN)")
+    return ringrun
+
+
+def test_ringrun(tmp_path):
+    ringrun = ringrun_binary()
     proc = run([ringrun, "--nproc-per-node", "2", "--", sys.executable, SCRIPT], tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:]
     check(results(tmp_path))
@@ -82,3 +87,17 @@ def test_cpu_ringccl_cuda_nccl(tmp_path):
     found = results(tmp_path)
     check(found, backend="cpu:ringccl,cuda:nccl")
     assert all(r["gpu"] == [3.0, 3.0, 3.0] for r in found), found
+
+
+def test_ringrun_hang_watch_names_the_rank_a_torch_job_waits_for(tmp_path):
+    ringrun = ringrun_binary()
+    proc = run(
+        [ringrun, "--nproc-per-node", "3", "--hang-timeout", "6", "--hang-action", "stop",
+         "--", sys.executable, str(WORKERS / "hang.py")],
+        tmp_path,
+    )
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    diagnosis = [l for l in proc.stdout.splitlines() if "DIAGNOSIS" in l]
+    assert any("wait in op #4 all_reduce" in l and "for rank 1" in l for l in diagnosis), (
+        proc.stdout[-4000:]
+    )

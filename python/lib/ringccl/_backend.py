@@ -209,7 +209,7 @@ class RingcclBackend(C10DBackend):
 
     @property
     def supports_splitting(self):
-        return False
+        return True
 
     @property
     def supports_coalescing(self):
@@ -217,6 +217,16 @@ class RingcclBackend(C10DBackend):
 
     def getBackendName(self):
         return NAME
+
+    def split(self, store, ranks, opts=None):
+        """torch's split_group: the members of `ranks` (ranks of this group) form a new
+        group through `store`; the others get None."""
+        ranks = list(ranks)
+        if self.rank() not in ranks:
+            return None
+        timeout = getattr(opts, "_timeout", None) or self._timeout
+        name = getattr(opts, "group_name", "") or f"{self._group_name}-split"
+        return RingcclBackend(store, ranks.index(self.rank()), len(ranks), timeout, name)
 
     def abort(self):
         self._group.abort("torch.distributed aborted the process group")

@@ -275,6 +275,24 @@ fut = dist.all_reduce(torch.ones(3), async_op=True).get_future()
 value = fut.wait()
 close(value[0], torch.full((3,), float(size)), "future value")
 
+# Complex numbers: summed as pairs of reals.
+z = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (rank + 1)
+dist.all_reduce(z)
+close(torch.view_as_real(z), torch.view_as_real(torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * sum(range(1, size + 1))), "all_reduce complex64")
+
+# Groups formed from this one: new_group (through the store) and split_group.
+pair = dist.new_group([0, 1])
+if rank in (0, 1):
+    x = torch.full((2,), float(rank + 1))
+    dist.all_reduce(x, group=pair)
+    close(x, torch.full((2,), 3.0), "all_reduce on new_group([0, 1])")
+    if dist.get_backend(pair) != "ringccl":
+        fail("new_group", dist.get_backend(pair))
+split = dist.split_group(split_ranks=[[0], list(range(1, size))])
+x = torch.full((1,), float(rank + 1))
+dist.all_reduce(x, group=split)
+close(x, torch.full((1,), 1.0 if rank == 0 else float(sum(range(2, size + 1)))), "all_reduce on split_group")
+
 dist.destroy_process_group()
 result({"checked": checked, "failures": failures[:50]})
 sys.exit(1 if failures else 0)
