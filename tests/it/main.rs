@@ -21,6 +21,7 @@ mod device_ddp;
 mod errors;
 mod fault_tolerance;
 mod flight;
+mod foreign_store;
 mod groups;
 mod idle_cpu;
 mod local_groups;
