@@ -2,7 +2,7 @@
 //! collective the Python half calls, each with the interpreter released.
 //!
 //! A call runs synchronously on the calling thread (torch's `async_op=False`: no thread
-//! hop) or is queued on the group's worker (`async_op=True`, and DDP's bucket
+//! hop) or, given `queued`, on the group's worker (`async_op=True`, and DDP's bucket
 //! all-reduces), completing the torch future through its `on_done` callback. Either way
 //! it takes its place in the group's issue order, whatever thread issued it, as gloo's.
 
@@ -34,6 +34,11 @@ const USER_TAGS: u32 = 1 << 31;
 
 /// What an operation does with the backend, given the call's deadline.
 type Op = Box<dyn FnOnce(&dyn Backend, Deadline) -> Result<(), RuntimeError> + Send>;
+
+/// How the Python half asks for a call on the group's worker: the callback its end
+/// calls (`on_done(error)`), and the objects (tensors) to keep alive until then. Every
+/// call without it runs on the calling thread.
+type Queued = (Py<PyAny>, Vec<Py<PyAny>>);
 
 /// One rank's ringccl process group (the Python half's backend holds one).
 #[pyclass(frozen, module = "ringccl._ringccl")]
@@ -128,6 +133,19 @@ impl Group {
         Region::new(addr, bytes).map_err(|e| to_py(py, e))
     }
 
+    /// A call's input and output regions, which must not overlap.
+    fn input_output(
+        &self,
+        py: Python<'_>,
+        input: (usize, usize),
+        output: (usize, usize),
+    ) -> PyResult<(Region, Region)> {
+        let input = self.region(py, input.0, input.1)?;
+        let output = self.region(py, output.0, output.1)?;
+        Group::disjoint(&[&input, &output])?;
+        Ok((input, output))
+    }
+
     /// `regions` if no two of them overlap.
     fn disjoint(regions: &[&Region]) -> PyResult<()> {
         for (i, a) in regions.iter().enumerate() {
@@ -140,22 +158,20 @@ impl Group {
         Ok(())
     }
 
-    /// Runs `op` as the operation `name`: on this thread now, or on the group's worker,
-    /// where its end calls `on_done` and releases `keep`.
+    /// Runs `op` as the operation `name`: on this thread now, or, `queued`, on the
+    /// group's worker, where its end calls `on_done` and releases what it keeps.
     fn call(
         &self,
         py: Python<'_>,
         name: &'static str,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
         op: Op,
     ) -> PyResult<()> {
-        if !asynchronous {
+        let Some((on_done, keep)) = queued else {
             let pg = &self.pg;
             return py.detach(|| pg.run(name, op)).map_err(|e| to_py(py, e));
-        }
-        let completion = Completion::new(on_done, keep);
+        };
+        let completion = Completion::new(Some(on_done), keep);
         let work = self.pg.run_async(name, move |backend, deadline| {
             let result = op(backend, deadline);
             completion.finish(result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
@@ -190,8 +206,7 @@ impl Group {
     }
 
     /// All-reduce of the `bytes` bytes at `addr` in place.
-    #[pyo3(signature = (addr, bytes, dtype_code, op_code, asynchronous=false, on_done=None, keep=Vec::new()))]
-    #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
+    #[pyo3(signature = (addr, bytes, dtype_code, op_code, queued=None))]
     fn all_reduce(
         &self,
         py: Python<'_>,
@@ -199,9 +214,7 @@ impl Group {
         bytes: usize,
         dtype_code: usize,
         op_code: usize,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
         let (mut buf, dtype, op) = (
             self.region(py, addr, bytes)?,
@@ -211,16 +224,13 @@ impl Group {
         self.call(
             py,
             "all_reduce",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| b.all_reduce(buf.buffer_mut(dtype)?, op, d)),
         )
     }
 
     /// Broadcast of rank `root`'s bytes at `addr` into every rank's.
-    #[pyo3(signature = (addr, bytes, dtype_code, root, asynchronous=false, on_done=None, keep=Vec::new()))]
-    #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
+    #[pyo3(signature = (addr, bytes, dtype_code, root, queued=None))]
     fn broadcast(
         &self,
         py: Python<'_>,
@@ -228,23 +238,19 @@ impl Group {
         bytes: usize,
         dtype_code: usize,
         root: usize,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
         let (mut buf, dtype) = (self.region(py, addr, bytes)?, dtype(dtype_code)?);
         self.call(
             py,
             "broadcast",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| b.broadcast(buf.buffer_mut(dtype)?, root, d)),
         )
     }
 
     /// Reduction into rank `root`'s bytes at `addr` (the others' are left unspecified).
-    #[pyo3(signature = (addr, bytes, dtype_code, op_code, root, asynchronous=false, on_done=None, keep=Vec::new()))]
+    #[pyo3(signature = (addr, bytes, dtype_code, op_code, root, queued=None))]
     #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
     fn reduce(
         &self,
@@ -254,9 +260,7 @@ impl Group {
         dtype_code: usize,
         op_code: usize,
         root: usize,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
         let (mut buf, dtype, op) = (
             self.region(py, addr, bytes)?,
@@ -266,36 +270,27 @@ impl Group {
         self.call(
             py,
             "reduce",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| b.reduce(buf.buffer_mut(dtype)?, op, root, d)),
         )
     }
 
     /// All-gather: every rank's input, in rank order, into every rank's output.
-    #[pyo3(signature = (input, output, dtype_code, asynchronous=false, on_done=None, keep=Vec::new()))]
-    #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
+    #[pyo3(signature = (input, output, dtype_code, queued=None))]
     fn all_gather(
         &self,
         py: Python<'_>,
         input: (usize, usize),
         output: (usize, usize),
         dtype_code: usize,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
-        let input = self.region(py, input.0, input.1)?;
-        let mut output = self.region(py, output.0, output.1)?;
-        Group::disjoint(&[&input, &output])?;
+        let (input, mut output) = self.input_output(py, input, output)?;
         let dtype = dtype(dtype_code)?;
         self.call(
             py,
             "all_gather",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| {
                 b.all_gather(input.buffer_ref(dtype)?, output.buffer_mut(dtype)?, d)
             }),
@@ -303,8 +298,7 @@ impl Group {
     }
 
     /// Reduce-scatter: block `r` of the inputs' reduction into rank `r`'s output.
-    #[pyo3(signature = (input, output, dtype_code, op_code, asynchronous=false, on_done=None, keep=Vec::new()))]
-    #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
+    #[pyo3(signature = (input, output, dtype_code, op_code, queued=None))]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
@@ -312,20 +306,14 @@ impl Group {
         output: (usize, usize),
         dtype_code: usize,
         op_code: usize,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
-        let input = self.region(py, input.0, input.1)?;
-        let mut output = self.region(py, output.0, output.1)?;
-        Group::disjoint(&[&input, &output])?;
+        let (input, mut output) = self.input_output(py, input, output)?;
         let (dtype, op) = (dtype(dtype_code)?, reduce_op(op_code)?);
         self.call(
             py,
             "reduce_scatter",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| {
                 b.reduce_scatter(input.buffer_ref(dtype)?, output.buffer_mut(dtype)?, op, d)
             }),
@@ -334,28 +322,21 @@ impl Group {
 
     /// All-to-all of equal blocks: block `q` of rank `r`'s input becomes block `r` of
     /// rank `q`'s output.
-    #[pyo3(signature = (input, output, dtype_code, asynchronous=false, on_done=None, keep=Vec::new()))]
-    #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
+    #[pyo3(signature = (input, output, dtype_code, queued=None))]
     fn all_to_all(
         &self,
         py: Python<'_>,
         input: (usize, usize),
         output: (usize, usize),
         dtype_code: usize,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
-        let input = self.region(py, input.0, input.1)?;
-        let mut output = self.region(py, output.0, output.1)?;
-        Group::disjoint(&[&input, &output])?;
+        let (input, mut output) = self.input_output(py, input, output)?;
         let dtype = dtype(dtype_code)?;
         self.call(
             py,
             "all_to_all",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| {
                 b.all_to_all(input.buffer_ref(dtype)?, output.buffer_mut(dtype)?, d)
             }),
@@ -364,8 +345,7 @@ impl Group {
 
     /// Gather into rank `root`: rank `r`'s input into `outputs[r]` (`outputs` is empty
     /// on the other ranks).
-    #[pyo3(signature = (input, outputs, dtype_code, root, asynchronous=false, on_done=None, keep=Vec::new()))]
-    #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
+    #[pyo3(signature = (input, outputs, dtype_code, root, queued=None))]
     fn gather(
         &self,
         py: Python<'_>,
@@ -373,9 +353,7 @@ impl Group {
         outputs: Vec<(usize, usize)>,
         dtype_code: usize,
         root: usize,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
         let (rank, n, dtype) = (self.pg.rank(), self.pg.world_size(), dtype(dtype_code)?);
         let input = self.region(py, input.0, input.1)?;
@@ -395,9 +373,7 @@ impl Group {
         self.call(
             py,
             "gather",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| {
                 if rank != root {
                     return b.send(input.buffer_ref(dtype)?, root, GATHER_TAG, d);
@@ -418,8 +394,7 @@ impl Group {
 
     /// Scatter from rank `root`: its `inputs[r]` into rank `r`'s output (`inputs` is
     /// empty on the other ranks).
-    #[pyo3(signature = (inputs, output, dtype_code, root, asynchronous=false, on_done=None, keep=Vec::new()))]
-    #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
+    #[pyo3(signature = (inputs, output, dtype_code, root, queued=None))]
     fn scatter(
         &self,
         py: Python<'_>,
@@ -427,9 +402,7 @@ impl Group {
         output: (usize, usize),
         dtype_code: usize,
         root: usize,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
         let (rank, n, dtype) = (self.pg.rank(), self.pg.world_size(), dtype(dtype_code)?);
         let mut output = self.region(py, output.0, output.1)?;
@@ -449,9 +422,7 @@ impl Group {
         self.call(
             py,
             "scatter",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| {
                 if rank != root {
                     return b.recv(output.buffer_mut(dtype)?, root, SCATTER_TAG, d);
@@ -470,7 +441,7 @@ impl Group {
     }
 
     /// Sends the bytes at `addr` to rank `dst`, tagged `tag`.
-    #[pyo3(signature = (addr, bytes, dtype_code, dst, tag, asynchronous=false, on_done=None, keep=Vec::new()))]
+    #[pyo3(signature = (addr, bytes, dtype_code, dst, tag, queued=None))]
     #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
     fn send(
         &self,
@@ -480,9 +451,7 @@ impl Group {
         dtype_code: usize,
         dst: usize,
         tag: i64,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
         let (buf, dtype, tag) = (
             self.region(py, addr, bytes)?,
@@ -492,15 +461,13 @@ impl Group {
         self.call(
             py,
             "send",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| b.send(buf.buffer_ref(dtype)?, dst, tag, d)),
         )
     }
 
     /// Receives rank `src`'s next message, which must carry `tag`, into `addr`.
-    #[pyo3(signature = (addr, bytes, dtype_code, src, tag, asynchronous=false, on_done=None, keep=Vec::new()))]
+    #[pyo3(signature = (addr, bytes, dtype_code, src, tag, queued=None))]
     #[allow(clippy::too_many_arguments)] // one per field of torch's call, flattened for speed
     fn recv(
         &self,
@@ -510,9 +477,7 @@ impl Group {
         dtype_code: usize,
         src: usize,
         tag: i64,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
+        queued: Option<Queued>,
     ) -> PyResult<()> {
         let (mut buf, dtype, tag) = (
             self.region(py, addr, bytes)?,
@@ -522,30 +487,15 @@ impl Group {
         self.call(
             py,
             "recv",
-            asynchronous,
-            on_done,
-            keep,
+            queued,
             Box::new(move |b, d| b.recv(buf.buffer_mut(dtype)?, src, tag, d)),
         )
     }
 
     /// Returns once every rank has entered the barrier.
-    #[pyo3(signature = (asynchronous=false, on_done=None, keep=Vec::new()))]
-    fn barrier(
-        &self,
-        py: Python<'_>,
-        asynchronous: bool,
-        on_done: Option<Py<PyAny>>,
-        keep: Vec<Py<PyAny>>,
-    ) -> PyResult<()> {
-        self.call(
-            py,
-            "barrier",
-            asynchronous,
-            on_done,
-            keep,
-            Box::new(|b, d| b.barrier(d)),
-        )
+    #[pyo3(signature = (queued=None))]
+    fn barrier(&self, py: Python<'_>, queued: Option<Queued>) -> PyResult<()> {
+        self.call(py, "barrier", queued, Box::new(|b, d| b.barrier(d)))
     }
 }
 

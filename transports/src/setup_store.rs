@@ -1,5 +1,5 @@
 //! What a transport's set-up needs from the rendezvous store: publish a value, look one
-//! up, wait for another rank's. The rendezvous crate's store client implements it.
+//! up, wait for another rank's. The rendezvous crate implements it for every `dyn Store`.
 
 use std::time::Instant;
 

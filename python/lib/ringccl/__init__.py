@@ -13,11 +13,21 @@ from ringccl._ringccl import __version__
 __all__ = ["__version__", "register"]
 
 
+_registering = False
+
+
 def register():
     """Registers the "ringccl" backend with torch.distributed (idempotent)."""
-    from ringccl._backend import register as _register
+    global _registering
+    if _registering:  # torch's start-up came back here while the first call imports
+        return
+    _registering = True
+    try:
+        from ringccl._backend import register as _register
 
-    _register()
+        _register()
+    finally:
+        _registering = False
 
 
 def _autoload():

@@ -7,180 +7,24 @@ complete a torch future. Either way each call takes its place in the group's iss
 order, whatever thread issued it, as gloo orders them.
 """
 
-import datetime
-import socket
 import threading
 import time
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as C10DBackend
-from torch._C._distributed_c10d import ReduceOp
 
 from ringccl import _ringccl
+from ringccl._call import _Call, _check_cpu, _code_for_moving, _moving_view, _overlaps, _region
+from ringccl._codes import (
+    _BITWISE, _BOOL, _BYTES, _DIRECT, _INTEGER, _MAX, _NATIVE, _SUM, _T, _WIDENED, _red_op,
+)
+from ringccl._store import _describe_store
+from ringccl._work import _NO_TIMEOUT, _Work, _error, _last, _then
 
 __all__ = ["RingcclBackend", "register"]
 
 NAME = "ringccl"
-
-_CODES = _ringccl.dtype_codes()
-# torch's element types that ringccl reduces natively.
-_NATIVE = {
-    torch.float32: _CODES["f32"],
-    torch.float64: _CODES["f64"],
-    torch.float16: _CODES["f16"],
-    torch.bfloat16: _CODES["bf16"],
-    torch.int8: _CODES["i8"],
-    torch.uint8: _CODES["u8"],
-    torch.int32: _CODES["i32"],
-    torch.int64: _CODES["i64"],
-}
-_BYTES = _CODES["u8"]
-# Reduced in a wider type and narrowed back: wrapping sums and products agree modulo
-# 2^16 (2^32), and minimum and maximum are exact.
-_WIDENED = {torch.int16: torch.int32, torch.uint16: torch.int32, torch.uint32: torch.int64}
-_INTEGER = {
-    torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32,
-    torch.int64, torch.uint64, torch.bool,
-}
-
-_T = ReduceOp.RedOpType
-# ringccl's operator codes (the order of ringccl::ReduceOp::ALL).
-_SUM, _PRODUCT, _MIN, _MAX, _AVG = range(5)
-_DIRECT = {_T.SUM: _SUM, _T.PRODUCT: _PRODUCT, _T.MIN: _MIN, _T.MAX: _MAX, _T.AVG: _AVG}
-# bool as bytes: a sum is "any", a product "all" (gloo's results).
-_BOOL = {_T.SUM: _MAX, _T.PRODUCT: _MIN, _T.MIN: _MIN, _T.MAX: _MAX, _T.BAND: _MIN, _T.BOR: _MAX}
-_BITWISE = {_T.BAND: torch.bitwise_and, _T.BOR: torch.bitwise_or, _T.BXOR: torch.bitwise_xor}
-
-_NO_TIMEOUT = datetime.timedelta(0)
-
-
-def _error(message):
-    return dist.DistBackendError(message)
-
-
-class _Work(dist._Work):
-    """A call's handle: finished already (a synchronous call: no future is made unless
-    asked for), or completed by the group's worker through `future`.
-
-    torch wraps a Python backend's Work in a holder that passes on only `wait` and
-    `get_future`: from user code, `work.is_completed()` stays False; ask
-    `work.get_future().done()` instead."""
-
-    def __init__(self, result, future=None):
-        super().__init__()
-        self._result = result
-        self._future = future
-
-    def wait(self, timeout=_NO_TIMEOUT):
-        future = self._future
-        if future is None:
-            return True
-        if timeout is not None and timeout != _NO_TIMEOUT and not future.done():
-            limit = time.monotonic() + timeout.total_seconds()
-            pause = 1e-5
-            while not future.done():
-                if time.monotonic() >= limit:
-                    raise _error(
-                        f"ringccl: the call did not finish within {timeout.total_seconds():g} s "
-                        "(the timeout given to wait)"
-                    )
-                time.sleep(pause)
-                pause = min(pause * 2, 0.01)
-        future.wait()  # raises the call's error
-        return True
-
-    def is_completed(self):
-        return self._future is None or self._future.done()
-
-    def is_success(self):
-        return self.exception() is None
-
-    def exception(self):
-        if self._future is None or not self._future.done():
-            return None
-        try:
-            self._future.wait()
-        except Exception as error:
-            return error
-        return None
-
-    def result(self):
-        return self._result
-
-    def get_future(self):
-        if self._future is None:
-            future = torch.futures.Future()
-            future.set_result(self._result)
-            self._future = future
-        return self._future
-
-
-class _Call:
-    """One collective being prepared: the regions handed to ringccl, the tensors to keep
-    alive, and what to do once the data has arrived (copy back, narrow, fold)."""
-
-    __slots__ = ("keep", "after")
-
-    def __init__(self, *keep):
-        self.keep = list(keep)
-        self.after = []
-
-    def contiguous(self, tensor, writes):
-        """`tensor`'s data, contiguous; copied back after the call if `writes`."""
-        _check_cpu(tensor)
-        if tensor.is_contiguous():
-            return tensor
-        dense = tensor.contiguous()
-        self.keep.append(dense)
-        if writes:
-            self.after.append(lambda: tensor.copy_(dense))
-        return dense
-
-    def finish(self):
-        # Last registered, first run: a narrowing copy into a dense tensor comes before
-        # the dense tensor's copy back into the caller's.
-        for step in reversed(self.after):
-            step()
-
-
-def _check_cpu(tensor):
-    if tensor.device.type != "cpu":
-        raise ValueError(
-            f"ringccl: a {tensor.device.type} tensor reached the CPU backend; use "
-            f'init_process_group("cpu:ringccl,cuda:nccl") to send CUDA tensors to NCCL'
-        )
-    if tensor.is_sparse:
-        raise ValueError("ringccl: sparse tensors are not supported")
-
-
-def _region(tensor):
-    return (tensor.data_ptr(), tensor.nbytes)
-
-
-def _overlaps(a, b):
-    if a.nbytes == 0 or b.nbytes == 0:
-        return False
-    (pa, na), (pb, nb) = _region(a), _region(b)
-    return pa < pb + nb and pb < pa + na
-
-
-def _code_for_moving(tensor):
-    """The element code for a call that only moves `tensor`'s data."""
-    return _NATIVE.get(tensor.dtype, _BYTES)
-
-
-def _moving_view(tensor):
-    """`tensor` (contiguous) as the elements a data-moving call sends."""
-    if tensor.dtype in _NATIVE:
-        return tensor
-    return tensor.view(-1).view(torch.uint8) if tensor.dim() else tensor.reshape(1).view(torch.uint8)
-
-
-def _red_op(op):
-    kind = op.op if isinstance(op, ReduceOp) else op
-    factor = op.factor if kind == _T.PREMUL_SUM else None
-    return kind, factor
 
 
 class RingcclBackend(C10DBackend):
@@ -240,7 +84,7 @@ class RingcclBackend(C10DBackend):
         """Runs `method(*args)` on the group, synchronously or on the worker, and returns
         the torch Work whose result is `result`."""
         if not asynchronous:
-            method(*args, False)
+            method(*args)
             call.finish()
             return _Work(result)
         future = torch.futures.Future()
@@ -256,7 +100,7 @@ class RingcclBackend(C10DBackend):
             else:
                 future.set_exception(_error(error))
 
-        method(*args, True, on_done, call.keep)
+        method(*args, (on_done, call.keep))
         return _Work(result, future)
 
     def _reduce_plan(self, call, tensor, op):
@@ -321,7 +165,7 @@ class RingcclBackend(C10DBackend):
                 and tensor.is_contiguous()
             ):
                 if not asynchronous:
-                    self._group.all_reduce(tensor.data_ptr(), tensor.nbytes, code, _SUM, False)
+                    self._group.all_reduce(tensor.data_ptr(), tensor.nbytes, code, _SUM)
                     return _Work(tensors)
                 return self._run(
                     self._group.all_reduce,
@@ -399,20 +243,12 @@ class RingcclBackend(C10DBackend):
         )
 
     def broadcast(self, tensors, opts):
-        call = _Call()
         root = opts.rootRank
         if len(tensors) != 1:
             raise ValueError("ringccl: broadcast takes one tensor per call")
-        dense = call.contiguous(tensors[0], writes=self.rank() != root)
-        data = _moving_view(dense)
-        call.keep.append(data)
-        return self._run(
-            self._group.broadcast,
-            (*_region(data), _code_for_moving(dense), root),
-            call,
-            tensors,
-            opts.asyncOp,
-        )
+        call = _Call()
+        region, code = call.moving(tensors[0], writes=self.rank() != root)
+        return self._run(self._group.broadcast, (*region, code, root), call, tensors, opts.asyncOp)
 
     def reduce(self, tensors, opts):
         call = _Call()
@@ -605,7 +441,7 @@ class RingcclBackend(C10DBackend):
         call = _Call()
         local_max = max(in_counts + out_counts) if n else 0
         agreed = torch.tensor([local_max], dtype=torch.int64)
-        self._group.all_reduce(*_region(agreed), _NATIVE[torch.int64], _MAX, False)
+        self._group.all_reduce(*_region(agreed), _NATIVE[torch.int64], _MAX)
         block = int(agreed.item())
         data_in = _moving_view(flat_in)
         scale = data_in.numel() // flat_in.numel() if flat_in.numel() else 1
@@ -643,24 +479,14 @@ class RingcclBackend(C10DBackend):
         if len(input_tensors) != 1:
             raise ValueError("ringccl: gather takes one input tensor per call")
         call = _Call()
-        dense = call.contiguous(input_tensors[0], writes=False)
-        data = _moving_view(dense)
-        call.keep.append(data)
-        outs = []
+        source, code = call.moving(input_tensors[0], writes=False)
+        targets = []
         if self.rank() == root:
             if len(output_tensors) != 1 or len(output_tensors[0]) != self.size():
                 raise ValueError(f"ringccl: gather's root needs {self.size()} output tensors")
-            for out in output_tensors[0]:
-                dense_out = call.contiguous(out, writes=True)
-                target = _moving_view(dense_out)
-                call.keep.append(target)
-                outs.append(_region(target))
+            targets = [call.moving(out, writes=True)[0] for out in output_tensors[0]]
         return self._run(
-            self._group.gather,
-            (_region(data), outs, _code_for_moving(dense), root),
-            call,
-            output_tensors,
-            opts.asyncOp,
+            self._group.gather, (source, targets, code, root), call, output_tensors, opts.asyncOp
         )
 
     def scatter(self, output_tensors, input_tensors, opts):
@@ -668,54 +494,29 @@ class RingcclBackend(C10DBackend):
         if len(output_tensors) != 1:
             raise ValueError("ringccl: scatter takes one output tensor per call")
         call = _Call()
-        dense_out = call.contiguous(output_tensors[0], writes=True)
-        target = _moving_view(dense_out)
-        call.keep.append(target)
-        ins = []
+        target, code = call.moving(output_tensors[0], writes=True)
+        sources = []
         if self.rank() == root:
             if len(input_tensors) != 1 or len(input_tensors[0]) != self.size():
                 raise ValueError(f"ringccl: scatter's root needs {self.size()} input tensors")
-            for inp in input_tensors[0]:
-                source = _moving_view(call.contiguous(inp, writes=False))
-                call.keep.append(source)
-                ins.append(_region(source))
+            sources = [call.moving(inp, writes=False)[0] for inp in input_tensors[0]]
         return self._run(
-            self._group.scatter,
-            (ins, _region(target), _code_for_moving(dense_out), root),
-            call,
-            output_tensors,
-            opts.asyncOp,
+            self._group.scatter, (sources, target, code, root), call, output_tensors, opts.asyncOp
         )
 
     def send(self, tensors, dst, tag=0):
         if len(tensors) != 1:
             raise ValueError("ringccl: send takes one tensor per call")
         call = _Call()
-        dense = call.contiguous(tensors[0], writes=False)
-        data = _moving_view(dense)
-        call.keep.append(data)
-        return self._run(
-            self._group.send,
-            (*_region(data), _code_for_moving(dense), dst, tag),
-            call,
-            tensors,
-            True,
-        )
+        region, code = call.moving(tensors[0], writes=False)
+        return self._run(self._group.send, (*region, code, dst, tag), call, tensors, True)
 
     def recv(self, tensors, src, tag=0):
         if len(tensors) != 1:
             raise ValueError("ringccl: recv takes one tensor per call")
         call = _Call()
-        dense = call.contiguous(tensors[0], writes=True)
-        data = _moving_view(dense)
-        call.keep.append(data)
-        return self._run(
-            self._group.recv,
-            (*_region(data), _code_for_moving(dense), src, tag),
-            call,
-            tensors,
-            True,
-        )
+        region, code = call.moving(tensors[0], writes=True)
+        return self._run(self._group.recv, (*region, code, src, tag), call, tensors, True)
 
     def recv_anysource(self, tensors, tag=0):
         raise ValueError("ringccl: receiving from any source is not supported; name the sender")
@@ -768,60 +569,12 @@ class RingcclBackend(C10DBackend):
             )
 
 
-def _last(works, result):
-    """One Work standing for several issued in order, done when all are."""
-    futures = [w.get_future() for w in works]
-
-    def done(collected):
-        for future in collected.value():
-            future.value()  # raises the first failure
-        return result
-
-    return _Work(result, torch.futures.collect_all(futures).then(done))
-
-
-def _then(work, step, result):
-    """`work`, with `step` run once its data has arrived (before it counts as done)."""
-
-    def chained(done):
-        done.value()  # raises the call's failure
-        step()
-        return result
-
-    return _Work(result, work.get_future().then(chained))
-
-
 def _unflatten(flat, tensors):
     offset = 0
     for t in tensors:
         n = t.numel()
         t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
-
-
-def _describe_store(store):
-    """How torch's store is named in messages, and the address this host reaches it
-    from (a TCPStore's), for listening to the peers."""
-    inner = store
-    while hasattr(inner, "underlying_store"):
-        inner = inner.underlying_store
-    kind = type(inner).__name__
-    if kind == "TCPStore":
-        host, port = inner.host, inner.port
-        return f"torch's TCPStore at {host}:{port}", _route_to(host, port)
-    return f"torch's {kind}", None
-
-
-def _route_to(host, port):
-    """The local address of the route to `host`: a UDP socket's connect picks it
-    without sending anything."""
-    try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect(addr)
-            return probe.getsockname()[0]
-    except OSError:
-        return None
 
 
 def _create(opts, backend_options=None):

@@ -3,7 +3,6 @@ reports what it raised and how long that took. Prints RESULT {"error": str|None,
 "type": str, "seconds": float}."""
 
 import os
-import signal
 import sys
 import time
 

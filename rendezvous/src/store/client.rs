@@ -458,27 +458,6 @@ impl fmt::Debug for StoreClient {
     }
 }
 
-impl ringccl_transports::SetupStore for StoreClient {
-    type Error = SetupError;
-
-    fn set(&mut self, key: &str, value: &[u8]) -> Result<(), SetupError> {
-        StoreClient::set(self, key, value)
-    }
-
-    fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>, SetupError> {
-        StoreClient::get(self, key)
-    }
-
-    fn wait(
-        &mut self,
-        key: &str,
-        deadline: Instant,
-        waiting_for: &dyn Fn() -> String,
-    ) -> Result<Vec<u8>, SetupError> {
-        StoreClient::wait(self, key, deadline, waiting_for)
-    }
-}
-
 impl super::Store for StoreClient {
     fn describe(&self) -> String {
         format!("rendezvous store at {}", self.addr)
