@@ -7,7 +7,8 @@ use crate::{DType, Element, Error};
 /// Checks that `len` bytes at `addr` are a whole number of aligned `dtype` elements.
 fn check_elements(addr: usize, len: usize, dtype: DType) -> Result<(), Error> {
     let size = dtype.size();
-    if len % size != 0 || addr % size != 0 {
+    // An empty buffer has no elements to align (an empty slice's address is dangling).
+    if len % size != 0 || (len > 0 && addr % size != 0) {
         return Err(Error::InvalidArgument(format!(
             "a buffer of {} must be a whole number of {size}-byte elements on a {size}-byte \
              boundary; got {len} bytes at address {addr:#x}",
@@ -45,10 +46,20 @@ impl<'a> BufferMut<'a> {
     /// let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
     /// assert_eq!(BufferMut::from_bytes(bytes, DType::F32)?.len(), 2);
     /// assert!(BufferMut::from_bytes(&mut bytes[1..], DType::F32).is_err());
+    /// let mut nothing = [0u8; 9];
+    /// let empty = BufferMut::from_bytes(&mut nothing[1..1], DType::F64)?; // unaligned, empty
+    /// assert!(empty.is_empty());
     /// # Ok::<(), ringccl_collectives::Error>(())
     /// ```
     pub fn from_bytes(bytes: &'a mut [u8], dtype: DType) -> Result<BufferMut<'a>, Error> {
         check_elements(bytes.as_ptr() as usize, bytes.len(), dtype)?;
+        if bytes.is_empty() {
+            // An empty slice's address may be unaligned; the engine casts to elements.
+            return Ok(BufferMut {
+                dtype,
+                bytes: bytemuck::cast_slice_mut(<&mut [u64]>::default()),
+            });
+        }
         Ok(BufferMut { dtype, bytes })
     }
 
@@ -117,6 +128,13 @@ impl<'a> BufferRef<'a> {
     /// ```
     pub fn from_bytes(bytes: &'a [u8], dtype: DType) -> Result<BufferRef<'a>, Error> {
         check_elements(bytes.as_ptr() as usize, bytes.len(), dtype)?;
+        if bytes.is_empty() {
+            // An empty slice's address may be unaligned; the engine casts to elements.
+            return Ok(BufferRef {
+                dtype,
+                bytes: bytemuck::cast_slice(<&[u64]>::default()),
+            });
+        }
         Ok(BufferRef { dtype, bytes })
     }
 

@@ -326,7 +326,16 @@ class RingcclBackend(C10DBackend):
     _allgather_base = all_gather_single
 
     def allgather_coalesced(self, output_lists, input_tensors, opts):
-        works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists, input_tensors)]
+        """`output_lists[r][i]` receives rank r's `input_tensors[i]`."""
+        if len(output_lists) != self.size():
+            raise ValueError(
+                f"ringccl: all_gather_coalesced needs {self.size()} output lists, "
+                f"got {len(output_lists)}"
+            )
+        works = [
+            self.allgather([[outs[i] for outs in output_lists]], [inp], opts)
+            for i, inp in enumerate(input_tensors)
+        ]
         return _last(works, output_lists)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):

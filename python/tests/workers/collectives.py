@@ -275,6 +275,22 @@ fut = dist.all_reduce(torch.ones(3), async_op=True).get_future()
 value = fut.wait()
 close(value[0], torch.full((3,), float(size)), "future value")
 
+# Empty tensors (DDP sends them: an empty tensor's address need not be aligned).
+for dtype in (torch.int64, torch.float32):
+    empty = torch.empty(0, dtype=dtype)
+    dist.all_reduce(empty)
+    dist.broadcast(empty, 0)
+    dist.all_reduce(empty, async_op=True).wait()
+    checked += 1
+
+# all_gather_coalesced: outputs[r][i] is rank r's input i.
+ins = [torch.full((2,), float(rank)), torch.full((3,), 10.0 * rank)]
+outs = [[torch.empty(2), torch.empty(3)] for _ in range(size)]
+dist.all_gather_coalesced(outs, ins)
+for r in range(size):
+    close(outs[r][0], torch.full((2,), float(r)), f"all_gather_coalesced block {r} tensor 0")
+    close(outs[r][1], torch.full((3,), 10.0 * r), f"all_gather_coalesced block {r} tensor 1")
+
 # Complex numbers: summed as pairs of reals.
 z = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64) * (rank + 1)
 dist.all_reduce(z)
