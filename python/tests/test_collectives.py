@@ -15,3 +15,11 @@ def test_every_collective_matches_the_reference_and_gloo(n):
         assert res is not None, f"rank {rank} printed no result:\n{ranks.report()}"
         assert res["failures"] == [], res["failures"]
         assert res["checked"] > 500, res
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_batch_isend_irecv_exchanges_and_rings_of_large_tensors(n):
+    ranks = launch(n, "p2p_batch.py")
+    assert ranks.ok(), ranks.report()
+    for res in ranks.results():
+        assert res["ok"], res["detail"]

@@ -38,6 +38,8 @@ class RingcclBackend(C10DBackend):
         self._group_name = group_name
         self._monitored = 0
         self._lock = threading.Lock()
+        # The point-to-point calls of a batch_isend_irecv being recorded, if one is.
+        self._batch = None
         name, local_ip = _describe_store(store)
         # torch's default group is "0"; the flight recorder names the others apart.
         flight_name = None if group_name in ("", "0") else f"torch-{group_name}"
@@ -57,7 +59,31 @@ class RingcclBackend(C10DBackend):
 
     @property
     def supports_coalescing(self):
-        return False
+        # torch's batch_isend_irecv then hands over the whole batch (see end_coalescing).
+        return True
+
+    def start_coalescing(self):
+        self._batch = []
+
+    def end_coalescing(self):
+        """Runs the point-to-point calls recorded since start_coalescing (torch's
+        batch_isend_irecv) in an order that cannot deadlock a pairwise exchange or a
+        ring, whatever order each rank listed them in: peer by peer, lowest first, and
+        with each peer the lower rank sends first. ringccl runs a rank's calls one at a
+        time, and a large send waits for its receiver."""
+        batch, self._batch = self._batch or [], None
+        rank = self.rank()
+
+        def turn(entry):
+            index, (kind, _, peer, _) = entry
+            sends_first = rank < peer
+            return (peer, 0 if (kind == "send") == sends_first else 1, index)
+
+        works = []
+        for _, (kind, tensor, peer, tag) in sorted(enumerate(batch), key=turn):
+            method = RingcclBackend.send if kind == "send" else RingcclBackend.recv
+            works.append(method(self, [tensor], peer, tag))
+        return _last(works, [t for _, t, _, _ in batch])
 
     def getBackendName(self):
         return NAME
@@ -516,6 +542,9 @@ class RingcclBackend(C10DBackend):
     def send(self, tensors, dst, tag=0):
         if len(tensors) != 1:
             raise ValueError("ringccl: send takes one tensor per call")
+        if self._batch is not None:  # inside batch_isend_irecv: runs at end_coalescing
+            self._batch.append(("send", tensors[0], dst, tag))
+            return _Work(tensors)
         call = _Call()
         region, code = call.moving(tensors[0], writes=False)
         return self._run(self._group.send, (*region, code, dst, tag), call, tensors, True)
@@ -523,6 +552,9 @@ class RingcclBackend(C10DBackend):
     def recv(self, tensors, src, tag=0):
         if len(tensors) != 1:
             raise ValueError("ringccl: recv takes one tensor per call")
+        if self._batch is not None:  # inside batch_isend_irecv: runs at end_coalescing
+            self._batch.append(("recv", tensors[0], src, tag))
+            return _Work(tensors)
         call = _Call()
         region, code = call.moving(tensors[0], writes=True)
         return self._run(self._group.recv, (*region, code, src, tag), call, tensors, True)
