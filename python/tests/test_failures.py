@@ -35,3 +35,14 @@ def test_a_killed_rank_is_named_by_the_others_within_the_deadline():
         assert res["type"] == "DistBackendError", res
         assert res["seconds"] < 25, res  # the group's deadline is 20 s
         assert "rank 2" in res["error"], res["error"]
+
+
+def test_monitored_barrier_names_the_rank_that_did_not_come():
+    ranks = launch(3, "failures.py", "monitored_barrier")
+    assert ranks.ok(), ranks.report()
+    results = ranks.results()
+    first = results[0]
+    assert first["error"] and "rank(s) 1 did not reach the barrier" in first["error"], first
+    assert first["seconds"] < 4, first  # rank 0 gave up after its 2 s
+    late = results[1]
+    assert late["error"] and "rank 0 reported" in late["error"], late

@@ -30,6 +30,12 @@ try:
         time.sleep(0.5)
         for _ in range(3):
             dist.all_reduce(torch.ones(1 << 16))
+    elif mode == "monitored_barrier":
+        import datetime
+
+        if rank == 1:
+            time.sleep(4)  # late: rank 0 waits 2 s
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=2), wait_all_ranks=True)
     elif mode == "async_failure":
         work = dist.all_reduce(torch.ones(100 + (rank == 1)), async_op=True)
         work.wait()
