@@ -334,6 +334,39 @@ impl ProcessGroup {
         self.queue(name, op)
     }
 
+    /// [`ProcessGroup::run_async`], calling `on_end` with the outcome once the operation
+    /// has ended, on the worker thread, before its [`Work`] gets the result: after the
+    /// turn has passed on, so `on_end` may itself issue calls on this group (a blocking
+    /// one runs at once, on the worker). `on_end` also hears of an operation refused at
+    /// its turn (its deadline passed while queued, or the group broke). For a binding
+    /// that completes a future of its own language.
+    ///
+    /// ```
+    /// use std::sync::mpsc;
+    /// let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let (tx, rx) = mpsc::channel();
+    /// let again = pg.clone();
+    /// let work = pg.run_async_and_then(
+    ///     "barrier",
+    ///     |backend, deadline| backend.barrier(deadline),
+    ///     move |outcome| {
+    ///         // The turn has passed on: a blocking call here runs at once.
+    ///         let _ = tx.send((outcome.is_ok(), again.barrier().is_ok()));
+    ///     },
+    /// )?;
+    /// work.wait()?;
+    /// assert_eq!(rx.recv().unwrap(), (true, true));
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn run_async_and_then<R: Send + 'static>(
+        &self,
+        name: &'static str,
+        op: impl FnOnce(&dyn Backend, Deadline) -> Result<R, crate::RuntimeError> + Send + 'static,
+        on_end: impl FnOnce(&Result<R, Error>) + Send + 'static,
+    ) -> Result<Work<R>, Error> {
+        self.queue_then(name, op, on_end)
+    }
+
     /// Runs `op` (named `name` in messages) on the calling thread once every earlier
     /// operation has finished, with the group's deadline counted from now.
     pub(crate) fn in_order<R, E>(
@@ -383,6 +416,20 @@ impl ProcessGroup {
     where
         Error: From<E>,
     {
+        self.queue_then(name, op, |_| {})
+    }
+
+    /// [`ProcessGroup::queue`], calling `on_end` with the outcome once the turn has passed
+    /// on (see [`ProcessGroup::run_async_and_then`]).
+    fn queue_then<T: Send + 'static, E>(
+        &self,
+        name: &'static str,
+        op: impl FnOnce(&dyn Backend, Deadline) -> Result<T, E> + Send + 'static,
+        on_end: impl FnOnce(&Result<T, Error>) + Send + 'static,
+    ) -> Result<Work<T>, Error>
+    where
+        Error: From<E>,
+    {
         let rank = self.rank();
         let deadline = Deadline::after(self.shared.backend.timeout());
         let mut slot = self.worker()?;
@@ -406,6 +453,7 @@ impl ProcessGroup {
                 aborted_meanwhile?;
                 Ok(value)
             });
+            on_end(&result);
             // The Work may have been dropped: the result is then discarded.
             let _ = done.send(result);
         });

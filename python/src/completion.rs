@@ -3,13 +3,14 @@
 
 use pyo3::prelude::*;
 
-/// Said to the completion callback of a call that never ran.
-const NEVER_RAN: &str = "the call never ran: the group broke, or its deadline passed, while it \
-                         was queued behind an earlier call (that call's error says why)";
+/// Said to the completion callback of a call the group's worker dropped unrun (it was
+/// stopping).
+const NEVER_RAN: &str = "the call never ran: the group's worker stopped first (the group was \
+                         destroyed or broken; the earlier calls' errors say why)";
 
 /// What an asynchronous call does when it ends: calls the Python half's `on_done(error)`
 /// (`None` on success, the message otherwise), then lets go of the tensors it kept
-/// alive. A call dropped without running (refused at its turn) completes as failed.
+/// alive. A call dropped without an outcome completes as failed.
 pub(crate) struct Completion {
     on_done: Option<Py<PyAny>>,
     keep: Vec<Py<PyAny>>,

@@ -172,10 +172,10 @@ impl Group {
             return py.detach(|| pg.run(name, op)).map_err(|e| to_py(py, e));
         };
         let completion = Completion::new(Some(on_done), keep);
-        let work = self.pg.run_async(name, move |backend, deadline| {
-            let result = op(backend, deadline);
-            completion.finish(result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-            result
+        // The callback runs once the turn has passed on: Python code it runs (a future's
+        // callbacks) may issue calls on this group, even blocking ones.
+        let work = self.pg.run_async_and_then(name, op, move |outcome| {
+            completion.finish(outcome.as_ref().map(|_| ()).map_err(|e| e.to_string()));
         });
         // Dropping the handle leaves the call running; its end is reported to `on_done`.
         work.map(drop).map_err(|e| to_py(py, e))

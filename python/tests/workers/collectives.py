@@ -271,6 +271,20 @@ for w in reversed(works):
     w.wait()
 for i, x in enumerate(xs):
     close(x, torch.full((100,), float(sum(r + i for r in range(size)))), f"async all_reduce #{i}")
+# A future's callback may issue calls on the group, even blocking ones (it runs on the
+# group's worker once the call's turn has passed on).
+inner = []
+
+
+def chained(done):
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    inner.append(float(t[0]))
+    return done.value()
+
+
+dist.all_reduce(torch.ones(3), async_op=True).get_future().then(chained).wait()
+close(torch.tensor(inner), torch.tensor([float(size)]), "a blocking call in a future's callback")
 fut = dist.all_reduce(torch.ones(3), async_op=True).get_future()
 value = fut.wait()
 close(value[0], torch.full((3,), float(size)), "future value")
