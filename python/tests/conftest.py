@@ -80,20 +80,10 @@ def launch(n, worker, *args, env=None, limit=LAUNCH_LIMIT, kill=None):
     return _collect(procs, limit, kill, keep_alive=store)
 
 
-def launch_command(n_expected, command, env=None, limit=LAUNCH_LIMIT):
-    """Runs one launcher command (torchrun, ringrun) that starts the ranks itself."""
-    proc = subprocess.run(
-        command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=limit,
-    )
-    return proc
-
-
 def _collect(procs, limit, kill, keep_alive):
     import threading
     import time
 
-    outputs = [""] * len(procs)
     lines = [[] for _ in procs]
 
     def read(i, p):
