@@ -101,3 +101,15 @@ def test_ringrun_hang_watch_names_the_rank_a_torch_job_waits_for(tmp_path):
     assert any("wait in op #4 all_reduce" in l and "for rank 1" in l for l in diagnosis), (
         proc.stdout[-4000:]
     )
+
+
+def test_tcp_init_method():
+    import socket
+
+    # Rank 0 binds the port torch's tcp:// names: take a free one from the kernel.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = launch(2, "launched.py", f"tcp://127.0.0.1:{port}")
+    assert ranks.ok(), ranks.report()
+    check(sorted(ranks.results(), key=lambda r: r["rank"]))
