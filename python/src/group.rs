@@ -13,7 +13,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use ringccl::core::Deadline;
-use ringccl::{Backend, DType, InitOptions, ProcessGroup, ReduceOp, RuntimeError};
+use ringccl::{
+    Backend, BufferMut, BufferRef, DType, InitOptions, ProcessGroup, ReduceOp, RuntimeError,
+};
 
 use crate::completion::Completion;
 use crate::errors::to_py;
@@ -144,6 +146,26 @@ impl Group {
         let output = self.region(py, output.0, output.1)?;
         Group::disjoint(&[&input, &output])?;
         Ok((input, output))
+    }
+
+    /// A call that moves `input` into `output` (all-gather, all-to-all): `run` with the
+    /// two as buffers of the element type `dtype_code` names.
+    #[allow(clippy::too_many_arguments)] // the shared tail of two calls' arguments
+    fn moving_call(
+        &self,
+        py: Python<'_>,
+        name: &'static str,
+        input: (usize, usize),
+        output: (usize, usize),
+        dtype_code: usize,
+        queued: Option<Queued>,
+        run: fn(&dyn Backend, BufferRef<'_>, BufferMut<'_>, Deadline) -> Result<(), RuntimeError>,
+    ) -> PyResult<()> {
+        let (input, mut output) = self.input_output(py, input, output)?;
+        let dtype = dtype(dtype_code)?;
+        let op: Op =
+            Box::new(move |b, d| run(b, input.buffer_ref(dtype)?, output.buffer_mut(dtype)?, d));
+        self.call(py, name, queued, op)
     }
 
     /// `regions` if no two of them overlap.
@@ -285,15 +307,14 @@ impl Group {
         dtype_code: usize,
         queued: Option<Queued>,
     ) -> PyResult<()> {
-        let (input, mut output) = self.input_output(py, input, output)?;
-        let dtype = dtype(dtype_code)?;
-        self.call(
+        self.moving_call(
             py,
             "all_gather",
+            input,
+            output,
+            dtype_code,
             queued,
-            Box::new(move |b, d| {
-                b.all_gather(input.buffer_ref(dtype)?, output.buffer_mut(dtype)?, d)
-            }),
+            |b, i, o, d| b.all_gather(i, o, d),
         )
     }
 
@@ -331,15 +352,14 @@ impl Group {
         dtype_code: usize,
         queued: Option<Queued>,
     ) -> PyResult<()> {
-        let (input, mut output) = self.input_output(py, input, output)?;
-        let dtype = dtype(dtype_code)?;
-        self.call(
+        self.moving_call(
             py,
             "all_to_all",
+            input,
+            output,
+            dtype_code,
             queued,
-            Box::new(move |b, d| {
-                b.all_to_all(input.buffer_ref(dtype)?, output.buffer_mut(dtype)?, d)
-            }),
+            |b, i, o, d| b.all_to_all(i, o, d),
         )
     }
 
