@@ -243,7 +243,7 @@ class RingcclBackend(C10DBackend):
             self._group.all_reduce, (*_region(work_on), code, op), call, tensors, asynchronous
         )
 
-    def _allreduce_by_gather(self, tensors, opts):
+    def _allreduce_by_gather(self, tensors, opts, writes=True):
         """BAND, BOR and BXOR (and bool BXOR): every rank's tensor gathered, folded in rank
         order on every rank, so every rank gets the same bits."""
         (tensor,) = tensors
@@ -257,7 +257,8 @@ class RingcclBackend(C10DBackend):
         def fold():
             rows = gathered if dense.dtype in _NATIVE else gathered.view(dense.dtype)
             rows = rows.view(self.size(), *dense.shape)
-            tensor.copy_(self._fold(kind, list(rows.unbind(0))))
+            if writes:
+                tensor.copy_(self._fold(kind, list(rows.unbind(0))))
 
         call.after.append(fold)
         return self._run(
@@ -284,8 +285,9 @@ class RingcclBackend(C10DBackend):
         dense = call.contiguous(tensor, writes=True)
         kind, _ = _red_op(opts.reduceOp)
         if kind in _BITWISE or (tensor.dtype == torch.bool and kind == _T.BXOR):
-            # Every rank folds; only the root's result counts.
-            return self._allreduce_by_gather(tensors, opts)
+            # Every rank gathers; only the root keeps the result (gloo leaves the others'
+            # tensors as they were).
+            return self._allreduce_by_gather(tensors, opts, writes=self.rank() == opts.rootRank)
         # ringccl leaves partial results in the other ranks' buffers; torch (gloo)
         # leaves them untouched: reduce a copy there.
         root = opts.rootRank

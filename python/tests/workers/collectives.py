@@ -174,6 +174,13 @@ for dtype, op in itertools.product(FLOATS + INTS, [R.SUM, R.MAX]):
     dist.reduce(mine, root, op=op)
     close(mine, want if rank == root else x, f"reduce {dtype} {op} to {root}")
 
+# Bitwise reduce: the root gets the fold, the others keep their tensors (as gloo).
+x = make(torch.int32, 16, seed=31)
+want = fold(R.BXOR, everyones(x))
+mine = x.clone()
+dist.reduce(mine, 0, op=R.BXOR)
+close(mine, want if rank == 0 else x, "reduce int32 bxor to 0")
+
 # --- all_gather, reduce_scatter: list and single-tensor forms ----------------------
 for dtype in DTYPES:
     x = make(dtype, 9, seed=17)
