@@ -179,8 +179,9 @@ class RingcclBackend(C10DBackend):
 
     def allreduce(self, tensors, opts):
         asynchronous = opts.asyncOp
-        if len(tensors) == 1:
-            # The common call, kept short: one dense CPU tensor of a native type, summed.
+        if len(tensors) == 1 and not asynchronous:
+            # The common blocking call, kept short: one dense CPU tensor of a native type,
+            # summed (the general path below does the same, with more to check).
             tensor = tensors[0]
             code = _NATIVE.get(tensor.dtype)
             if (
@@ -190,16 +191,8 @@ class RingcclBackend(C10DBackend):
                 and tensor.layout is torch.strided
                 and tensor.is_contiguous()
             ):
-                if not asynchronous:
-                    self._group.all_reduce(tensor.data_ptr(), tensor.nbytes, code, _SUM)
-                    return _Work(tensors)
-                return self._run(
-                    self._group.all_reduce,
-                    (tensor.data_ptr(), tensor.nbytes, code, _SUM),
-                    _Call(tensor),
-                    tensors,
-                    True,
-                )
+                self._group.all_reduce(tensor.data_ptr(), tensor.nbytes, code, _SUM)
+                return _Work(tensors)
         call = _Call()
         if len(tensors) == 1:
             tensor = tensors[0]
@@ -224,20 +217,13 @@ class RingcclBackend(C10DBackend):
             raise ValueError("ringccl: tensors reduced together must share one element type")
         call = _Call()
         flat = torch.cat([t.reshape(-1) for t in tensors])
+        # Registered first, so it runs last: after a widened result is narrowed into flat.
+        call.after.append(lambda: _unflatten(flat, tensors))
         plan = self._reduce_plan(call, flat, opts.reduceOp)
         if plan is None:
             raise ValueError("ringccl: bitwise operators take one tensor per call")
         work_on, code, op = plan
         call.keep.append(work_on)
-
-        def unflatten():
-            offset = 0
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view_as(t))
-                offset += n
-
-        call.after.append(unflatten)
         asynchronous = getattr(opts, "asyncOp", True)
         return self._run(
             self._group.all_reduce, (*_region(work_on), code, op), call, tensors, asynchronous

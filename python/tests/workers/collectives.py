@@ -153,12 +153,13 @@ dist.all_reduce(theirs, group=gloo)
 close(mine, theirs, "all_reduce of a transposed view vs gloo")
 close(mine.contiguous(), fold(R.SUM, everyones(base.t().contiguous())), "all_reduce of a transposed view")
 
-# Coalesced: several tensors in one call.
-xs = [make(torch.float32, k, seed=k) for k in (3, 10, 1)]
-mine = [x.clone() for x in xs]
-dist.all_reduce_coalesced(mine)
-for x, m in zip(xs, mine):
-    close(m, fold(R.SUM, everyones(x)), "all_reduce_coalesced")
+# Coalesced: several tensors in one call (int16 is reduced widened, then narrowed).
+for dtype in (torch.float32, torch.int16):
+    xs = [make(dtype, k, seed=k) for k in (3, 10, 1)]
+    mine = [x.clone() for x in xs]
+    dist.all_reduce_coalesced(mine)
+    for x, m in zip(xs, mine):
+        close(m, fold(R.SUM, everyones(x)), f"all_reduce_coalesced {dtype}")
 
 # --- broadcast, reduce -------------------------------------------------------------
 for dtype, root in itertools.product(DTYPES, range(size)):
