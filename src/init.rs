@@ -47,7 +47,7 @@ pub fn init_process_group(backend: &str, opts: InitOptions) -> Result<ProcessGro
     crate::logging::init_if_asked();
     let any_thread = opts.any_thread;
     let pg = match backend.trim().to_ascii_lowercase().as_str() {
-        "gloo" => start_gloo(opts),
+        "gloo" => start_gloo(opts, None),
         #[cfg(feature = "nccl")]
         "nccl" => start_nccl(opts),
         #[cfg(not(feature = "nccl"))]
@@ -110,35 +110,30 @@ pub fn init_process_group_with_store(
     }
     opts.master = store.describe();
     let any_thread = opts.any_thread;
-    let (recipe, deadline) = gloo_recipe(&opts)?;
-    let mesh = connect_mesh_through(store, opts.mesh_config())?;
-    let group = opts.group_name.as_deref().unwrap_or(MAIN_GROUP);
-    let pg = gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", group)?;
-    Ok(pg.issuing_from_any_thread(any_thread))
+    Ok(start_gloo(opts, Some(store))?.issuing_from_any_thread(any_thread))
 }
 
-/// The `"gloo"` backend: rendezvous, then ringccl's host engine over shared memory or
+/// The `"gloo"` backend: rendezvous (through `store` when the caller brings one, else
+/// through ringccl's own on rank 0), then ringccl's host engine over shared memory or
 /// TCP, as `opts` and the collective start-up decide.
-fn start_gloo(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
-    let (recipe, deadline) = gloo_recipe(&opts)?;
-    let mesh = connect_mesh(opts.mesh_config())?;
-    let group = opts.group_name.as_deref().unwrap_or(MAIN_GROUP);
-    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", group)
-}
-
-/// How a `"gloo"` group is made from `opts` (checked), and its start-up's deadline.
-fn gloo_recipe(opts: &InitOptions) -> Result<(GlooRecipe, Instant), Error> {
+fn start_gloo(mut opts: InitOptions, store: Option<Box<dyn Store>>) -> Result<ProcessGroup, Error> {
     opts.validate()?;
     let recipe = GlooRecipe {
-        config: host_config(opts)?,
+        config: host_config(&opts)?,
         kind: opts.resolved_transport()?,
         mesh: opts.mesh_settings(None),
-        trace: crate::trace::open_trace(opts)?,
+        trace: crate::trace::open_trace(&opts)?,
         flight_dir: opts.resolved_flight_dir()?,
         flight_entries: opts.resolved_flight_entries()?,
         spin: opts.resolved_spin()?,
     };
-    Ok((recipe, Deadline::after(opts.timeout).at()))
+    let deadline = Deadline::after(opts.timeout).at();
+    let mesh = match store {
+        Some(store) => connect_mesh_through(store, opts.mesh_config())?,
+        None => connect_mesh(opts.mesh_config())?,
+    };
+    let group = opts.group_name.as_deref().unwrap_or(MAIN_GROUP);
+    gloo_over_mesh(mesh, Arc::new(recipe), deadline, "collectives", group)
 }
 
 /// The host engine's settings from `opts`.

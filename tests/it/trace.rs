@@ -376,7 +376,7 @@ fn hung_child() {
     let _ = pg.all_reduce(&mut x, ReduceOp::Sum);
 }
 
-/// Issue 31: a call that never finishes (the job is stopped while it hangs) still shows
+/// A call that never finishes (the job is stopped while it hangs) still shows
 /// in the merged trace, as one span marked unfinished per rank, from the call's start to
 /// about when the rank was stopped.
 #[test]

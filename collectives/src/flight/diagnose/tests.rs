@@ -646,10 +646,10 @@ fn dumps_of_format_1_are_still_read() {
     assert_eq!(read.map(|d| d.entries.len()), Ok(2));
 }
 
-/// Issue 31: ranks 0 and 1 timed out waiting (0 for 1, 1 for 2) and exited; rank 2 is
-/// alive and idle. The exited ranks' last dumps are final records of their waits: the
-/// diagnosis named only the exited ranks before; it names rank 2, live as offline. A
-/// rank that a peer's abort stopped only reacted: it passes the chain on, starts none.
+/// Ranks 0 and 1 timed out waiting (0 for 1, 1 for 2) and exited; rank 2 is alive and
+/// idle. The exited ranks' last dumps are final records of their waits, so the diagnosis
+/// names rank 2, live as offline. A rank that a peer's abort stopped only reacted: it
+/// passes the chain on, starts none.
 #[test]
 fn ranks_that_timed_out_and_exited_still_point_at_the_rank_they_waited_for() {
     let broke = |rank, reason: &str, entries| {
