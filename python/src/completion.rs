@@ -12,13 +12,17 @@ const NEVER_RAN: &str = "the call never ran: the group's worker stopped first (t
 /// (`None` on success, the message otherwise), then lets go of the tensors it kept
 /// alive. A call dropped without an outcome completes as failed.
 pub(crate) struct Completion {
+    /// Taken when the end is reported, so it is reported once.
     on_done: Option<Py<PyAny>>,
     keep: Vec<Py<PyAny>>,
 }
 
 impl Completion {
-    pub(crate) fn new(on_done: Option<Py<PyAny>>, keep: Vec<Py<PyAny>>) -> Completion {
-        Completion { on_done, keep }
+    pub(crate) fn new(on_done: Py<PyAny>, keep: Vec<Py<PyAny>>) -> Completion {
+        Completion {
+            on_done: Some(on_done),
+            keep,
+        }
     }
 
     /// Reports the call's end: `Err(message)` if it failed.

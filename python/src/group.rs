@@ -193,7 +193,7 @@ impl Group {
             let pg = &self.pg;
             return py.detach(|| pg.run(name, op)).map_err(|e| to_py(py, e));
         };
-        let completion = Completion::new(Some(on_done), keep);
+        let completion = Completion::new(on_done, keep);
         // The callback runs once the turn has passed on: Python code it runs (a future's
         // callbacks) may issue calls on this group, even blocking ones.
         let work = self.pg.run_async_and_then(name, op, move |outcome| {
