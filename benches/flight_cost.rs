@@ -18,9 +18,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ringccl_collectives::flight::{FlightConfig, FlightRecorder, DEFAULT_FLIGHT_ENTRIES};
 use ringccl_collectives::wire::Algorithm;
 use ringccl_collectives::{DType, OpDesc, ReduceOp, Sequence};
+use ringccl_observe::flight::{FlightConfig, FlightRecorder, DEFAULT_FLIGHT_ENTRIES};
 
 const CALLS: u64 = 1_000_000;
 const ROUNDS: usize = 5;

@@ -6,28 +6,31 @@
 //! per call over batches of 4,000 calls. With tracing on, each call reads the clock twice,
 //! totals its bytes per peer and queues one span; the writer thread turns spans into JSON
 //! between batches (it gets 150 ms to drain, as it would between bursts in a real job),
-//! so every timed span is queued, none dropped. Off, the engine tests one `Option`.
+//! so every timed span is queued, none dropped. Off, the group has no hooks attached.
 
 #![deny(unsafe_code)]
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
 use ringccl_collectives::{
     Backend, BufferMut, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, MemoryConfig,
     MemoryTransport, ReduceOp,
 };
+use ringccl_observe::timeline::{CollectiveTrace, TraceFile};
+use ringccl_observe::Observers;
 
 const BATCH: usize = 4000;
 const BATCHES: usize = 25;
 
 fn backend(trace: Option<CollectiveTrace>) -> HostBackend<MemoryTransport> {
     let transport = MemoryTransport::mesh(1, MemoryConfig::default()).remove(0);
-    let mut engine = HostEngine::new(transport, HostConfig::default());
+    let engine = HostEngine::new(transport, HostConfig::default());
+    let mut backend = GroupRunner::with_engine("gloo", 0, 1, Duration::from_secs(60), engine);
     if let Some(trace) = trace {
-        engine = engine.with_trace(trace);
+        backend.attach_hooks(Arc::new(Observers::new(None, Some(trace))));
     }
-    GroupRunner::with_engine("gloo", 0, 1, Duration::from_secs(60), engine)
+    backend
 }
 
 /// Median nanoseconds per call over the batches.

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ringccl_collectives::timeline::{BucketArgs, Span, SpanArgs, Timeline, TraceFile};
 use ringccl_collectives::{BufferMut, Element, Error as RuntimeError, ReduceOp};
 use ringccl_ddp::{BucketLabel, Communicator, GradBuf, Pending, Wait};
+use ringccl_observe::timeline::{BucketArgs, Span, SpanArgs, Timeline, TraceFile};
 
 use crate::{ProcessGroup, Work};
 

@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::flight::{FlightConfig, MAIN_GROUP};
-use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
 use ringccl_collectives::{
     Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, Transport,
 };
+use ringccl_observe::flight::{FlightConfig, FlightRecorder, MAIN_GROUP};
+use ringccl_observe::timeline::{CollectiveTrace, TraceFile};
+use ringccl_observe::Observers;
 use ringccl_rendezvous::store::Store;
 use ringccl_rendezvous::{connect_mesh, connect_mesh_through, Mesh, MeshConfig, SetupError};
 use ringccl_transports::{
@@ -176,14 +177,28 @@ pub(crate) struct GlooRecipe {
 }
 
 impl GlooRecipe {
-    /// The flight recorder's settings for the group named `group` over `transport`.
-    pub(crate) fn flight(&self, group: &str, transport: &'static str) -> FlightConfig {
-        FlightConfig {
+    /// What watches rank `rank` of the group of `world_size` named `group` over
+    /// `transport`: its flight recorder and, when this rank writes a trace, the row
+    /// `row` of it.
+    pub(crate) fn observers(
+        &self,
+        (rank, world_size): (usize, usize),
+        group: &str,
+        row: &str,
+        transport: &'static str,
+    ) -> Arc<Observers> {
+        let flight = FlightConfig {
             entries: self.flight_entries,
             dir: self.flight_dir.clone(),
             group: group.into(),
             transport,
-        }
+        };
+        let recorder = FlightRecorder::new(rank, world_size, "gloo", flight);
+        let trace = self
+            .trace
+            .as_ref()
+            .map(|file| CollectiveTrace::new(file.new_row(row), transport));
+        Arc::new(Observers::new(Some(recorder), trace))
     }
 
     /// The rendezvous settings for rank `rank` of a group of `world_size`.
@@ -245,22 +260,20 @@ pub(crate) fn gloo_over_mesh(
         })?;
     let control = connections.control;
     let config = recipe.config.clone();
-    let trace = |transport: &'static str| {
-        recipe
-            .trace
-            .as_ref()
-            .map(|file| CollectiveTrace::new(file.new_row(row), transport))
-    };
-    let (backend, peers): (Box<dyn Backend>, Vec<&'static str>) = match rings {
+    let observers = |transport| recipe.observers((rank, world_size), group, row, transport);
+    let (backend, peers, observers): (Box<dyn Backend>, Vec<&'static str>, _) = match rings {
         Some(rings) => {
             let transport = ShmTransport::new(rings, tcp).with_spin(recipe.spin);
             let peers: Vec<&'static str> = (0..world_size)
                 .map(|peer| transport.peer_transport(peer))
                 .collect();
-            let label = transport_label(&peers);
-            let mut backend = host_backend(transport, config, trace(label));
-            backend.configure_flight(recipe.flight(group, label));
-            (with_control_link(backend, control, dead_peer)?, peers)
+            let observers = observers(transport_label(&peers));
+            let backend = host_backend(transport, config, observers.clone());
+            (
+                with_control_link(backend, control, dead_peer)?,
+                peers,
+                observers,
+            )
         }
         None => {
             let peers = same_for_every_peer(rank, world_size, "tcp");
@@ -268,14 +281,18 @@ pub(crate) fn gloo_over_mesh(
                 Some(map) => tcp.with_hosts(map),
                 None => tcp,
             };
-            let mut backend = host_backend(tcp.with_spin(recipe.spin), config, trace("tcp"));
-            backend.configure_flight(recipe.flight(group, "tcp"));
-            (with_control_link(backend, control, dead_peer)?, peers)
+            let observers = observers("tcp");
+            let backend = host_backend(tcp.with_spin(recipe.spin), config, observers.clone());
+            (
+                with_control_link(backend, control, dead_peer)?,
+                peers,
+                observers,
+            )
         }
     };
     log_summary(rank, world_size, &recipe, &peers, &address);
     let hold = recipe.trace.as_ref().map(TraceFile::hold);
-    Ok(ProcessGroup::from_backend(backend)
+    Ok(ProcessGroup::observed(backend, &observers)
         .keeping_store(store, recipe)
         .holding_trace(hold)
         .reaching_peers_by(peers))
@@ -303,18 +320,17 @@ fn local_address(data: &[Option<TcpStream>]) -> String {
         )
 }
 
-/// The `"gloo"` backend over `transport`, its calls traced on `trace` if given.
+/// The `"gloo"` backend over `transport`, watched by `observers`.
 pub(crate) fn host_backend<T: Transport>(
     transport: T,
     config: HostConfig,
-    trace: Option<CollectiveTrace>,
+    observers: Arc<Observers>,
 ) -> HostBackend<T> {
     let (rank, world_size, timeout) = (transport.rank(), transport.world_size(), config.timeout);
-    let mut engine = HostEngine::new(transport, config);
-    if let Some(trace) = trace {
-        engine = engine.with_trace(trace);
-    }
-    GroupRunner::with_engine("gloo", rank, world_size, timeout, engine)
+    let engine = HostEngine::new(transport, config);
+    let mut backend = GroupRunner::with_engine("gloo", rank, world_size, timeout, engine);
+    backend.attach_hooks(observers);
+    backend
 }
 
 /// `RINGCCL_DEBUG=info`: what this rank's group runs on, in one line, with how it
@@ -373,21 +389,23 @@ fn with_control_link<T: Transport + 'static>(
 fn start_nccl(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     opts.validate()?;
     let trace = crate::trace::open_trace(&opts)?;
-    let mut config = ringccl_nccl::NcclConfig::new(opts.mesh_config());
-    config.device = opts.device;
-    config.local_rank = opts.local_rank;
-    config.flight = FlightConfig {
+    let mesh = opts.mesh_config();
+    let flight = FlightConfig {
         entries: opts.resolved_flight_entries()?,
         dir: opts.resolved_flight_dir()?,
         group: MAIN_GROUP.into(),
         transport: "nccl",
     };
-    config.trace = trace
+    let recorder = FlightRecorder::new(mesh.rank, mesh.world_size, "nccl", flight);
+    let row = trace
         .as_ref()
         .map(|file| CollectiveTrace::new(file.new_row("collectives"), "nccl"));
+    let observers = Arc::new(Observers::new(Some(recorder), row));
+    let mut config = ringccl_nccl::NcclConfig::new(mesh);
+    config.device = opts.device;
+    config.local_rank = opts.local_rank;
+    config.hooks = observers.clone();
     let hold = trace.as_ref().map(TraceFile::hold);
-    Ok(
-        ProcessGroup::from_nccl(Arc::new(ringccl_nccl::NcclBackend::connect(config)?))
-            .holding_trace(hold),
-    )
+    let nccl = Arc::new(ringccl_nccl::NcclBackend::connect(config)?);
+    Ok(ProcessGroup::from_nccl(nccl, &observers).holding_trace(hold))
 }

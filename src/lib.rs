@@ -109,11 +109,6 @@ pub use init::{init_process_group, init_process_group_with_store, BACKENDS};
 pub use local_groups::{local_groups, local_groups_with, run_local_ranks, LocalRankFailure};
 pub use options::{InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT_TIMEOUT};
 pub use process_group::ProcessGroup;
-/// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the
-/// JSON dumps it writes to `RINGCCL_FLIGHT_DIR` ([`flight::FlightDump`]) and the progress
-/// beacon ([`flight::beacon::Beacon`]), and the analysis across ranks behind `ringrun
-/// diagnose` ([`flight::diagnose`]). See docs/debugging.md.
-pub use ringccl_collectives::flight;
 /// The collective runtime's error, as the [`Backend`] trait and the DDP layer's
 /// [`ddp::Communicator`] report it; [`Error`] converts from it.
 pub use ringccl_collectives::Error as RuntimeError;
@@ -121,6 +116,11 @@ pub use ringccl_collectives::{
     half, AllReduceAlgo, Backend, BufferMut, BufferRef, Cause, CollectiveKind, DType, Element,
     HostConfig, OpDesc, ReduceOp,
 };
+/// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the
+/// JSON dumps it writes to `RINGCCL_FLIGHT_DIR` ([`flight::FlightDump`]) and the progress
+/// beacon ([`flight::beacon::Beacon`]), and the analysis across ranks behind `ringrun
+/// diagnose` ([`flight::diagnose`]). See docs/debugging.md.
+pub use ringccl_observe::flight;
 pub use ringccl_rendezvous::store::Store;
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
 pub use ringccl_transports::PeerGone;
@@ -130,7 +130,7 @@ pub use work::Work;
 /// [`InitOptions::trace_dir`]), with one span per collective, DDP's buckets and the
 /// spans a trainer marks ([`ProcessGroup::trace_span`]). See the user guide's
 /// "Timeline" section.
-pub use ringccl_collectives::timeline;
+pub use ringccl_observe::timeline;
 
 /// Data-parallel training, after PyTorch's `DistributedDataParallel`: gradients are
 /// grouped into buckets, and each bucket is averaged across ranks as soon as it is

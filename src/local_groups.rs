@@ -4,8 +4,11 @@
 //! they keep every guarantee of a group of processes: deadlines, abort of the whole
 //! group, mismatch detection, bit-identical results.
 
+use std::sync::Arc;
+
 use ringccl_collectives::control::{GroupControl, MemoryControlLink};
-use ringccl_collectives::flight::{FlightConfig, MAIN_GROUP};
+use ringccl_observe::flight::{FlightConfig, FlightRecorder, MAIN_GROUP};
+use ringccl_observe::Observers;
 use ringccl_rendezvous::SetupError;
 use ringccl_transports::{InProcessTransport, DEFAULT_RING_BYTES};
 
@@ -111,15 +114,16 @@ fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
             source,
         })?;
     let mut backends = Vec::with_capacity(n);
-    for mut transport in mesh {
+    for (rank, mut transport) in mesh.into_iter().enumerate() {
         transport.set_spin(spin);
-        let mut backend = host_backend(transport, config.clone(), None);
-        backend.configure_flight(flight.clone());
-        backends.push(backend);
+        let recorder = FlightRecorder::new(rank, n, "gloo", flight.clone());
+        let observers = Arc::new(Observers::new(Some(recorder), None));
+        let backend = host_backend(transport, config.clone(), observers.clone());
+        backends.push((backend, observers));
     }
-    let controls: Vec<std::sync::Arc<GroupControl>> = backends
+    let controls: Vec<Arc<GroupControl>> = backends
         .iter()
-        .map(|b| std::sync::Arc::clone(b.control()))
+        .map(|(b, _)| Arc::clone(b.control()))
         .collect();
     let links = MemoryControlLink::mesh(&controls).map_err(|source| SetupError::Io {
         rank: 0,
@@ -130,9 +134,9 @@ fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
         .into_iter()
         .zip(links)
         .enumerate()
-        .map(|(rank, (mut backend, link))| {
+        .map(|(rank, ((mut backend, observers), link))| {
             backend.keep_control_link(Box::new(link));
-            ProcessGroup::from_backend(Box::new(backend))
+            ProcessGroup::observed(Box::new(backend), &observers)
                 .reaching_peers_by(same_for_every_peer(rank, n, LOCAL))
                 .issuing_from_any_thread(opts.any_thread)
         })

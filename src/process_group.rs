@@ -9,8 +9,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ringccl_collectives::timeline::TraceHold;
 use ringccl_collectives::{Backend, Deadline};
+use ringccl_observe::flight::FlightRecorder;
+use ringccl_observe::timeline::TraceHold;
+use ringccl_observe::Observers;
 use ringccl_rendezvous::KeptStore;
 
 use crate::fusion::FusionPool;
@@ -59,6 +61,8 @@ pub(crate) struct Shared {
     #[cfg(feature = "nccl")]
     pub(crate) nccl: Option<Arc<ringccl_nccl::NcclBackend>>,
     sequencer: Arc<Sequencer>,
+    /// The group's flight recorder, when it keeps one.
+    flight: Option<Arc<FlightRecorder>>,
     worker: Mutex<Option<Worker>>,
     pub(crate) fusion_buffers: FusionPool,
     /// How the group was made, and its rendezvous store, kept for the life of the group
@@ -75,18 +79,29 @@ pub(crate) struct Shared {
 impl ProcessGroup {
     /// Wraps any backend implementation.
     pub fn from_backend(backend: Box<dyn Backend>) -> ProcessGroup {
-        ProcessGroup::around(Arc::from(backend))
+        ProcessGroup::around(Arc::from(backend), None)
+    }
+
+    /// Wraps `backend`, which `observers` watch (their flight recorder, if any, is the
+    /// group's).
+    pub(crate) fn observed(backend: Box<dyn Backend>, observers: &Observers) -> ProcessGroup {
+        ProcessGroup::around(Arc::from(backend), observers.recorder().cloned())
     }
 
     /// A group over NCCL, whose device-buffer methods go straight to it.
     #[cfg(feature = "nccl")]
-    pub(crate) fn from_nccl(nccl: Arc<ringccl_nccl::NcclBackend>) -> ProcessGroup {
-        ProcessGroup::around(nccl.group()).configure("nccl", |shared| shared.nccl = Some(nccl))
+    pub(crate) fn from_nccl(
+        nccl: Arc<ringccl_nccl::NcclBackend>,
+        observers: &Observers,
+    ) -> ProcessGroup {
+        ProcessGroup::around(nccl.group(), observers.recorder().cloned())
+            .configure("nccl", |shared| shared.nccl = Some(nccl))
     }
 
-    fn around(backend: Arc<dyn Backend>) -> ProcessGroup {
+    fn around(backend: Arc<dyn Backend>, flight: Option<Arc<FlightRecorder>>) -> ProcessGroup {
         let shared = Shared {
-            sequencer: Arc::new(Sequencer::new(backend.rank(), backend.flight_recorder())),
+            sequencer: Arc::new(Sequencer::new(backend.rank(), flight.clone())),
+            flight,
             backend,
             #[cfg(feature = "nccl")]
             nccl: None,
@@ -275,8 +290,8 @@ impl ProcessGroup {
     /// assert_eq!(dump.entries[0].state, ringccl::flight::CallState::Done);
     /// # Ok::<(), ringccl::Error>(())
     /// ```
-    pub fn flight_recorder(&self) -> Option<Arc<ringccl_collectives::flight::FlightRecorder>> {
-        self.shared.backend.flight_recorder()
+    pub fn flight_recorder(&self) -> Option<Arc<FlightRecorder>> {
+        self.shared.flight.clone()
     }
 
     /// The type-erased backend underneath. Calls made on it directly bypass the group's

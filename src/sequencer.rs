@@ -10,8 +10,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, Thread};
 use std::time::Instant;
 
-use ringccl_collectives::flight::FlightRecorder;
 use ringccl_collectives::Deadline;
+use ringccl_observe::flight::FlightRecorder;
 
 use crate::Error;
 

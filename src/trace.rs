@@ -1,7 +1,7 @@
 //! The facade's part of the timeline (`RINGCCL_TRACE`): opening each rank's trace file at
 //! start-up, the group's hold on it, finishing the files when the process exits, and
 //! spans that callers mark themselves. The file, its rows and spans are
-//! [`ringccl_collectives::timeline`]'s.
+//! [`ringccl_observe::timeline`]'s.
 
 // atexit(3) is an FFI call: the one way to run code on `std::process::exit`.
 #![allow(unsafe_code)]
@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::sync::{Arc, Once};
 
-use ringccl_collectives::timeline::{SpanGuard, TraceFile};
+use ringccl_observe::timeline::{SpanGuard, TraceFile};
 use ringccl_rendezvous::SetupError;
 
 use crate::options::InitOptions;

@@ -1,10 +1,8 @@
 //! The object-safe interface every backend implements.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::flight::FlightRecorder;
 use crate::{BufferMut, BufferRef, DType, Deadline, Error, ReduceOp};
 
 /// A communication backend: one rank's view of a process group.
@@ -90,21 +88,6 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Backends with nothing to release may keep this default, which does nothing.
     fn abort(&self, cause: &str) {
         let _ = cause;
-    }
-
-    /// The group's flight recorder, for backends that keep one (every
-    /// [`GroupRunner`](crate::GroupRunner) does): the issuer records its calls there.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use ringccl_collectives::{Backend, HostBackend, HostConfig, MemoryConfig, MemoryTransport};
-    ///
-    /// let transport = MemoryTransport::mesh(1, MemoryConfig::default()).remove(0);
-    /// let backend = HostBackend::new("gloo", transport, HostConfig::default());
-    /// assert!(backend.flight_recorder().is_some());
-    /// ```
-    fn flight_recorder(&self) -> Option<Arc<FlightRecorder>> {
-        None
     }
 
     /// Sends `buf` to rank `dst`, which must call `recv` with this rank, the same tag and

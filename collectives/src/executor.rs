@@ -16,7 +16,7 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
 
 use crate::control::{Activity, RETRY_EVERY};
-use crate::flight::FlightRecorder;
+use crate::hooks::CallHooks;
 use crate::kernels;
 use crate::progress::{Destination, Progress};
 use crate::schedule::{RecvAction, Schedule};
@@ -39,7 +39,7 @@ pub(crate) struct Call<'a> {
     /// Where to say which peer this rank is waiting for, for a peer that asks.
     pub(crate) activity: Option<&'a Activity>,
     /// Where to count the bytes moved per peer and say whom this rank waits for.
-    pub(crate) flight: Option<&'a FlightRecorder>,
+    pub(crate) hooks: &'a dyn CallHooks,
 }
 
 fn is_would_block(e: &io::Error) -> bool {
@@ -99,9 +99,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                     progressed = true;
                     moved += n as u64;
                     progress.sent(n);
-                    if let Some(flight) = call.flight {
-                        flight.sent(send.peer, n);
-                    }
+                    call.hooks.sent(send.peer, n);
                 }
                 Err(e) if is_would_block(&e) => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -148,9 +146,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                         progressed = true;
                         moved += n as u64;
                         progress.received(n);
-                        if let Some(flight) = call.flight {
-                            flight.received(recv.peer, n);
-                        }
+                        call.hooks.received(recv.peer, n);
                     }
                     Err(e) if is_would_block(&e) => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -212,9 +208,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
         if let Some(activity) = call.activity {
             activity.blocked_on(blocked.blamed(), moved);
         }
-        if let Some(flight) = call.flight {
-            flight.blocked_on(blocked.blamed());
-        }
+        call.hooks.blocked_on(blocked.blamed());
         // Try again at least every RETRY_EVERY, so what a peer that asks is told stays
         // fresh (control::deadlock::stalled_on).
         let until = Instant::now()

@@ -3,13 +3,13 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::control::{Activity, GroupControl};
+use crate::control::GroupControl;
 use crate::executor::{execute, Call};
-use crate::flight::FlightRecorder;
 use crate::group::{Deadline, Engine, GroupRunner, Request};
-use crate::memory_barrier::{self, Observers, Reduction, SLOT_DATA};
+use crate::hooks::{CallHooks, CallScope, NoHooks, Observers, Running};
+use crate::memory_barrier::{self, Reduction, SLOT_DATA};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, gather_release_barrier,
     halving_doubling_all_reduce, hierarchical_all_reduce, hierarchical_barrier,
@@ -17,7 +17,6 @@ use crate::schedule::{
     ring_order, ring_over, ring_reduce, segment, send_to, RingCollective, Schedule,
 };
 use crate::schedule_cache::{ScheduleCache, ScheduleKey};
-use crate::timeline::{self, CollectiveTrace, PeerTraffic};
 use crate::transport::Transport;
 use crate::wire::{Algorithm, MAX_FRAME_PAYLOAD};
 use crate::{barrier_algorithm, AllReduceAlgo, DType, Error, OpDesc, ReduceOp};
@@ -96,10 +95,8 @@ pub struct HostEngine<T> {
     scratch: Vec<u64>,
     /// Where the running op is published, once a runner has taken the engine.
     control: Option<Arc<GroupControl>>,
-    /// The group's flight recorder, once a runner has taken the engine.
-    flight: Option<Arc<FlightRecorder>>,
-    /// Where each call's span goes, when tracing is on.
-    trace: Option<CollectiveTrace>,
+    /// Whoever watches the group.
+    hooks: Arc<dyn CallHooks>,
     /// The schedules of the last calls.
     schedules: ScheduleCache,
     /// Calls run in memory so far (`memory_barrier.rs`): they alternate between two
@@ -149,29 +146,10 @@ impl<T: Transport> HostEngine<T> {
             config,
             scratch: Vec::new(),
             control: None,
-            flight: None,
-            trace: None,
+            hooks: Arc::new(NoHooks),
             schedules: ScheduleCache::default(),
             memory_calls: 0,
         }
-    }
-
-    /// Records a span for every call on `trace`'s row of the timeline (Chrome trace).
-    ///
-    /// ```
-    /// use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
-    /// use ringccl_collectives::{HostConfig, HostEngine, MemoryConfig, MemoryTransport};
-    ///
-    /// let transport = MemoryTransport::mesh(1, MemoryConfig::default()).remove(0);
-    /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
-    /// let engine = HostEngine::new(transport, HostConfig::default())
-    ///     .with_trace(CollectiveTrace::new(file.new_row("collectives"), "memory"));
-    /// # let _ = engine;
-    /// # Ok::<(), std::io::Error>(())
-    /// ```
-    pub fn with_trace(mut self, trace: CollectiveTrace) -> HostEngine<T> {
-        self.trace = Some(trace);
-        self
     }
 
     /// The configuration in force.
@@ -253,51 +231,34 @@ impl<T: Transport> HostEngine<T> {
         deadline: Deadline,
         body: impl FnOnce(&mut T, Observers<'_>) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let (rank, world_size) = (self.transport.rank(), self.transport.world_size());
-        let call = Announced::begin(
+        let call = CallScope::begin(
             self.control.as_deref(),
-            self.flight.as_deref(),
-            self.trace
-                .as_ref()
-                .map(|trace| (trace, (rank, world_size), deadline)),
-            (*op, algorithm),
+            &*self.hooks,
+            self.running(op, algorithm, deadline),
         );
-        let observers = Observers {
-            activity: call.activity,
-            flight: call.flight,
-        };
-        let result = body(&mut self.transport, observers);
-        call.end(
-            self.trace.as_ref(),
-            (rank, world_size),
-            deadline,
-            PeerTraffic::default,
-            &result,
-        );
+        let result = body(&mut self.transport, call.observers());
+        call.end(None, &result);
         result
     }
 
     fn run(&mut self, op: &OpDesc, job: Job<'_>, deadline: Deadline) -> Result<(), Error> {
-        let (rank, world_size) = (self.transport.rank(), self.transport.world_size());
-        let announced = Announced::begin(
+        let scope = CallScope::begin(
             self.control.as_deref(),
-            self.flight.as_deref(),
-            self.trace
-                .as_ref()
-                .map(|trace| (trace, (rank, world_size), deadline)),
-            (*op, job.algorithm),
+            &*self.hooks,
+            self.running(op, job.algorithm, deadline),
         );
+        let observers = scope.observers();
         let call = Call {
-            rank,
-            world_size,
+            rank: self.transport.rank(),
+            world_size: self.transport.world_size(),
             op: *op,
             algorithm: job.algorithm,
             elem_size: job.elem_size,
             reduce: job.reduce,
             deadline: deadline.at(),
             timeout: deadline.timeout(),
-            activity: announced.activity,
-            flight: announced.flight,
+            activity: observers.activity,
+            hooks: observers.hooks,
         };
         let result = execute(
             &mut self.transport,
@@ -307,87 +268,18 @@ impl<T: Transport> HostEngine<T> {
             job.send_from,
             &mut self.scratch,
         );
-        // The schedule moves into the span: its bytes per peer are totalled on the
-        // writer thread, not here.
-        let traffic = || match result {
-            Ok(()) => PeerTraffic::planned(job.schedule, job.elem_size),
-            Err(_) => PeerTraffic::default(),
-        };
-        announced.end(
-            self.trace.as_ref(),
-            (call.rank, call.world_size),
-            deadline,
-            traffic,
-            &result,
-        );
+        scope.end(Some((&job.schedule, job.elem_size)), &result);
         result
     }
-}
 
-/// What every call does around its work, whatever runs it: it says what it runs (to a
-/// peer that asks, and to the flight recorder), and, when tracing, records its span.
-struct Announced<'a> {
-    activity: Option<&'a Activity>,
-    flight: Option<&'a FlightRecorder>,
-    op: OpDesc,
-    algorithm: Algorithm,
-    /// When it started and its opening on the timeline, if tracing.
-    started: Option<(Instant, timeline::Started)>,
-}
-
-impl<'a> Announced<'a> {
-    /// `trace`: the timeline, with this rank and the group's size, and the call's
-    /// deadline, when tracing.
-    fn begin(
-        control: Option<&'a GroupControl>,
-        flight: Option<&'a FlightRecorder>,
-        trace: Option<(&CollectiveTrace, (usize, usize), Deadline)>,
-        (op, algorithm): (OpDesc, Algorithm),
-    ) -> Announced<'a> {
-        let activity = control.map(GroupControl::activity);
-        if let Some(activity) = activity {
-            activity.begin(op, algorithm);
-        }
-        if let Some(flight) = flight {
-            flight.running(op, algorithm);
-        }
-        let started = trace.map(|(trace, ranks, deadline)| {
-            let now = Instant::now();
-            (now, trace.start(&op, Some(algorithm), ranks, deadline, now))
-        });
-        Announced {
-            activity,
-            flight,
-            op,
+    /// `op`, run by `algorithm` by `deadline`, as the hooks are told.
+    fn running(&self, op: &OpDesc, algorithm: Algorithm, deadline: Deadline) -> Running {
+        Running {
+            op: *op,
             algorithm,
-            started,
-        }
-    }
-
-    /// The call is over with `result`; `traffic` is asked only when tracing.
-    fn end(
-        self,
-        trace: Option<&CollectiveTrace>,
-        (rank, world_size): (usize, usize),
-        deadline: Deadline,
-        traffic: impl FnOnce() -> PeerTraffic,
-        result: &Result<(), Error>,
-    ) {
-        if let Some(activity) = self.activity {
-            activity.end();
-        }
-        if let (Some(trace), Some((started, opened))) = (trace, self.started) {
-            trace.record(timeline::Call {
-                op: &self.op,
-                algorithm: Some(self.algorithm),
-                rank,
-                world_size,
-                traffic: traffic(),
-                deadline,
-                started,
-                result,
-                opened: Some(opened),
-            });
+            rank: self.transport.rank(),
+            world_size: self.transport.world_size(),
+            deadline,
         }
     }
 }
@@ -683,8 +575,8 @@ impl<T: Transport> Engine for HostEngine<T> {
         self.control = Some(Arc::clone(control));
     }
 
-    fn attach_recorder(&mut self, recorder: &Arc<FlightRecorder>) {
-        self.flight = Some(Arc::clone(recorder));
+    fn attach_hooks(&mut self, hooks: &Arc<dyn CallHooks>) {
+        self.hooks = Arc::clone(hooks);
     }
 }
 

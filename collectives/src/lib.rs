@@ -17,9 +17,9 @@ mod doorbell;
 mod dtype;
 mod error;
 mod executor;
-pub mod flight;
 pub mod fusion;
 mod group;
+pub mod hooks;
 mod host_engine;
 mod kernels;
 pub mod memory_barrier;
@@ -31,7 +31,6 @@ mod progress;
 pub mod schedule;
 mod schedule_cache;
 pub mod spin;
-pub mod timeline;
 mod transport;
 pub mod wire;
 

@@ -33,8 +33,8 @@
 use std::io;
 use std::time::Instant;
 
-use crate::control::{Activity, RETRY_EVERY};
-use crate::flight::FlightRecorder;
+use crate::control::RETRY_EVERY;
+use crate::hooks::Observers;
 use crate::kernels::{self, Order};
 use crate::transport::Transport;
 use crate::wire::{same_call, Algorithm, FrameHeader, FRAME_HEADER_LEN};
@@ -84,24 +84,6 @@ pub trait MemoryBarrier {
     /// Copies the first bytes waiting from `peer` into `buf` without taking them;
     /// returns how many (0 when none wait).
     fn peek(&self, peer: usize, buf: &mut [u8]) -> usize;
-}
-
-/// Where a call that follows no schedule records the rank it waits for.
-#[derive(Clone, Copy)]
-pub(crate) struct Observers<'a> {
-    pub(crate) activity: Option<&'a Activity>,
-    pub(crate) flight: Option<&'a FlightRecorder>,
-}
-
-impl Observers<'_> {
-    pub(crate) fn blocked_on(&self, peer: usize) {
-        if let Some(activity) = self.activity {
-            activity.blocked_on(peer, 0);
-        }
-        if let Some(flight) = self.flight {
-            flight.blocked_on(peer);
-        }
-    }
 }
 
 /// An all-reduce's part of a call in memory: the caller's buffer, its element type and

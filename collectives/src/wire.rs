@@ -135,6 +135,30 @@ impl Algorithm {
             Algorithm::SharedCounters => "shared counters",
         }
     }
+
+    /// A stable identifier, for files that tools read (the flight recorder's dumps).
+    ///
+    /// ```
+    /// use ringccl_collectives::wire::Algorithm;
+    /// assert_eq!(Algorithm::RecursiveDoubling.label(), "recursive_doubling");
+    /// ```
+    pub const fn label(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "recursive_doubling",
+            Algorithm::BinomialTree => "binomial_tree",
+            Algorithm::Chain => "chain",
+            Algorithm::Dissemination => "dissemination",
+            Algorithm::Pairwise => "pairwise",
+            Algorithm::Direct => "direct",
+            Algorithm::Device => "device",
+            Algorithm::HalvingDoubling => "halving_doubling",
+            Algorithm::Hierarchical => "hierarchical",
+            Algorithm::PeerMemory => "peer_memory",
+            Algorithm::GatherRelease => "gather_release",
+            Algorithm::SharedCounters => "shared_counters",
+        }
+    }
 }
 
 /// Checks that a peer runs the same call as this rank: the same description (else

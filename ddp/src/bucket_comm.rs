@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use ringccl_collectives::timeline::TraceFile;
 use ringccl_collectives::{BufferMut, Error};
+use ringccl_observe::timeline::TraceFile;
 
 use crate::communicator::{BucketLabel, Communicator, GradBuf, Pending};
 

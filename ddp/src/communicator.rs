@@ -7,8 +7,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use ringccl_collectives::half::{bf16, f16};
-use ringccl_collectives::timeline::TraceFile;
 use ringccl_collectives::{BufferMut, DType, Error};
+use ringccl_observe::timeline::TraceFile;
 
 /// A gradient buffer of one of the float types, moved into an asynchronous all-reduce.
 #[derive(Clone, Debug, PartialEq)]

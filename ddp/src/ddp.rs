@@ -4,8 +4,8 @@ use std::fmt;
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::Arc;
 
-use ringccl_collectives::timeline::{SpanGuard, Timeline};
 use ringccl_collectives::{BufferMut, Error};
+use ringccl_observe::timeline::{SpanGuard, Timeline};
 
 use crate::bucket_comm::BucketComm;
 use crate::communicator::{BucketLabel, Communicator, GradBuf, Pending, ToCommunicator};

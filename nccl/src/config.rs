@@ -1,7 +1,8 @@
 //! What joining an NCCL communicator needs to know, besides the mesh.
 
-use ringccl_collectives::flight::FlightConfig;
-use ringccl_collectives::timeline::CollectiveTrace;
+use std::sync::Arc;
+
+use ringccl_collectives::hooks::{CallHooks, NoHooks};
 use ringccl_rendezvous::MeshConfig;
 
 /// The settings of [`NcclBackend::connect`](crate::NcclBackend::connect): how to reach
@@ -16,10 +17,8 @@ pub struct NcclConfig {
     pub device: Option<usize>,
     /// This process's rank on its node, if known.
     pub local_rank: Option<usize>,
-    /// The group's flight recorder: how many calls it keeps, where its files go.
-    pub flight: FlightConfig,
-    /// Where each call's span goes on the timeline (`RINGCCL_TRACE`), if anywhere.
-    pub trace: Option<CollectiveTrace>,
+    /// Whoever watches the group (its flight recorder, its timeline); nobody by default.
+    pub hooks: Arc<dyn CallHooks>,
 }
 
 impl NcclConfig {
@@ -29,11 +28,7 @@ impl NcclConfig {
             mesh,
             device: None,
             local_rank: None,
-            flight: FlightConfig {
-                transport: "nccl",
-                ..FlightConfig::default()
-            },
-            trace: None,
+            hooks: Arc::new(NoHooks),
         }
     }
 }

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 use ringccl_collectives::control::GroupControl;
-use ringccl_collectives::flight::FlightRecorder;
-use ringccl_collectives::timeline::CollectiveTrace;
+use ringccl_collectives::hooks::{CallHooks, CallScope, NoHooks, Running};
 use ringccl_collectives::wire::Algorithm;
 use ringccl_collectives::{
     CollectiveKind, DType, Deadline, Engine, Error, OpDesc, ReduceOp, Request, Transport,
@@ -30,7 +29,7 @@ pub const TEARDOWN_LIMIT: Duration =
     Duration::from_secs(FINALIZE_LIMIT.as_secs() + super::ffi::ABORT_LIMIT.as_secs());
 
 /// A stream-ordered call's completion: the event that fires when the GPU has finished
-/// it, and its entry in the flight recorder (left "on the device" until then).
+/// it, and the hooks' token for it (a call left "on the device" until then).
 pub(super) struct OnStream {
     pub(super) event: CudaEvent,
     record: Option<u64>,
@@ -50,10 +49,8 @@ pub struct NcclEngine {
     timeout: Duration,
     /// The group's shared state, once a runner has taken the engine.
     control: Option<Arc<GroupControl>>,
-    /// The group's flight recorder, once a runner has taken the engine.
-    flight: Option<Arc<FlightRecorder>>,
-    /// Where each call's span goes, when tracing is on.
-    pub(super) trace: Option<CollectiveTrace>,
+    /// Whoever watches the group.
+    hooks: Arc<dyn CallHooks>,
     /// Stream-ordered calls handed to the GPU and not yet settled.
     in_flight: InFlight<OnStream>,
     /// A peer seen gone while calls were in flight, and since when.
@@ -78,8 +75,7 @@ impl NcclEngine {
             peers,
             timeout,
             control: None,
-            flight: None,
-            trace: None,
+            hooks: Arc::new(NoHooks),
             in_flight: InFlight::default(),
             gone_since: None,
         }
@@ -123,11 +119,10 @@ impl NcclEngine {
     }
 }
 
-/// Tells the flight recorder that call `done` has finished on the GPU (failed, with
-/// `error`).
-fn device_finished(flight: &Option<Arc<FlightRecorder>>, done: &OnStream, error: Option<&Error>) {
-    if let (Some(flight), Some(call)) = (flight, done.record) {
-        flight.device_finished(call, error);
+/// Tells the hooks that call `done` has finished on the GPU (failed, with `error`).
+fn device_finished(hooks: &dyn CallHooks, done: &OnStream, error: Option<&Error>) {
+    if let Some(token) = done.record {
+        hooks.device_finished(token, error);
     }
 }
 
@@ -160,16 +155,16 @@ impl Engine for NcclEngine {
         self.control = Some(Arc::clone(control));
     }
 
-    fn attach_recorder(&mut self, recorder: &Arc<FlightRecorder>) {
-        self.flight = Some(Arc::clone(recorder));
+    fn attach_hooks(&mut self, hooks: &Arc<dyn CallHooks>) {
+        self.hooks = Arc::clone(hooks);
     }
 
     fn abort(&mut self) {
         if let Some(comm) = self.comm.take() {
             comm.abort();
         }
-        // Calls left on the device will never settle now: each is recorded failed, so
-        // the flight recorder does not show them running forever.
+        // Calls left on the device will never settle now: each is reported failed, so
+        // that no observer shows them running forever.
         let error = Error::GroupBroken {
             rank: self.rank,
             cause: "the communicator was aborted while this call was on the GPU".into(),
@@ -177,7 +172,7 @@ impl Engine for NcclEngine {
         for done in std::mem::take(&mut self.in_flight).iter() {
             // A call the GPU finished before the abort, not yet looked at, is done.
             let finished = matches!(done.event.try_is_complete(), Ok(true));
-            device_finished(&self.flight, done, (!finished).then_some(&error));
+            device_finished(&*self.hooks, done, (!finished).then_some(&error));
         }
     }
 }
@@ -223,7 +218,7 @@ impl NcclEngine {
     ) -> Result<(), Error> {
         self.published(op, deadline, |engine, checked| {
             if let Some(event) = body(engine)? {
-                let record = engine.flight.as_ref().and_then(|f| f.handed_to_device());
+                let record = engine.hooks.handed_to_device();
                 let done = OnStream { event, record };
                 engine.in_flight.push(*op, deadline, done, checked);
             }
@@ -236,7 +231,8 @@ impl NcclEngine {
         (self.rank + self.world_size - 1) % self.world_size
     }
 
-    /// Runs `body` as `op`: its flight record, activity, fingerprint post and trace span.
+    /// Runs `body` as `op`, announced to the activity and the hooks, its fingerprint
+    /// posted.
     /// `body` learns whether the fingerprint is to be checked (collectives in groups of
     /// more than one).
     fn published(
@@ -246,26 +242,22 @@ impl NcclEngine {
         body: impl FnOnce(&mut NcclEngine, bool) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let control = self.control.clone();
+        let hooks = Arc::clone(&self.hooks);
         // A group of one has nobody to compare with.
         let checked = op.kind != CollectiveKind::SendRecv && self.world_size > 1;
-        if let Some(flight) = &self.flight {
-            flight.running(*op, Algorithm::Device);
+        let running = Running {
+            op: *op,
+            algorithm: Algorithm::Device,
+            rank: self.rank,
+            world_size: self.world_size,
+            deadline,
+        };
+        let scope = CallScope::begin(control.as_deref(), &*hooks, running);
+        if let (Some(control), true) = (&control, checked) {
+            control.post_fingerprint(*op);
         }
-        if let Some(control) = &control {
-            control.activity().begin(*op, Algorithm::Device);
-            if checked {
-                control.post_fingerprint(*op);
-            }
-        }
-        let started = self.trace.is_some().then(Instant::now);
         let result = body(self, checked && control.is_some());
-        if let Some(control) = &control {
-            control.activity().end();
-        }
-        if let (Some(trace), Some(started)) = (&self.trace, started) {
-            let (rank, world_size) = (self.rank, self.world_size);
-            trace.record_device_call(op, rank, world_size, deadline, started, &result);
-        }
+        scope.end(None, &result);
         result
     }
 
@@ -276,11 +268,11 @@ impl NcclEngine {
             return Ok(None);
         };
         let predecessor = self.predecessor();
-        let flight = self.flight.clone();
+        let hooks = Arc::clone(&self.hooks);
         let mut calls = std::mem::take(&mut self.in_flight);
         let mut gone_since = self.gone_since.take();
         let looked = self.with_cx(&oldest, Involved::All, due, |cx, _| {
-            let settled = |done: OnStream| device_finished(&flight, &done, None);
+            let settled = |done: OnStream| device_finished(&*hooks, &done, None);
             cx.watch(&mut calls, now, predecessor, &mut gone_since, settled)
         });
         match &looked {
@@ -288,7 +280,7 @@ impl NcclEngine {
             // the error, which names the call it is about, and is forgotten.
             Err(error) => {
                 for done in calls.iter() {
-                    device_finished(&flight, done, Some(error));
+                    device_finished(&*hooks, done, Some(error));
                 }
             }
             Ok(_) => self.in_flight = calls,

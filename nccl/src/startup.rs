@@ -24,8 +24,7 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
         mesh,
         device,
         local_rank,
-        flight,
-        trace,
+        hooks,
     } = config;
     mesh.validate()?;
     let device_count = probe()?;
@@ -103,10 +102,9 @@ pub(super) fn connect(config: NcclConfig) -> Result<NcclBackend, DeviceError> {
             other => other,
         });
     }
-    let mut engine = NcclEngine::new(rank, world_size, comm, Arc::clone(&stream), peers, timeout);
-    engine.trace = trace;
+    let engine = NcclEngine::new(rank, world_size, comm, Arc::clone(&stream), peers, timeout);
     let mut group = GroupRunner::with_engine("nccl", rank, world_size, timeout, engine);
-    group.configure_flight(flight);
+    group.attach_hooks(hooks);
     // The TCP side of an abort: peers hear of it even while NCCL is stuck.
     let link = ControlLink::start(
         rank,

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ringccl_collectives::flight::MAX_FLIGHT_ENTRIES;
 use ringccl_collectives::AllReduceAlgo;
+use ringccl_observe::flight::MAX_FLIGHT_ENTRIES;
 use ringccl_rendezvous::{AuthToken, InterfaceSpec};
 use ringccl_transports::shm::MAX_SPIN;
 

@@ -9,9 +9,9 @@ mod transport_kind;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ringccl_collectives::flight::{DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES};
 use ringccl_collectives::wire::MAX_FRAME_PAYLOAD;
 use ringccl_collectives::AllReduceAlgo;
+use ringccl_observe::flight::{DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES};
 use ringccl_rendezvous::{AuthToken, MeshConfig, StoreListener, DEFAULT_STARTUP_REPORT};
 use ringccl_transports::shm::{DEFAULT_SPIN, MAX_SPIN};
 

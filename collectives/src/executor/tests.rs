@@ -61,7 +61,7 @@ impl Rank {
             deadline: Instant::now() + timeout,
             timeout,
             activity: None,
-            flight: None,
+            hooks: &crate::hooks::NoHooks,
         };
         execute(
             &mut self.transport,
@@ -712,7 +712,7 @@ fn a_stalled_send_tries_again_and_publishes_each_attempt() {
         deadline: started + timeout,
         timeout,
         activity: Some(&activity),
-        flight: None,
+        hooks: &crate::hooks::NoHooks,
     };
     let outgoing = vec![1.0f32; 1024];
     let result = execute(

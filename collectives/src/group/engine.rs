@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{Deadline, Request};
 use crate::control::GroupControl;
-use crate::flight::FlightRecorder;
+use crate::hooks::CallHooks;
 use crate::{Error, OpDesc};
 
 /// The part of a backend that moves data: it runs one call that
@@ -36,13 +36,13 @@ pub trait Engine: Send + fmt::Debug {
         let _ = control;
     }
 
-    /// Called when the runner takes the engine, and again if the group's recorder is
-    /// replaced ([`GroupRunner::configure_flight`](super::GroupRunner::configure_flight)):
-    /// the engine tells `recorder` what each call runs
-    /// ([`FlightRecorder::running`]) and, where it can, the bytes it moves per peer and
-    /// the peer it waits for.
-    fn attach_recorder(&mut self, recorder: &Arc<FlightRecorder>) {
-        let _ = recorder;
+    /// Called when hooks are attached to the group
+    /// ([`GroupRunner::attach_hooks`](super::GroupRunner::attach_hooks)): the engine
+    /// tells `hooks` how it runs each call ([`CallHooks::running`],
+    /// [`CallHooks::ran`]) and, where it can, the bytes it moves per peer and the peer
+    /// it waits for.
+    fn attach_hooks(&mut self, hooks: &Arc<dyn CallHooks>) {
+        let _ = hooks;
     }
 
     /// The group has broken or been aborted: release whatever could still be waiting on

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::{Deadline, Engine, Request, Sequence};
 use crate::control::{AbortRecord, GroupControl};
-use crate::flight::{break_reason, FlightConfig, FlightDump, FlightRecorder};
+use crate::hooks::{Broke, CallHooks, Deferred, NoHooks};
 use crate::{Backend, BufferMut, BufferRef, Cause, Error, OpDesc, ReduceOp};
 
 /// After a peer failure, how long to wait for other failing connections to show, so the
@@ -66,8 +66,8 @@ pub struct GroupRunner<E> {
     state: Mutex<RunState<E>>,
     /// The control thread's handle, dropped with the group (it then says goodbye).
     control_link: Option<Box<dyn Any + Send + Sync>>,
-    /// The group's flight recorder: its last calls, dumped when it breaks.
-    flight: Arc<FlightRecorder>,
+    /// Whoever watches the group (its flight recorder, its timeline).
+    hooks: Arc<dyn CallHooks>,
 }
 
 impl<E: Engine> GroupRunner<E> {
@@ -81,14 +81,6 @@ impl<E: Engine> GroupRunner<E> {
     ) -> GroupRunner<E> {
         let control = GroupControl::new(rank);
         engine.attach(&control);
-        let flight = FlightRecorder::watching(
-            rank,
-            world_size,
-            name,
-            FlightConfig::default(),
-            Arc::downgrade(&control),
-        );
-        engine.attach_recorder(&flight);
         GroupRunner {
             name,
             rank,
@@ -96,7 +88,7 @@ impl<E: Engine> GroupRunner<E> {
             timeout,
             control,
             control_link: None,
-            flight,
+            hooks: Arc::new(NoHooks),
             state: Mutex::new(RunState {
                 engine,
                 seq: 0,
@@ -112,19 +104,13 @@ impl<E: Engine> GroupRunner<E> {
         &self.control
     }
 
-    /// Replaces the group's flight recorder by one set up by `config` (its size, where
-    /// its dumps and beacon go); call it before the group runs anything.
-    pub fn configure_flight(&mut self, config: FlightConfig) {
-        let flight = FlightRecorder::watching(
-            self.rank,
-            self.world_size,
-            self.name,
-            config,
-            Arc::downgrade(&self.control),
-        );
+    /// Attaches `hooks`, which the runner and its engine then tell what the group
+    /// does (replacing any attached before); call it before the group runs anything.
+    pub fn attach_hooks(&mut self, hooks: Arc<dyn CallHooks>) {
+        hooks.attached(&self.control);
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        state.engine.attach_recorder(&flight);
-        self.flight = flight;
+        state.engine.attach_hooks(&hooks);
+        self.hooks = hooks;
     }
 
     /// Keeps the control thread's handle for the life of the group.
@@ -167,19 +153,19 @@ impl<E: Engine> GroupRunner<E> {
         }
         if let Some(record) = self.control.aborted() {
             let error = self.abort_error(record);
-            let dump = self.break_group(&mut state, &error);
+            let deferred = self.break_group(&mut state, &error);
             drop(state);
-            self.flight.write_break(dump);
+            after_unlock(deferred);
             return Err(error);
         }
         let result = body(&mut state.engine)
             .map_err(|e| self.diagnose(&mut state, e, Deadline::after(PEER_FAILURE_GRACE)));
-        let dump = match &result {
+        let deferred = match &result {
             Err(e) if e.breaks_group() => self.break_group(&mut state, e),
             _ => None,
         };
         drop(state);
-        self.flight.write_break(dump);
+        after_unlock(deferred);
         result
     }
 
@@ -203,12 +189,12 @@ impl<E: Engine> GroupRunner<E> {
             Ok(value) => Some(value),
             Err(error) if error.breaks_group() => {
                 state.engine.abort();
-                let dump = self.flight.break_snapshot(&break_reason(&error));
+                let deferred = self.hooks.broke(Broke::By(&error));
                 let cause = error.likely_cause();
                 self.control
                     .abort_caused(self.rank, error.to_string(), cause, Some(error));
                 drop(state);
-                self.flight.write_break(dump);
+                after_unlock(deferred);
                 None
             }
             Err(_) if self.control.is_aborted() => {
@@ -233,29 +219,29 @@ impl<E: Engine> GroupRunner<E> {
     ) -> Result<R, Error> {
         let mut state = self
             .lock()
-            .inspect_err(|e| self.flight.refused(sequence, e))?;
+            .inspect_err(|e| self.hooks.refused(sequence, None, e))?;
         if let Some(cause) = &state.broken {
             let error = Error::GroupBroken {
                 rank: self.rank,
                 cause: cause.clone(),
             };
-            self.flight.refused(sequence, &error);
+            self.hooks.refused(sequence, None, &error);
             return Err(error);
         }
         if let Some(record) = self.control.aborted() {
             let error = self.abort_error(record);
-            // The dump shows this rank as the break found it; the call is recorded
-            // after, as the op it would have been (a dump on request shows it).
-            let dump = self.break_group(&mut state, &error);
+            // The hooks see this rank as the break found it; the call is refused after,
+            // as the op it would have been.
+            let deferred = self.break_group(&mut state, &error);
             match state.counter(sequence).map(|counter| *counter + 1) {
                 Some(seq) => {
                     let op = op.map(|op| OpDesc { seq, ..op });
-                    self.flight.refused_as(sequence, seq, op, &error);
+                    self.hooks.refused(sequence, Some((seq, op)), &error);
                 }
-                None => self.flight.refused(sequence, &error),
+                None => self.hooks.refused(sequence, None, &error),
             }
             drop(state);
-            self.flight.write_break(dump);
+            after_unlock(deferred);
             return Err(error);
         }
         let Some(counter) = state.counter(sequence) else {
@@ -263,13 +249,13 @@ impl<E: Engine> GroupRunner<E> {
                 "rank {}: {sequence:?} names no rank of a group of {}",
                 self.rank, self.world_size
             ));
-            self.flight.refused(sequence, &error);
+            self.hooks.refused(sequence, None, &error);
             return Err(error);
         };
         *counter += 1;
         let seq = *counter;
         self.control.activity().numbered(sequence, seq);
-        self.flight.start(sequence, seq);
+        self.hooks.started(sequence, seq);
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| body(&mut state.engine, seq)));
         let result = match outcome {
             Ok(result) => result,
@@ -283,29 +269,29 @@ impl<E: Engine> GroupRunner<E> {
                     rank: self.rank,
                     cause: format!("a panic inside call #{seq} ({sequence:?}): {what}"),
                 };
-                let dump = self.break_group(&mut state, &error);
-                self.flight.finish(Some(&error));
+                let deferred = self.break_group(&mut state, &error);
+                self.hooks.finished(Some(&error));
                 drop(state);
-                self.flight.write_break(dump);
+                after_unlock(deferred);
                 panic::resume_unwind(payload);
             }
         };
         let result = result.map_err(|e| self.diagnose(&mut state, e, deadline));
-        let dump = match &result {
+        let deferred = match &result {
             Err(e) if e.breaks_group() => self.break_group(&mut state, e),
             _ => None,
         };
-        self.flight.finish(result.as_ref().err());
+        self.hooks.finished(result.as_ref().err());
         drop(state);
-        self.flight.write_break(dump);
+        after_unlock(deferred);
         result
     }
 
     /// Marks the group broken by `error`, releases the engine, and aborts the group (the
-    /// peers are told, unless the abort came from one of them). Returns the flight
-    /// recorder's dump, taken while the failed call still shows as running, for the
-    /// caller to write once it has released the group's lock.
-    fn break_group(&self, state: &mut RunState<E>, error: &Error) -> Option<FlightDump> {
+    /// peers are told, unless the abort came from one of them), and tells the hooks
+    /// while the failed call still shows as running. Returns what the hooks left for
+    /// the caller to do once it has released the group's lock.
+    fn break_group(&self, state: &mut RunState<E>, error: &Error) -> Option<Deferred> {
         if state.broken.is_some() {
             return None;
         }
@@ -317,7 +303,7 @@ impl<E: Engine> GroupRunner<E> {
         state.engine.abort();
         self.control
             .abort_caused(self.rank, cause, error.likely_cause(), None);
-        self.flight.break_snapshot(&break_reason(error))
+        self.hooks.broke(Broke::By(error))
     }
 
     /// The error a call gets once the group has been aborted.
@@ -342,7 +328,7 @@ impl<E: Engine> GroupRunner<E> {
     fn submit(&self, request: Request<'_>, deadline: Deadline) -> Result<(), Error> {
         request
             .validate(self.rank, self.world_size)
-            .inspect_err(|e| self.flight.refused(request.sequence(), e))?;
+            .inspect_err(|e| self.hooks.refused(request.sequence(), None, e))?;
         // Described once: the number is the runner's to give.
         let described = request.describe(0);
         self.run_described(
@@ -451,6 +437,13 @@ impl<E: Engine> GroupRunner<E> {
     }
 }
 
+/// Runs what the hooks left for after the group's lock is released.
+fn after_unlock(deferred: Option<Deferred>) {
+    if let Some(deferred) = deferred {
+        deferred();
+    }
+}
+
 /// This rank's timeout or lost peer `error`, once the abort notice `record` of another
 /// rank has arrived: the ranks whose connections closed aborted in reaction (they are no
 /// root cause, and no longer listed as gone). For a timeout, when this rank knew no
@@ -499,14 +492,7 @@ impl<E: Engine> Backend for GroupRunner<E> {
 
     fn abort(&self, cause: &str) {
         self.control.abort(self.rank, cause.to_string(), None);
-        let dump = self
-            .flight
-            .break_snapshot(&format!("group broken: {cause}"));
-        self.flight.write_break(dump);
-    }
-
-    fn flight_recorder(&self) -> Option<Arc<FlightRecorder>> {
-        Some(Arc::clone(&self.flight))
+        after_unlock(self.hooks.broke(Broke::Aborted(cause)));
     }
 
     fn rank(&self) -> usize {

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::flight::beacon::Beacon;
-use crate::{DType, ReduceOp};
+use ringccl_collectives::{DType, ReduceOp};
 
 fn recorder(entries: usize) -> Arc<FlightRecorder> {
     FlightRecorder::new(
@@ -281,13 +281,22 @@ fn an_entry_stays_small() {
 
 #[test]
 fn a_runner_records_what_it_runs_and_what_it_refuses() {
-    use crate::{
+    use crate::Observers;
+    use ringccl_collectives::{
         Backend, BufferMut, Deadline, HostBackend, HostConfig, MemoryConfig, MemoryTransport,
     };
     let soon = || Deadline::after(Duration::from_secs(20));
+    let recorders: Vec<_> = (0..2)
+        .map(|rank| FlightRecorder::new(rank, 2, "test", FlightConfig::default()))
+        .collect();
     let ranks: Vec<_> = MemoryTransport::mesh(2, MemoryConfig::default())
         .into_iter()
-        .map(|t| HostBackend::new("test", t, HostConfig::default()))
+        .zip(&recorders)
+        .map(|(t, recorder)| {
+            let mut backend = HostBackend::new("test", t, HostConfig::default());
+            backend.attach_hooks(Arc::new(Observers::new(Some(Arc::clone(recorder)), None)));
+            backend
+        })
         .collect();
     std::thread::scope(|s| {
         for b in &ranks {
@@ -302,8 +311,7 @@ fn a_runner_records_what_it_runs_and_what_it_refuses() {
     assert!(rank0
         .broadcast(BufferMut::from_slice(&mut [0u8; 4]), 3, soon())
         .is_err());
-    let recorder = rank0.flight_recorder().unwrap();
-    let entries = recorder.snapshot("requested").entries;
+    let entries = recorders[0].snapshot("requested").entries;
     assert_eq!(entries.len(), 2, "{entries:#?}");
     let all_reduce = &entries[0];
     assert_eq!(
@@ -329,7 +337,7 @@ fn a_runner_records_what_it_runs_and_what_it_refuses() {
 fn a_rank_idle_at_the_break_keeps_its_dump_and_records_the_call_refused_after() {
     let dir = TempDir::new("idle-break");
     let control = GroupControl::new(2);
-    let recorder = FlightRecorder::watching(
+    let recorder = FlightRecorder::new(
         2,
         3,
         "gloo",
@@ -338,8 +346,8 @@ fn a_rank_idle_at_the_break_keeps_its_dump_and_records_the_call_refused_after() 
             transport: "tcp",
             ..FlightConfig::default()
         },
-        Arc::downgrade(&control),
     );
+    recorder.watch(&control);
     recorder.start(Sequence::Collective, 4);
     recorder.finish(None);
     let read = || -> FlightDump {

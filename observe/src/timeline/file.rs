@@ -35,7 +35,7 @@ pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
 ///
 /// ```
 /// use std::time::Instant;
-/// use ringccl_collectives::timeline::{Span, SpanArgs, TraceFile};
+/// use ringccl_observe::timeline::{Span, SpanArgs, TraceFile};
 ///
 /// let dir = std::env::temp_dir().join(format!("ringccl-doc-trace-{}", std::process::id()));
 /// let file = TraceFile::create(&dir, 0)?;
@@ -72,7 +72,7 @@ impl TraceFile {
     ///
     /// ```
     /// let dir = std::env::temp_dir().join(format!("ringccl-doc-create-{}", std::process::id()));
-    /// let file = ringccl_collectives::timeline::TraceFile::create(&dir, 3)?;
+    /// let file = ringccl_observe::timeline::TraceFile::create(&dir, 3)?;
     /// assert!(file.path().unwrap().ends_with("rank-3.json"));
     /// # file.close();
     /// # std::fs::remove_dir_all(&dir)?;
@@ -99,7 +99,7 @@ impl TraceFile {
     /// Writes rank `rank`'s trace to `out` instead of a file (tests, tools).
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert_eq!(file.path(), None);
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -142,8 +142,8 @@ impl TraceFile {
     /// (`std::process::exit`), which the `ringccl` crate hooks with `atexit`.
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
-    /// ringccl_collectives::timeline::TraceFile::close_all();
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// ringccl_observe::timeline::TraceFile::close_all();
     /// assert!(!file.is_open());
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -169,7 +169,7 @@ impl TraceFile {
     /// The process id in the trace: the rank that opened the file.
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 5)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 5)?;
     /// assert_eq!(file.pid(), 5);
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -181,7 +181,7 @@ impl TraceFile {
     /// exist yet.
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert_eq!(file.row("ddp").tid(), file.row("ddp").tid());
     /// assert_ne!(file.row("ddp").tid(), file.row("trainer").tid());
     /// # Ok::<(), std::io::Error>(())
@@ -194,7 +194,7 @@ impl TraceFile {
     /// spans that must not share a row with others (each group's collectives).
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert_ne!(file.new_row("collectives").tid(), file.new_row("collectives").tid());
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -230,7 +230,7 @@ impl TraceFile {
     /// background thread still finishing a call).
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
     /// let hold = file.hold();
     /// drop(hold); // the last hold: the file is finished
     /// assert!(!file.is_open());
@@ -246,7 +246,7 @@ impl TraceFile {
     /// the file was finished in time. Idempotent.
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert!(file.close());
     /// assert!(file.close());
     /// # Ok::<(), std::io::Error>(())
@@ -268,7 +268,7 @@ impl TraceFile {
     /// Whether spans are still taken (the file has not been closed).
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert!(file.is_open());
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -279,7 +279,7 @@ impl TraceFile {
     /// Spans dropped so far because the buffer was full or the file closed.
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert_eq!(file.dropped(), 0);
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -290,7 +290,7 @@ impl TraceFile {
     /// The most spans the buffer holds ([`BUFFER_CAPACITY`]).
     ///
     /// ```
-    /// use ringccl_collectives::timeline::{TraceFile, BUFFER_CAPACITY};
+    /// use ringccl_observe::timeline::{TraceFile, BUFFER_CAPACITY};
     /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert_eq!(file.capacity(), BUFFER_CAPACITY);
     /// # Ok::<(), std::io::Error>(())
@@ -303,7 +303,7 @@ impl TraceFile {
     /// plus row names).
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert!(file.pending() <= file.capacity());
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -337,7 +337,7 @@ impl TraceHold {
     /// The file held.
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 2)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 2)?;
     /// assert_eq!(file.hold().file().pid(), 2);
     /// # Ok::<(), std::io::Error>(())
     /// ```

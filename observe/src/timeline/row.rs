@@ -15,7 +15,7 @@ use super::span::{Span, SpanArgs};
 ///
 /// ```
 /// use std::time::Instant;
-/// use ringccl_collectives::timeline::{Span, SpanArgs, TraceFile};
+/// use ringccl_observe::timeline::{Span, SpanArgs, TraceFile};
 ///
 /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
 /// let row = file.row("trainer");
@@ -43,7 +43,7 @@ impl Timeline {
     ///
     /// ```
     /// # use std::time::Instant;
-    /// # use ringccl_collectives::timeline::{Span, SpanArgs, TraceFile};
+    /// # use ringccl_observe::timeline::{Span, SpanArgs, TraceFile};
     /// let row = TraceFile::to_writer(std::io::sink(), 0)?.row("r");
     /// let now = Instant::now();
     /// row.record(Span::new("tick", now, now, SpanArgs::None));
@@ -76,7 +76,7 @@ impl Timeline {
     /// [`SpanGuard::end`]ed).
     ///
     /// ```
-    /// let row = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?.row("r");
+    /// let row = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?.row("r");
     /// let guard = row.span("backward");
     /// // ... the backward pass ...
     /// guard.end();
@@ -94,7 +94,7 @@ impl Timeline {
     /// The row's thread id in the trace (1 for the first row of a file).
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert_eq!(file.row("first").tid(), 1);
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -105,7 +105,7 @@ impl Timeline {
     /// The file this row is in.
     ///
     /// ```
-    /// let file = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 4)?;
+    /// let file = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 4)?;
     /// assert_eq!(file.row("r").file().pid(), 4);
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -137,7 +137,7 @@ impl SpanGuard {
     /// A guard that records nothing.
     ///
     /// ```
-    /// let guard = ringccl_collectives::timeline::SpanGuard::off();
+    /// let guard = ringccl_observe::timeline::SpanGuard::off();
     /// assert!(!guard.is_on());
     /// ```
     pub fn off() -> SpanGuard {
@@ -152,7 +152,7 @@ impl SpanGuard {
     /// Whether the span will be recorded.
     ///
     /// ```
-    /// let row = ringccl_collectives::timeline::TraceFile::to_writer(std::io::sink(), 0)?.row("r");
+    /// let row = ringccl_observe::timeline::TraceFile::to_writer(std::io::sink(), 0)?.row("r");
     /// assert!(row.span("x").is_on());
     /// # Ok::<(), std::io::Error>(())
     /// ```
@@ -163,7 +163,7 @@ impl SpanGuard {
     /// Attaches `args` to the span.
     ///
     /// ```
-    /// use ringccl_collectives::timeline::{SpanArgs, TraceFile};
+    /// use ringccl_observe::timeline::{SpanArgs, TraceFile};
     /// let row = TraceFile::to_writer(std::io::sink(), 0)?.row("r");
     /// let _step = row.span("step").with_args(SpanArgs::Numbers(vec![("step".into(), 7)]));
     /// # Ok::<(), std::io::Error>(())
@@ -176,7 +176,7 @@ impl SpanGuard {
     /// Ends the span now (the same as dropping the guard).
     ///
     /// ```
-    /// ringccl_collectives::timeline::SpanGuard::off().end();
+    /// ringccl_observe::timeline::SpanGuard::off().end();
     /// ```
     pub fn end(self) {}
 }

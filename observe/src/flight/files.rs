@@ -16,7 +16,7 @@ pub const MAIN_GROUP: &str = "main";
 /// `"group-0-1"`).
 ///
 /// ```
-/// use ringccl_collectives::flight::{file_name, group_tag};
+/// use ringccl_observe::flight::{file_name, group_tag};
 ///
 /// assert_eq!(group_tag("group/0/1/"), "group-0-1");
 /// assert_eq!(file_name(3, "group/0/1/", "json"), "rank-3.group-0-1.json");

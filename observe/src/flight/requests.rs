@@ -53,7 +53,7 @@ fn live_recorders() -> Vec<Arc<FlightRecorder>> {
 ///
 /// ```
 /// // No group with a flight directory in this process: nothing to write.
-/// assert!(ringccl_collectives::flight::dump_all("requested").is_empty());
+/// assert!(ringccl_observe::flight::dump_all("requested").is_empty());
 /// ```
 pub fn dump_all(reason: &str) -> Vec<PathBuf> {
     live_recorders()

@@ -16,7 +16,7 @@ pub const OLDEST_FORMAT_READ: u32 = 1;
 /// `init_process_group`, `rank-<rank>.<group>.json` for groups formed from it.
 ///
 /// ```
-/// use ringccl_collectives::flight::dump::{FlightDump, FORMAT_VERSION};
+/// use ringccl_observe::flight::dump::{FlightDump, FORMAT_VERSION};
 ///
 /// let dump = FlightDump::empty(2, 4, "main", "requested");
 /// let text = serde_json::to_string(&dump).unwrap();

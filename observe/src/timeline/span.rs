@@ -6,15 +6,15 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::schedule::Schedule;
-use crate::wire::Algorithm;
-use crate::OpDesc;
+use ringccl_collectives::schedule::Schedule;
+use ringccl_collectives::wire::Algorithm;
+use ringccl_collectives::OpDesc;
 
 /// One complete span (a Chrome trace `"ph":"X"` event) on one row of the timeline.
 ///
 /// ```
 /// use std::time::Instant;
-/// use ringccl_collectives::timeline::{Span, SpanArgs};
+/// use ringccl_observe::timeline::{Span, SpanArgs};
 ///
 /// let start = Instant::now();
 /// let span = Span::new("backward", start, Instant::now(), SpanArgs::None);
@@ -38,7 +38,7 @@ impl Span {
     ///
     /// ```
     /// # use std::time::Instant;
-    /// # use ringccl_collectives::timeline::{Span, SpanArgs};
+    /// # use ringccl_observe::timeline::{Span, SpanArgs};
     /// let now = Instant::now();
     /// assert_eq!(Span::new("x", now, now, SpanArgs::None).args, SpanArgs::None);
     /// ```
@@ -101,7 +101,7 @@ pub struct CollectiveArgs {
 /// over its schedule, so the totals are made on the writer thread, not in the call.
 ///
 /// ```
-/// use ringccl_collectives::timeline::{PeerBytes, PeerTraffic};
+/// use ringccl_observe::timeline::{PeerBytes, PeerTraffic};
 ///
 /// let one = PeerBytes { peer: 1, sent: 8, received: 8 };
 /// assert_eq!(PeerTraffic::counted(vec![one]).per_peer(), vec![one]);
@@ -125,7 +125,7 @@ impl PeerTraffic {
     /// Bytes already counted, one entry per peer.
     ///
     /// ```
-    /// # use ringccl_collectives::timeline::{PeerBytes, PeerTraffic};
+    /// # use ringccl_observe::timeline::{PeerBytes, PeerTraffic};
     /// let traffic = PeerTraffic::counted(vec![PeerBytes { peer: 2, sent: 4, received: 0 }]);
     /// assert_eq!(traffic.per_peer()[0].peer, 2);
     /// ```
@@ -145,7 +145,7 @@ impl PeerTraffic {
     /// unknown.
     ///
     /// ```
-    /// # use ringccl_collectives::timeline::PeerTraffic;
+    /// # use ringccl_observe::timeline::PeerTraffic;
     /// assert_eq!(PeerTraffic::default().per_peer(), vec![]);
     /// ```
     pub fn per_peer(&self) -> Vec<PeerBytes> {

@@ -167,7 +167,7 @@ fn a_second_file_of_the_same_rank_in_one_process_gets_its_own_name() {
 
 #[test]
 fn a_device_library_call_is_a_span_with_its_outcome_and_no_bytes_per_peer() {
-    use crate::{DType, Deadline, Error, OpDesc, ReduceOp};
+    use ringccl_collectives::{DType, Deadline, Error, OpDesc, ReduceOp};
     let out = Gated::default();
     let file = TraceFile::to_writer(out.clone(), 0).unwrap();
     let hold = file.hold();
@@ -203,7 +203,7 @@ fn a_device_library_call_is_a_span_with_its_outcome_and_no_bytes_per_peer() {
 /// runs; a call that ends leaves its own span, and its opening writes nothing more.
 #[test]
 fn a_call_that_never_ends_is_written_as_unfinished() {
-    use crate::{DType, Deadline, OpDesc, ReduceOp};
+    use ringccl_collectives::{DType, Deadline, OpDesc, ReduceOp};
     let out = Gated::default();
     let file = TraceFile::to_writer(out.clone(), 3).unwrap();
     let trace = CollectiveTrace::new(file.new_row("collectives"), "tcp");

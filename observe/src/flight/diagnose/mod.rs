@@ -12,7 +12,7 @@
 //! - failed calls, and ranks whose process failed.
 //!
 //! ```
-//! use ringccl_collectives::flight::diagnose::{diagnose, Evidence};
+//! use ringccl_observe::flight::diagnose::{diagnose, Evidence};
 //!
 //! let diagnosis = diagnose(&Evidence::at(0));
 //! assert!(!diagnosis.found_cause());
@@ -45,8 +45,8 @@ const MAX_EXPECTED: usize = 1 << 16;
 /// Diagnoses a job from its evidence; see the module documentation.
 ///
 /// ```
-/// use ringccl_collectives::flight::diagnose::{diagnose, Evidence};
-/// use ringccl_collectives::flight::dump::FlightDump;
+/// use ringccl_observe::flight::diagnose::{diagnose, Evidence};
+/// use ringccl_observe::flight::dump::FlightDump;
 ///
 /// let mut evidence = Evidence::at(10_000_000);
 /// evidence.dumps.push(FlightDump::empty(0, 2, "main", "requested"));

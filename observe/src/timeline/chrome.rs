@@ -321,7 +321,7 @@ mod tests {
 
     use super::*;
     use crate::timeline::{CollectiveArgs, PeerTraffic};
-    use crate::{DType, OpDesc, ReduceOp};
+    use ringccl_collectives::{DType, OpDesc, ReduceOp};
 
     #[test]
     fn a_collective_span_carries_its_description() {
@@ -333,7 +333,7 @@ mod tests {
             SpanArgs::Collective(Box::new(CollectiveArgs {
                 op: OpDesc::all_reduce(7, DType::F32, 1024, ReduceOp::Sum),
                 bytes: 4096,
-                algorithm: Some(crate::wire::Algorithm::Ring),
+                algorithm: Some(ringccl_collectives::wire::Algorithm::Ring),
                 transport: "tcp",
                 rank: 1,
                 world_size: 4,

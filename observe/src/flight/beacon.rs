@@ -15,7 +15,7 @@ pub const BEACON_MAGIC: u64 = u64::from_le_bytes(*b"RCCLBCN1");
 /// One reading of a rank's beacon.
 ///
 /// ```
-/// use ringccl_collectives::flight::beacon::{Beacon, BEACON_LEN};
+/// use ringccl_observe::flight::beacon::{Beacon, BEACON_LEN};
 ///
 /// let beacon = Beacon { pid: 7, issued: 3, finished: 2, current_op: 3, blocked_on: Some(1), ..Beacon::default() };
 /// let bytes = beacon.encode();

@@ -4,15 +4,15 @@ use std::time::Instant;
 
 use super::row::Timeline;
 use super::span::{CollectiveArgs, PeerBytes, PeerTraffic, Span, SpanArgs};
-use crate::schedule::Schedule;
-use crate::wire::Algorithm;
-use crate::{Deadline, Error, OpDesc};
+use ringccl_collectives::schedule::Schedule;
+use ringccl_collectives::wire::Algorithm;
+use ringccl_collectives::{Deadline, Error, OpDesc};
 
 /// Where an engine puts its calls on the timeline: the row of its group's collectives,
 /// and what carries the bytes (`"tcp"`, `"shm"`).
 ///
 /// ```
-/// use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
+/// use ringccl_observe::timeline::{CollectiveTrace, TraceFile};
 ///
 /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
 /// let trace = CollectiveTrace::new(file.new_row("collectives"), "tcp");
@@ -59,7 +59,7 @@ impl CollectiveTrace {
     /// Calls go on `row`; `transport` names what carries them.
     ///
     /// ```
-    /// # use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
+    /// # use ringccl_observe::timeline::{CollectiveTrace, TraceFile};
     /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
     /// let trace = CollectiveTrace::new(file.row("collectives"), "shm");
     /// assert_eq!(trace.row().tid(), 1);
@@ -72,7 +72,7 @@ impl CollectiveTrace {
     /// The row the calls go on.
     ///
     /// ```
-    /// # use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
+    /// # use ringccl_observe::timeline::{CollectiveTrace, TraceFile};
     /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert_eq!(CollectiveTrace::new(file.row("c"), "tcp").row().file().pid(), 0);
     /// # Ok::<(), std::io::Error>(())
@@ -84,7 +84,7 @@ impl CollectiveTrace {
     /// What carries the calls' bytes.
     ///
     /// ```
-    /// # use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
+    /// # use ringccl_observe::timeline::{CollectiveTrace, TraceFile};
     /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
     /// assert_eq!(CollectiveTrace::new(file.row("c"), "shm").transport(), "shm");
     /// # Ok::<(), std::io::Error>(())
@@ -99,7 +99,7 @@ impl CollectiveTrace {
     ///
     /// ```
     /// use std::time::{Duration, Instant};
-    /// use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
+    /// use ringccl_observe::timeline::{CollectiveTrace, TraceFile};
     /// use ringccl_collectives::{DType, Deadline, OpDesc, ReduceOp};
     ///
     /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
@@ -249,7 +249,7 @@ pub(super) fn peer_bytes(schedule: &Schedule, elem_size: usize) -> Vec<PeerBytes
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schedule::ring_all_reduce;
+    use ringccl_collectives::schedule::ring_all_reduce;
 
     #[test]
     fn a_ring_all_reduce_moves_two_thirds_of_the_buffer_each_way_on_three_ranks() {

@@ -12,8 +12,8 @@
 use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
 
 use super::ring::{PeerCount, PeerCounts, PEER_SLOTS};
-use crate::wire::Algorithm;
-use crate::{CollectiveKind, DType, OpDesc, ReduceOp};
+use ringccl_collectives::wire::Algorithm;
+use ringccl_collectives::{CollectiveKind, DType, OpDesc, ReduceOp};
 
 const NOBODY: usize = usize::MAX;
 /// In `root`: none.

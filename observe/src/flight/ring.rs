@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use crate::flight::dump::CallState;
-use crate::wire::Algorithm;
-use crate::OpDesc;
+use ringccl_collectives::wire::Algorithm;
+use ringccl_collectives::OpDesc;
 
 /// In [`Slot::started_us`]: the call started when it was issued.
 pub(crate) const AT_ISSUE: u64 = 0;

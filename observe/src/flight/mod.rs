@@ -28,9 +28,7 @@ pub use dump::{
     CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FORMAT_VERSION, OLDEST_FORMAT_READ,
 };
 pub use files::{file_name, group_tag, MAIN_GROUP};
-pub use recorder::{
-    algorithm_label, FlightConfig, FlightRecorder, DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES,
-};
 pub(crate) use recorder::{break_reason, ending, Ending};
+pub use recorder::{FlightConfig, FlightRecorder, DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES};
 pub use requests::{dump_all, WATCH_EVERY};
 pub use ring::PEER_SLOTS;

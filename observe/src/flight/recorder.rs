@@ -6,7 +6,7 @@
 //! - the facade's issue order (`ringccl`'s sequencer): a call is issued
 //!   ([`FlightRecorder::issued`]), gets its turn ([`FlightRecorder::turn`]), or is given
 //!   up while queued ([`FlightRecorder::gave_up`]);
-//! - the [`GroupRunner`](crate::GroupRunner): a call starts ([`FlightRecorder::start`]),
+//! - the group's runner, through the hooks ([`Observers`](crate::Observers)): a call starts ([`FlightRecorder::start`]),
 //!   finishes or fails ([`FlightRecorder::finish`]), is refused
 //!   ([`FlightRecorder::refused`]), and the group breaks (the dump);
 //! - the engine: what the call is and its algorithm ([`FlightRecorder::running`]), and,
@@ -17,7 +17,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::beacon_file::BeaconFile;
@@ -27,10 +27,10 @@ use super::live::{LiveCall, LiveRecord};
 use super::requests;
 use super::ring::{PeerCounts, Ring, Slot, AT_ISSUE};
 use super::tick_clock::TickClock;
-use crate::control::GroupControl;
-use crate::group::Sequence;
-use crate::wire::Algorithm;
-use crate::{CollectiveKind, Error, OpDesc};
+use ringccl_collectives::control::GroupControl;
+use ringccl_collectives::wire::Algorithm;
+use ringccl_collectives::Sequence;
+use ringccl_collectives::{CollectiveKind, Error, OpDesc};
 
 /// In [`FlightRecorder`]'s `turn`: the call did not wait for its turn.
 const AT_ONCE: u64 = 1 << 63;
@@ -43,7 +43,7 @@ pub const MAX_FLIGHT_ENTRIES: usize = 100_000;
 /// How one group's recorder is set up.
 ///
 /// ```
-/// use ringccl_collectives::flight::{FlightConfig, DEFAULT_FLIGHT_ENTRIES};
+/// use ringccl_observe::flight::{FlightConfig, DEFAULT_FLIGHT_ENTRIES};
 ///
 /// let config = FlightConfig::default();
 /// assert_eq!((config.entries, config.dir, config.group.as_str()), (DEFAULT_FLIGHT_ENTRIES, None, "main"));
@@ -80,30 +80,6 @@ fn now_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// The algorithm's name in dumps and traces: `"ring"`, `"recursive_doubling"`, ….
-///
-/// ```
-/// use ringccl_collectives::{flight::algorithm_label, wire::Algorithm};
-/// assert_eq!(algorithm_label(Algorithm::RecursiveDoubling), "recursive_doubling");
-/// ```
-pub fn algorithm_label(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::Ring => "ring",
-        Algorithm::RecursiveDoubling => "recursive_doubling",
-        Algorithm::BinomialTree => "binomial_tree",
-        Algorithm::Chain => "chain",
-        Algorithm::Dissemination => "dissemination",
-        Algorithm::Pairwise => "pairwise",
-        Algorithm::Direct => "direct",
-        Algorithm::Device => "device",
-        Algorithm::HalvingDoubling => "halving_doubling",
-        Algorithm::Hierarchical => "hierarchical",
-        Algorithm::PeerMemory => "peer_memory",
-        Algorithm::GatherRelease => "gather_release",
-        Algorithm::SharedCounters => "shared_counters",
-    }
-}
-
 struct Book {
     ring: Ring,
     /// Calls finished so far, either way.
@@ -115,7 +91,7 @@ struct Book {
 /// One group's flight recorder on one rank. See the module documentation.
 ///
 /// ```
-/// use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+/// use ringccl_observe::flight::{CallState, FlightConfig, FlightRecorder};
 ///
 /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
 /// let call = recorder.issued("barrier");
@@ -138,7 +114,9 @@ pub struct FlightRecorder {
     last_issued: (AtomicU64, AtomicU64),
     live: LiveCall,
     beacon: Option<BeaconFile>,
-    control: Weak<GroupControl>,
+    /// The group's control state, once the recorder is attached to a group: when a peer
+    /// aborts it while this rank runs no call, the request thread writes the dump.
+    control: OnceLock<Weak<GroupControl>>,
     /// The group broke and its dump was taken: later breaks do not dump again, and the
     /// beacon stays behind for the diagnosis.
     broken: AtomicBool,
@@ -157,7 +135,7 @@ impl FlightRecorder {
     /// recorder answers SIGUSR1 (see [`dump_all`](super::dump_all)).
     ///
     /// ```
-    /// use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// let recorder = FlightRecorder::new(1, 4, "gloo", FlightConfig { entries: 16, ..FlightConfig::default() });
     /// assert_eq!(recorder.capacity(), 16);
     /// ```
@@ -165,19 +143,7 @@ impl FlightRecorder {
         rank: usize,
         world_size: usize,
         backend: &'static str,
-        config: FlightConfig,
-    ) -> Arc<FlightRecorder> {
-        FlightRecorder::watching(rank, world_size, backend, config, Weak::new())
-    }
-
-    /// [`FlightRecorder::new`] for a group whose aborts it watches: when a peer aborts
-    /// the group while this rank runs no call, the request thread writes the dump.
-    pub(crate) fn watching(
-        rank: usize,
-        world_size: usize,
-        backend: &'static str,
         mut config: FlightConfig,
-        control: Weak<GroupControl>,
     ) -> Arc<FlightRecorder> {
         config.entries = config.entries.clamp(1, MAX_FLIGHT_ENTRIES);
         let beacon = config.dir.as_deref().and_then(|dir| {
@@ -203,7 +169,7 @@ impl FlightRecorder {
             last_issued: (AtomicU64::new(0), AtomicU64::new(0)),
             live: LiveCall::default(),
             beacon,
-            control,
+            control: OnceLock::new(),
             broken: AtomicBool::new(false),
             handed_off: AtomicBool::new(false),
             epoch: Instant::now(),
@@ -213,6 +179,12 @@ impl FlightRecorder {
             requests::register(&recorder);
         }
         recorder
+    }
+
+    /// The recorder now watches the group whose control state is `control` (its hooks
+    /// were attached to it); a recorder watches one group.
+    pub(crate) fn watch(&self, control: &Arc<GroupControl>) {
+        let _ = self.control.set(Arc::downgrade(control));
     }
 
     /// `at` in microseconds since the Unix epoch.
@@ -244,7 +216,7 @@ impl FlightRecorder {
     /// How many calls the ring keeps.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig { entries: 0, ..FlightConfig::default() });
     /// assert_eq!(recorder.capacity(), 1);
     /// ```
@@ -255,7 +227,7 @@ impl FlightRecorder {
     /// Where the dumps go, if anywhere.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
     /// assert!(recorder.dump_path().is_none());
     /// ```
@@ -267,7 +239,7 @@ impl FlightRecorder {
     /// The beacon file, if one was made.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
     /// assert!(recorder.beacon_path().is_none());
     /// ```
@@ -279,7 +251,7 @@ impl FlightRecorder {
     /// issuer passes to [`FlightRecorder::turn`] or [`FlightRecorder::gave_up`].
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
     /// assert_eq!((recorder.issued("barrier"), recorder.issued("barrier")), (1, 2));
     /// ```
@@ -291,7 +263,7 @@ impl FlightRecorder {
     /// read the clock, to fix the call's deadline, saves reading it again).
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// use std::time::Instant;
     /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
     /// assert_eq!(recorder.issued_at("barrier", Instant::now()), 1);
@@ -313,7 +285,7 @@ impl FlightRecorder {
     /// when it was issued, which saves a reading of the clock on the common path.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// use ringccl_collectives::Sequence;
     /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
     /// recorder.turn(recorder.issued("barrier"), false);
@@ -330,7 +302,7 @@ impl FlightRecorder {
     /// `error`.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{CallState, FlightConfig, FlightRecorder};
     /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
     /// let call = recorder.issued("barrier");
     /// recorder.gave_up(call, &"queued past its deadline");
@@ -387,7 +359,7 @@ impl FlightRecorder {
     /// is, or a new one).
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{CallState, FlightConfig, FlightRecorder};
     /// use ringccl_collectives::Sequence;
     /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
     /// recorder.start(Sequence::SentTo(1), 1);
@@ -432,7 +404,7 @@ impl FlightRecorder {
     /// lock).
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// use ringccl_collectives::{wire::Algorithm, OpDesc};
     /// let recorder = FlightRecorder::new(0, 1, "nccl", FlightConfig::default());
     /// recorder.running(OpDesc::barrier(1), Algorithm::Device); // no call started: ignored
@@ -446,7 +418,7 @@ impl FlightRecorder {
     /// The current call ended, with `error` if it failed.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{CallState, FlightConfig, FlightRecorder};
     /// use ringccl_collectives::Sequence;
     /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
     /// recorder.start(Sequence::Collective, 1);
@@ -499,7 +471,7 @@ impl FlightRecorder {
     /// call's number for that, `None` when no call is running.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{CallState, FlightConfig, FlightRecorder};
     /// use ringccl_collectives::Sequence;
     /// let recorder = FlightRecorder::new(0, 1, "nccl", FlightConfig::default());
     /// recorder.start(Sequence::Collective, 1);
@@ -520,7 +492,7 @@ impl FlightRecorder {
     /// the ring has since overwritten is only counted.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{CallState, FlightConfig, FlightRecorder};
     /// use ringccl_collectives::{Error, Sequence};
     /// let recorder = FlightRecorder::new(0, 1, "nccl", FlightConfig::default());
     /// recorder.start(Sequence::Collective, 1);
@@ -556,7 +528,7 @@ impl FlightRecorder {
     /// group).
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{CallState, FlightConfig, FlightRecorder};
     /// use ringccl_collectives::{Error, Sequence};
     /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
     /// recorder.refused(Sequence::Collective, &Error::InvalidArgument("bad root".into()));
@@ -571,7 +543,7 @@ impl FlightRecorder {
     /// shows what this rank was about to run.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{CallState, FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{CallState, FlightConfig, FlightRecorder};
     /// use ringccl_collectives::{DType, Error, OpDesc, ReduceOp, Sequence};
     /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
     /// let op = OpDesc::all_reduce(5, DType::F32, 8, ReduceOp::Sum);
@@ -612,7 +584,7 @@ impl FlightRecorder {
     /// rest together).
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// use ringccl_collectives::Sequence;
     /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
     /// recorder.start(Sequence::Collective, 1);
@@ -648,7 +620,7 @@ impl FlightRecorder {
     /// lock; the entries are built outside it.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// let recorder = FlightRecorder::new(2, 4, "gloo", FlightConfig::default());
     /// let dump = recorder.snapshot("requested");
     /// assert_eq!((dump.rank, dump.world_size, dump.recorded, dump.reason.as_str()), (2, 4, 0, "requested"));
@@ -713,7 +685,7 @@ impl FlightRecorder {
     /// Writes the dump now, for `reason` (`"requested"`), when there is a directory.
     ///
     /// ```
-    /// # use ringccl_collectives::flight::{FlightConfig, FlightRecorder};
+    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
     /// let recorder = FlightRecorder::new(0, 1, "gloo", FlightConfig::default());
     /// assert_eq!(recorder.dump("requested"), None, "no directory, no file");
     /// ```
@@ -745,7 +717,7 @@ impl FlightRecorder {
     /// computes, or waits in user code) leaves its record; a rank inside a call usually
     /// takes it first, from its runner, as the call fails.
     pub(crate) fn dump_if_aborted(&self) {
-        let Some(control) = self.control.upgrade() else {
+        let Some(control) = self.control.get().and_then(Weak::upgrade) else {
             return;
         };
         if !control.is_aborted() || self.broken.load(Ordering::Acquire) {
@@ -857,7 +829,7 @@ fn entry(slot: &Slot, issued_us: u64, live: Option<(&PeerCounts, Option<usize>)>
         } else {
             slot.op.and_then(|op| op.root).map(|r| r as usize)
         },
-        algorithm: slot.algorithm.map(|a| algorithm_label(a).into()),
+        algorithm: slot.algorithm.map(|a| a.label().into()),
         state: slot.state,
         issued_us,
         started_us,
