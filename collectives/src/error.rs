@@ -100,11 +100,11 @@ macro_rules! runtime_error_enum {
         /// The rank that noticed.
         rank: usize,
         /// Its call (boxed: errors stay small).
-        mine: Box<$crate::control::CallDesc>,
+        mine: Box<$crate::CallDesc>,
         /// The peer it waits on.
         peer: usize,
         /// The peer's call.
-        theirs: Box<$crate::control::CallDesc>,
+        theirs: Box<$crate::CallDesc>,
         /// What each call waits for.
         why: String,
     },

@@ -18,10 +18,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::control::{Activity, GroupControl};
-use crate::group::{Deadline, Sequence};
 use crate::schedule::Schedule;
 use crate::wire::Algorithm;
-use crate::{Error, OpDesc};
+use crate::{Deadline, Error, OpDesc, Sequence};
 
 /// Work a hook leaves for after the group's lock is released (writing a dump).
 pub type Deferred = Box<dyn FnOnce() + Send>;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::control::GroupControl;
 use crate::executor::{execute, Call};
-use crate::group::{Deadline, Engine, GroupRunner, Request};
+use crate::group::{Engine, GroupRunner, Request};
 use crate::hooks::{CallHooks, CallScope, NoHooks, Observers, Running};
 use crate::memory_barrier::{self, Reduction, SLOT_DATA};
 use crate::schedule::{
@@ -19,6 +19,7 @@ use crate::schedule::{
 use crate::schedule_cache::{ScheduleCache, ScheduleKey};
 use crate::transport::Transport;
 use crate::wire::{Algorithm, MAX_FRAME_PAYLOAD};
+use crate::Deadline;
 use crate::{barrier_algorithm, AllReduceAlgo, DType, Error, OpDesc, ReduceOp};
 
 /// Tuning knobs of the host engine. Every rank must use the same values.

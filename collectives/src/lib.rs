@@ -12,7 +12,9 @@ mod backend;
 #[doc(hidden)]
 pub mod bucket;
 mod buffer;
+mod call_desc;
 pub mod control;
+mod deadline;
 mod doorbell;
 mod dtype;
 mod error;
@@ -30,6 +32,7 @@ pub mod peer_memory;
 mod progress;
 pub mod schedule;
 mod schedule_cache;
+mod sequence;
 pub mod spin;
 mod transport;
 pub mod wire;
@@ -39,13 +42,14 @@ pub use algorithm::{
 };
 pub use backend::{validate_blocks, validate_reduce, validate_root, Backend};
 pub use buffer::{BufferMut, BufferRef};
+pub use call_desc::CallDesc;
+pub use deadline::Deadline;
 pub use dtype::{DType, Element};
 pub use error::{
     aborted_note, blame_note, debug_as_report, exchanged_note, gone_note, Cause, Error, Result,
 };
 pub use group::{
-    validate_peer, Deadline, Engine, GroupRunner, Request, Sequence, ABORT_NOTICE_GRACE,
-    PEER_FAILURE_GRACE,
+    validate_peer, Engine, GroupRunner, Request, ABORT_NOTICE_GRACE, PEER_FAILURE_GRACE,
 };
 pub use host_engine::{
     HostBackend, HostConfig, HostEngine, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
@@ -54,6 +58,7 @@ pub use host_engine::{
 pub use memory_transport::{MemoryConfig, MemoryTransport};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};
+pub use sequence::Sequence;
 pub use transport::{check_peer, endpoint_closed, Closer, PeerAccess, Readiness, Transport};
 
 /// Re-export of the `half` crate, whose `f16` and `bf16` are [`Element`] types.

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::group::Sequence;
 use crate::wire::Algorithm;
 use crate::OpDesc;
+use crate::{CallDesc, CollectiveKind, Sequence};
 
 /// How many calls one rank has *started* that involve one peer, counted the way the
 /// runner numbers them (a call counts from the moment it is numbered, before any byte
@@ -46,6 +46,33 @@ pub struct Snapshot {
     pub stalled_since: u64,
     /// This rank's counts with the peer the snapshot is for.
     pub counts: Option<PairCounts>,
+}
+
+impl Snapshot {
+    /// The call the snapshot shows running, when its description and numbering agree.
+    ///
+    /// ```
+    /// use ringccl_collectives::control::Snapshot;
+    /// use ringccl_collectives::{wire::Algorithm, DType, OpDesc, Sequence};
+    ///
+    /// let snapshot = Snapshot {
+    ///     current: Some((OpDesc::send_recv(3, DType::F32, 8, 0), Algorithm::Direct)),
+    ///     sequence: Some(Sequence::ReceivedFrom(1)),
+    ///     ..Snapshot::default()
+    /// };
+    /// let call = snapshot.running_call().unwrap();
+    /// assert_eq!(call.to_string(), "recv(from rank 1, msg #3, tag=0, 8 x f32)");
+    /// ```
+    pub fn running_call(&self) -> Option<CallDesc> {
+        let (op, _) = self.current?;
+        let sequence = self.sequence?;
+        let point_to_point = op.kind == CollectiveKind::SendRecv;
+        let consistent = match sequence {
+            Sequence::Collective => !point_to_point,
+            Sequence::SentTo(_) | Sequence::ReceivedFrom(_) => point_to_point,
+        };
+        consistent.then_some(CallDesc { op, sequence })
+    }
 }
 
 #[derive(Debug, Default)]

@@ -37,69 +37,9 @@
 //! [`Sentinel`](super::Sentinel) makes sure both were seen after a moment at which both
 //! ranks were already in these calls (see [`stalled_on`]).
 
-use std::fmt;
-
 use super::{PairCounts, Snapshot};
-use crate::group::Sequence;
-use crate::{CollectiveKind, Error, OpDesc};
-
-/// One rank's running call as its peers see it: the description every rank checks, and
-/// the counter that numbered it (which says, for a point-to-point call, whether it sends
-/// or receives and with whom).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CallDesc {
-    /// What the call is.
-    pub op: OpDesc,
-    /// How it was numbered.
-    pub sequence: Sequence,
-}
-
-impl CallDesc {
-    /// The call a snapshot shows running, when its description and numbering agree.
-    ///
-    /// ```
-    /// use ringccl_collectives::control::{CallDesc, Snapshot};
-    /// use ringccl_collectives::{wire::Algorithm, DType, OpDesc, Sequence};
-    ///
-    /// let snapshot = Snapshot {
-    ///     current: Some((OpDesc::send_recv(3, DType::F32, 8, 0), Algorithm::Direct)),
-    ///     sequence: Some(Sequence::ReceivedFrom(1)),
-    ///     ..Snapshot::default()
-    /// };
-    /// let call = CallDesc::running(&snapshot).unwrap();
-    /// assert_eq!(call.to_string(), "recv(from rank 1, msg #3, tag=0, 8 x f32)");
-    /// ```
-    pub fn running(snapshot: &Snapshot) -> Option<CallDesc> {
-        let (op, _) = snapshot.current?;
-        let sequence = snapshot.sequence?;
-        let point_to_point = op.kind == CollectiveKind::SendRecv;
-        let consistent = match sequence {
-            Sequence::Collective => !point_to_point,
-            Sequence::SentTo(_) | Sequence::ReceivedFrom(_) => point_to_point,
-        };
-        consistent.then_some(CallDesc { op, sequence })
-    }
-}
-
-impl fmt::Display for CallDesc {
-    /// `op #7 all_reduce(sum, 8 x f32)`, `recv(from rank 1, msg #3, tag=0, 8 x f32)`,
-    /// `send(to rank 0, msg #1, tag=5, 1024 x u8)`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (verb, dir, peer) = match self.sequence {
-            Sequence::Collective => return self.op.fmt(f),
-            Sequence::SentTo(peer) => ("send", "to", peer),
-            Sequence::ReceivedFrom(peer) => ("recv", "from", peer),
-        };
-        write!(f, "{verb}({dir} rank {peer}, msg #{}", self.op.seq)?;
-        if let Some(tag) = self.op.root {
-            write!(f, ", tag={tag}")?;
-        }
-        match self.op.dtype {
-            Some(dtype) => write!(f, ", {} x {dtype})", self.op.count),
-            None => write!(f, ", {} elements)", self.op.count),
-        }
-    }
-}
+use crate::Sequence;
+use crate::{CallDesc, CollectiveKind, Error, OpDesc};
 
 /// Whether rank `rank`'s part of collective `op` cannot finish before rank `other` has
 /// started it: its result (or, for a barrier, its meaning) depends on `other`.
@@ -193,7 +133,7 @@ pub fn wait_on_each_other(
     if mine.blocked_on != Some(peer) || theirs.blocked_on != Some(rank) {
         return None;
     }
-    let (my_call, their_call) = (CallDesc::running(mine)?, CallDesc::running(theirs)?);
+    let (my_call, their_call) = (mine.running_call()?, theirs.running_call()?);
     let my_counts = mine.counts.filter(|c| c.peer == peer)?;
     let their_counts = theirs.counts.filter(|c| c.peer == rank)?;
     let mine_needs = needs_unstarted_call(rank, &my_call, peer, &their_counts)?;
@@ -250,7 +190,7 @@ pub fn both_only_send(
     if mine.blocked_on != Some(peer) || theirs.blocked_on != Some(rank) {
         return None;
     }
-    let (my_call, their_call) = (CallDesc::running(mine)?, CallDesc::running(theirs)?);
+    let (my_call, their_call) = (mine.running_call()?, theirs.running_call()?);
     (only_sends(rank, &my_call) && only_sends(peer, &their_call)).then_some((my_call, their_call))
 }
 

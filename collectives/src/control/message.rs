@@ -34,9 +34,9 @@ use std::fmt;
 use bytes::{Buf, BufMut};
 
 use super::{PairCounts, Snapshot};
-use crate::group::Sequence;
 use crate::wire::{Algorithm, FrameHeader, WireError, FRAME_HEADER_LEN};
 use crate::OpDesc;
+use crate::Sequence;
 
 /// Longest body a control message may have; anything longer is refused unread.
 pub const MAX_CONTROL_BODY: usize = 4096;

@@ -31,8 +31,8 @@ pub mod message;
 pub mod sentinel;
 mod sentinel_driver;
 
+pub use crate::call_desc::CallDesc;
 pub use activity::{Activity, PairCounts, Snapshot};
-pub use deadlock::CallDesc;
 pub use group_control::{AbortRecord, GroupControl};
 pub use memory_link::MemoryControlLink;
 pub use message::{ControlMessage, MAX_CONTROL_BODY};

@@ -25,10 +25,11 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::deadlock::{self, CallDesc};
+use super::deadlock;
 use super::{ControlMessage, Snapshot};
-use crate::group::Sequence;
 use crate::wire::same_call;
+use crate::CallDesc;
+use crate::Sequence;
 use crate::{CollectiveKind, Error, OpDesc};
 
 /// How often the driver should call [`Sentinel::handle_timeout`].
@@ -239,7 +240,7 @@ impl Sentinel {
         }
         let following_up = self
             .both_sending
-            .is_some_and(|b| b.peer == peer && CallDesc::running(mine) == Some(b.mine));
+            .is_some_and(|b| b.peer == peer && mine.running_call() == Some(b.mine));
         let due = match self.asked {
             Some(q) => {
                 let after = if following_up { FOLLOW_UP } else { ASK_EVERY };
@@ -357,7 +358,7 @@ impl Sentinel {
         };
         // This rank was in `my_call` from the question to the answer, so the peer's
         // answer was taken while this rank was in it.
-        if CallDesc::running(&question.asked) != Some(my_call) {
+        if question.asked.running_call() != Some(my_call) {
             self.both_sending = None;
             return;
         }

@@ -3,9 +3,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{Deadline, Request};
+use super::Request;
 use crate::control::GroupControl;
 use crate::hooks::CallHooks;
+use crate::Deadline;
 use crate::{Error, OpDesc};
 
 /// The part of a backend that moves data: it runs one call that

@@ -3,7 +3,7 @@
 //! description.
 
 use crate::backend::{validate_blocks, validate_reduce, validate_root};
-use crate::{BufferMut, BufferRef, CollectiveKind, Error, OpDesc, ReduceOp};
+use crate::{BufferMut, BufferRef, CollectiveKind, Error, OpDesc, ReduceOp, Sequence};
 
 /// A call and its buffers, after the user's typed slices were erased to bytes.
 #[derive(Debug)]
@@ -75,34 +75,6 @@ pub enum Request<'a> {
         /// Tag the message must carry.
         tag: u32,
     },
-}
-
-/// Which counter numbers a call: the group's collectives share one; point-to-point
-/// messages are counted per direction of each pair of ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sequence {
-    /// The group's collective counter.
-    Collective,
-    /// Messages this rank sent to the peer.
-    SentTo(usize),
-    /// Messages this rank received from the peer.
-    ReceivedFrom(usize),
-}
-
-impl Sequence {
-    /// The peer of a point-to-point counter (`None`: the collective one).
-    ///
-    /// ```
-    /// use ringccl_collectives::Sequence;
-    /// assert_eq!(Sequence::ReceivedFrom(3).peer(), Some(3));
-    /// assert_eq!(Sequence::Collective.peer(), None);
-    /// ```
-    pub fn peer(self) -> Option<usize> {
-        match self {
-            Sequence::Collective => None,
-            Sequence::SentTo(peer) | Sequence::ReceivedFrom(peer) => Some(peer),
-        }
-    }
 }
 
 impl Request<'_> {

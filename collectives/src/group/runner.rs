@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{Deadline, Engine, Request, Sequence};
+use super::{Engine, Request};
 use crate::control::{AbortRecord, GroupControl};
 use crate::hooks::{Broke, CallHooks, Deferred, NoHooks};
 use crate::{Backend, BufferMut, BufferRef, Cause, Error, OpDesc, ReduceOp};
+use crate::{Deadline, Sequence};
 
 /// After a peer failure, how long to wait for other failing connections to show, so the
 /// error can name the rank really at fault when this one was only blocked behind

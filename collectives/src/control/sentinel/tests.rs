@@ -2,9 +2,9 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::control::PairCounts;
-use crate::group::Sequence;
 use crate::wire::Algorithm;
 use crate::CollectiveKind;
+use crate::Sequence;
 use crate::{DType, OpDesc, ReduceOp};
 
 fn all_reduce(seq: u64) -> (OpDesc, Algorithm) {
