@@ -15,8 +15,8 @@
 use std::io::{self, IoSlice, IoSliceMut};
 use std::time::{Duration, Instant};
 
-use crate::control::{Activity, RETRY_EVERY};
-use crate::hooks::CallHooks;
+use crate::control::RETRY_EVERY;
+use crate::hooks::ProgressSink;
 use crate::kernels;
 use crate::progress::{Destination, Progress};
 use crate::schedule::{RecvAction, Schedule};
@@ -36,10 +36,8 @@ pub(crate) struct Call<'a> {
     pub(crate) reduce: Option<(DType, ReduceOp)>,
     pub(crate) deadline: Instant,
     pub(crate) timeout: Duration,
-    /// Where to say which peer this rank is waiting for, for a peer that asks.
-    pub(crate) activity: Option<&'a Activity>,
     /// Where to count the bytes moved per peer and say whom this rank waits for.
-    pub(crate) hooks: &'a dyn CallHooks,
+    pub(crate) report: ProgressSink<'a>,
 }
 
 fn is_would_block(e: &io::Error) -> bool {
@@ -99,7 +97,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                     progressed = true;
                     moved += n as u64;
                     progress.sent(n);
-                    call.hooks.sent(send.peer, n);
+                    call.report.sent(send.peer, n);
                 }
                 Err(e) if is_would_block(&e) => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -146,7 +144,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                         progressed = true;
                         moved += n as u64;
                         progress.received(n);
-                        call.hooks.received(recv.peer, n);
+                        call.report.received(recv.peer, n);
                     }
                     Err(e) if is_would_block(&e) => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -205,10 +203,7 @@ pub(crate) fn execute<T: Transport + ?Sized>(
                 call.rank, call.op
             )));
         };
-        if let Some(activity) = call.activity {
-            activity.blocked_on(blocked.blamed(), moved);
-        }
-        call.hooks.blocked_on(blocked.blamed());
+        call.report.blocked_on(blocked.blamed(), moved);
         // Try again at least every RETRY_EVERY, so what a peer that asks is told stays
         // fresh (control::deadlock::stalled_on).
         let until = Instant::now()

@@ -9,15 +9,18 @@
 //!
 //! A call's hooks come in this order: [`refused`](CallHooks::refused) alone, or
 //! [`started`](CallHooks::started), then [`running`](CallHooks::running) once the engine
-//! knows how it runs the call, any number of [`sent`](CallHooks::sent),
-//! [`received`](CallHooks::received) and [`blocked_on`](CallHooks::blocked_on), then
+//! knows how it runs the call, any number of [`blocked_on`](CallHooks::blocked_on), then
 //! [`ran`](CallHooks::ran) and [`finished`](CallHooks::finished). [`broke`](CallHooks::broke)
 //! comes whenever the group breaks, with the failed call still running.
+//!
+//! What a call does between its hooks (its bytes per peer, its waits) is not told: it is
+//! in the group's [`Probe`], which an observer reads when it needs it
+//! ([`CallHooks::attached`] gives it the group's control state, the probe's home).
 
 use std::fmt;
 use std::sync::Arc;
 
-use crate::control::{Activity, GroupControl};
+use crate::control::{GroupControl, Probe};
 use crate::schedule::Schedule;
 use crate::wire::Algorithm;
 use crate::{Deadline, Error, OpDesc, Sequence};
@@ -112,19 +115,8 @@ pub trait CallHooks: Send + Sync + fmt::Debug {
         let _ = call;
     }
 
-    /// `n` more bytes of the current call went to `peer`.
-    #[inline]
-    fn sent(&self, peer: usize, n: usize) {
-        let _ = (peer, n);
-    }
-
-    /// `n` more bytes of the current call came from `peer`.
-    #[inline]
-    fn received(&self, peer: usize, n: usize) {
-        let _ = (peer, n);
-    }
-
-    /// The current call is about to sleep until `peer` is ready.
+    /// The current call is about to sleep until `peer` is ready (after the probe was
+    /// told).
     #[inline]
     fn blocked_on(&self, peer: usize) {
         let _ = peer;
@@ -172,8 +164,8 @@ pub struct NoHooks;
 
 impl CallHooks for NoHooks {}
 
-/// What every engine does around a call, whatever runs it: it says what it runs (to a
-/// peer that asks, through the group's activity, and to the hooks), and that it ended.
+/// What every engine does around a call, whatever runs it: it says what it runs (in the
+/// group's probe, and to the hooks), and that it ended.
 ///
 /// ```
 /// use std::time::Duration;
@@ -192,7 +184,7 @@ impl CallHooks for NoHooks {}
 /// ```
 #[derive(Debug)]
 pub struct CallScope<'a> {
-    activity: Option<&'a Activity>,
+    probe: Option<&'a Probe>,
     hooks: &'a dyn CallHooks,
     call: Running,
 }
@@ -206,22 +198,18 @@ impl<'a> CallScope<'a> {
         hooks: &'a dyn CallHooks,
         call: Running,
     ) -> CallScope<'a> {
-        let activity = control.map(GroupControl::activity);
-        if let Some(activity) = activity {
-            activity.begin(call.op, call.algorithm);
+        let probe = control.map(GroupControl::probe);
+        if let Some(probe) = probe {
+            probe.begin(call.op, call.algorithm);
         }
         hooks.running(&call);
-        CallScope {
-            activity,
-            hooks,
-            call,
-        }
+        CallScope { probe, hooks, call }
     }
 
     /// Where the call's progress goes.
-    pub fn observers(&self) -> Observers<'a> {
-        Observers {
-            activity: self.activity,
+    pub fn progress(&self) -> ProgressSink<'a> {
+        ProgressSink {
+            probe: self.probe,
             hooks: self.hooks,
         }
     }
@@ -230,8 +218,8 @@ impl<'a> CallScope<'a> {
     /// given size) if it followed one.
     #[inline]
     pub fn end(self, schedule: Option<(&Arc<Schedule>, usize)>, result: &Result<(), Error>) {
-        if let Some(activity) = self.activity {
-            activity.end();
+        if let Some(probe) = self.probe {
+            probe.end();
         }
         self.hooks.ran(&Ran {
             call: &self.call,
@@ -241,20 +229,35 @@ impl<'a> CallScope<'a> {
     }
 }
 
-/// Where a running call reports its progress: the group's activity (for a peer that
-/// asks) and its hooks.
+/// Where a running call reports its progress: the group's probe and its hooks.
 #[derive(Clone, Copy, Debug)]
-pub struct Observers<'a> {
-    pub(crate) activity: Option<&'a Activity>,
+pub struct ProgressSink<'a> {
+    pub(crate) probe: Option<&'a Probe>,
     pub(crate) hooks: &'a dyn CallHooks,
 }
 
-impl Observers<'_> {
-    /// The call is about to sleep until `peer` is ready.
-    pub(crate) fn blocked_on(&self, peer: usize) {
-        if let Some(activity) = self.activity {
-            activity.blocked_on(peer, 0);
+impl ProgressSink<'_> {
+    /// The call is about to sleep until `peer` is ready, having moved `moved` bytes.
+    pub(crate) fn blocked_on(&self, peer: usize, moved: u64) {
+        if let Some(probe) = self.probe {
+            probe.blocked_on(peer, moved);
         }
         self.hooks.blocked_on(peer);
+    }
+
+    /// `n` more bytes went to `peer`.
+    #[inline]
+    pub(crate) fn sent(&self, peer: usize, n: usize) {
+        if let Some(probe) = self.probe {
+            probe.sent(peer, n);
+        }
+    }
+
+    /// `n` more bytes came from `peer`.
+    #[inline]
+    pub(crate) fn received(&self, peer: usize, n: usize) {
+        if let Some(probe) = self.probe {
+            probe.received(peer, n);
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::control::GroupControl;
 use crate::executor::{execute, Call};
 use crate::group::{Engine, GroupRunner, Request};
-use crate::hooks::{CallHooks, CallScope, NoHooks, Observers, Running};
+use crate::hooks::{CallHooks, CallScope, NoHooks, ProgressSink, Running};
 use crate::memory_barrier::{self, Reduction, SLOT_DATA};
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, gather_release_barrier,
@@ -171,7 +171,7 @@ impl<T: Transport> HostEngine<T> {
             op,
             Algorithm::PeerMemory,
             deadline,
-            |transport, observers| match transport.peer_memory() {
+            |transport, progress| match transport.peer_memory() {
                 Some(access) => access.memory.all_reduce(
                     rank,
                     op,
@@ -179,7 +179,7 @@ impl<T: Transport> HostEngine<T> {
                     reduce,
                     access.spin,
                     (deadline.at(), deadline.timeout()),
-                    &|peer| observers.blocked_on(peer),
+                    &|peer| progress.blocked_on(peer, 0),
                 ),
                 None => Err(Error::InvalidArgument(format!(
                     "rank {rank}: the peer-memory all-reduce needs ranks in one process"
@@ -209,13 +209,13 @@ impl<T: Transport> HostEngine<T> {
             op,
             Algorithm::SharedCounters,
             deadline,
-            |transport, observers| {
+            |transport, progress| {
                 memory_barrier::run(
                     transport,
                     op,
                     (slot, reduction),
                     (deadline.at(), deadline.timeout()),
-                    observers,
+                    progress,
                 )
             },
         );
@@ -230,14 +230,14 @@ impl<T: Transport> HostEngine<T> {
         op: &OpDesc,
         algorithm: Algorithm,
         deadline: Deadline,
-        body: impl FnOnce(&mut T, Observers<'_>) -> Result<(), Error>,
+        body: impl FnOnce(&mut T, ProgressSink<'_>) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let call = CallScope::begin(
             self.control.as_deref(),
             &*self.hooks,
             self.running(op, algorithm, deadline),
         );
-        let result = body(&mut self.transport, call.observers());
+        let result = body(&mut self.transport, call.progress());
         call.end(None, &result);
         result
     }
@@ -248,7 +248,6 @@ impl<T: Transport> HostEngine<T> {
             &*self.hooks,
             self.running(op, job.algorithm, deadline),
         );
-        let observers = scope.observers();
         let call = Call {
             rank: self.transport.rank(),
             world_size: self.transport.world_size(),
@@ -258,8 +257,7 @@ impl<T: Transport> HostEngine<T> {
             reduce: job.reduce,
             deadline: deadline.at(),
             timeout: deadline.timeout(),
-            activity: observers.activity,
-            hooks: observers.hooks,
+            report: scope.progress(),
         };
         let result = execute(
             &mut self.transport,

@@ -34,7 +34,7 @@ use std::io;
 use std::time::Instant;
 
 use crate::control::RETRY_EVERY;
-use crate::hooks::Observers;
+use crate::hooks::ProgressSink;
 use crate::kernels::{self, Order};
 use crate::transport::Transport;
 use crate::wire::{same_call, Algorithm, FrameHeader, FRAME_HEADER_LEN};
@@ -105,7 +105,7 @@ pub(crate) fn run<T: Transport + ?Sized>(
     op: &OpDesc,
     (slot, mut reduction): (usize, Option<Reduction<'_>>),
     (deadline, timeout): (Instant, std::time::Duration),
-    observers: Observers<'_>,
+    progress: ProgressSink<'_>,
 ) -> Result<(), Error> {
     let (rank, world_size) = (transport.rank(), transport.world_size());
     let io_error = |e: io::Error| Error::Io {
@@ -133,7 +133,7 @@ pub(crate) fn run<T: Transport + ?Sized>(
     };
     barrier.arrive(op.seq, slot, &header, data);
     if let Some(first) = barrier.first_missing(op.seq) {
-        observers.blocked_on(first);
+        progress.blocked_on(first, 0);
         loop {
             let until = Instant::now()
                 .checked_add(RETRY_EVERY)
@@ -152,7 +152,7 @@ pub(crate) fn run<T: Transport + ?Sized>(
                         cause: None,
                     })
                 }
-                Arrivals::Missing(peer) => observers.blocked_on(peer),
+                Arrivals::Missing(peer) => progress.blocked_on(peer, 0),
                 Arrivals::Gone(peer) => {
                     let reason = match transport.peer_host(peer) {
                         Some(host) => format!(

@@ -95,9 +95,6 @@ impl CallHooks for Observers {
     }
 
     fn running(&self, call: &Running) {
-        if let Some(recorder) = &self.recorder {
-            recorder.running(call.op, call.algorithm);
-        }
         if let Some(trace) = &self.trace {
             let now = Instant::now();
             let opened = (call.algorithm != Algorithm::Device).then(|| {
@@ -105,20 +102,6 @@ impl CallHooks for Observers {
                 trace.start(&call.op, Some(call.algorithm), ranks, call.deadline, now)
             });
             *self.open() = Some((now, opened));
-        }
-    }
-
-    #[inline]
-    fn sent(&self, peer: usize, n: usize) {
-        if let Some(recorder) = &self.recorder {
-            recorder.sent(peer, n);
-        }
-    }
-
-    #[inline]
-    fn received(&self, peer: usize, n: usize) {
-        if let Some(recorder) = &self.recorder {
-            recorder.received(peer, n);
         }
     }
 

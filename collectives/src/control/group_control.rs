@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Activity, Snapshot};
+use super::{Probe, Snapshot};
 use crate::transport::Closer;
 use crate::{CollectiveKind, Deadline, Error, OpDesc};
 
@@ -61,7 +61,7 @@ struct AbortState {
 /// ```
 pub struct GroupControl {
     rank: usize,
-    activity: Activity,
+    probe: Probe,
     aborted: AtomicBool,
     state: Mutex<AbortState>,
     changed: Condvar,
@@ -72,7 +72,7 @@ impl GroupControl {
     pub fn new(rank: usize) -> Arc<GroupControl> {
         Arc::new(GroupControl {
             rank,
-            activity: Activity::default(),
+            probe: Probe::default(),
             aborted: AtomicBool::new(false),
             state: Mutex::new(AbortState::default()),
             changed: Condvar::new(),
@@ -90,8 +90,8 @@ impl GroupControl {
     }
 
     /// What this rank is doing now.
-    pub fn activity(&self) -> &Activity {
-        &self.activity
+    pub fn probe(&self) -> &Probe {
+        &self.probe
     }
 
     /// Adds something to close when the group aborts (a transport's connections).

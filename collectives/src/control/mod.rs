@@ -7,9 +7,10 @@
 //! Both travel on a second, always-read connection per pair of ranks, as small
 //! [`ControlMessage`]s:
 //!
-//! - [`activity`]: what this rank is doing now (its op, how it was numbered, the peer it
-//!   is blocked on, its counts of calls with each peer), published by the runner and the
-//!   executor, read by the control thread;
+//! - [`probe`]: what this rank is doing now (its call, how it was numbered, the bytes it
+//!   moved, the peer it is blocked on, its counts of calls with each peer), written by
+//!   the runner and the executor without a lock, read by the control thread and by
+//!   whatever observes the group;
 //! - [`deadlock`]: when two ranks' calls provably wait on each other (point-to-point
 //!   against a collective, two receives, two sends that filled the connection);
 //! - [`message`]: the control messages and their encoding;
@@ -23,18 +24,18 @@
 //! - [`group_control`]: the state the runner, the executor and the control thread share:
 //!   the abort record, and how to close the data connections and wake their waiters.
 
-pub mod activity;
 pub mod deadlock;
 pub mod group_control;
 mod memory_link;
 pub mod message;
+pub mod probe;
 pub mod sentinel;
 mod sentinel_driver;
 
 pub use crate::call_desc::CallDesc;
-pub use activity::{Activity, PairCounts, Snapshot};
 pub use group_control::{AbortRecord, GroupControl};
 pub use memory_link::MemoryControlLink;
 pub use message::{ControlMessage, MAX_CONTROL_BODY};
+pub use probe::{LastCall, MovedBytes, PairCounts, PeerMoved, Probe, Snapshot, PEER_SLOTS};
 pub use sentinel::{Sentinel, Verdict, ASK_AFTER, ASK_EVERY, FOLLOW_UP, RETRY_EVERY, TICK};
 pub use sentinel_driver::SentinelDriver;

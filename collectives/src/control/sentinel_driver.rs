@@ -73,7 +73,7 @@ impl SentinelDriver {
             self.sentinel.fingerprint(op);
         }
         if now >= self.next_tick {
-            let mine = self.control.activity().snapshot();
+            let mine = self.control.probe().snapshot();
             self.sentinel.handle_timeout(now, &mine);
             self.next_tick = now + TICK;
         }
@@ -89,7 +89,7 @@ impl SentinelDriver {
     /// and acts on what it concludes. What a peer says it is doing (in a question or an
     /// answer) is kept, for the blame of a timeout ([`GroupControl::blame`]).
     pub fn handle_message(&mut self, now: Instant, from: usize, message: ControlMessage) {
-        let mine = self.control.activity().snapshot_for(from);
+        let mine = self.control.probe().snapshot_for(from);
         if let ControlMessage::Ask { snapshot, .. } | ControlMessage::Status { snapshot, .. } =
             &message
         {

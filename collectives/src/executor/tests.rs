@@ -7,6 +7,8 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::control::Probe;
+use crate::hooks::NoHooks;
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, gather_release_barrier,
     halving_doubling_all_reduce, pairwise_all_to_all, recursive_doubling_all_reduce, recv_from,
@@ -60,8 +62,10 @@ impl Rank {
             reduce: op.op.map(|o| (DType::F32, o)),
             deadline: Instant::now() + timeout,
             timeout,
-            activity: None,
-            hooks: &crate::hooks::NoHooks,
+            report: ProgressSink {
+                probe: None,
+                hooks: &NoHooks,
+            },
         };
         execute(
             &mut self.transport,
@@ -697,7 +701,7 @@ fn a_stalled_send_tries_again_and_publishes_each_attempt() {
     let mut ranks = MemoryTransport::mesh(2, config(64, 64));
     let _reader = ranks.pop();
     let mut transport = ranks.pop().unwrap();
-    let activity = Activity::default();
+    let activity = Probe::default();
     let op = OpDesc::send_recv(1, DType::F32, 1024, 0);
     activity.begin(op, Algorithm::Direct);
     let timeout = RETRY_EVERY * 6;
@@ -711,8 +715,10 @@ fn a_stalled_send_tries_again_and_publishes_each_attempt() {
         reduce: None,
         deadline: started + timeout,
         timeout,
-        activity: Some(&activity),
-        hooks: &crate::hooks::NoHooks,
+        report: ProgressSink {
+            probe: Some(&activity),
+            hooks: &NoHooks,
+        },
     };
     let outgoing = vec![1.0f32; 1024];
     let result = execute(

@@ -81,6 +81,7 @@ impl<E: Engine> GroupRunner<E> {
         mut engine: E,
     ) -> GroupRunner<E> {
         let control = GroupControl::new(rank);
+        control.probe().size_for(world_size);
         engine.attach(&control);
         GroupRunner {
             name,
@@ -255,7 +256,7 @@ impl<E: Engine> GroupRunner<E> {
         };
         *counter += 1;
         let seq = *counter;
-        self.control.activity().numbered(sequence, seq);
+        self.control.probe().numbered(sequence, seq);
         self.hooks.started(sequence, seq);
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| body(&mut state.engine, seq)));
         let result = match outcome {

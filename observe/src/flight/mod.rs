@@ -31,4 +31,4 @@ pub use files::{file_name, group_tag, MAIN_GROUP};
 pub(crate) use recorder::{break_reason, ending, Ending};
 pub use recorder::{FlightConfig, FlightRecorder, DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES};
 pub use requests::{dump_all, WATCH_EVERY};
-pub use ring::PEER_SLOTS;
+pub use ringccl_collectives::control::PEER_SLOTS;

@@ -1,23 +1,21 @@
 //! The flight recorder of one group on one rank: its last calls in a fixed-size ring,
-//! what the running call has moved and whom it waits for, the beacon file, and the
-//! dumps.
+//! the beacon file, and the dumps.
 //!
 //! Who records what:
 //! - the facade's issue order (`ringccl`'s sequencer): a call is issued
 //!   ([`FlightRecorder::issued`]), gets its turn ([`FlightRecorder::turn`]), or is given
 //!   up while queued ([`FlightRecorder::gave_up`]);
-//! - the group's runner, through the hooks ([`Observers`](crate::Observers)): a call starts ([`FlightRecorder::start`]),
-//!   finishes or fails ([`FlightRecorder::finish`]), is refused
-//!   ([`FlightRecorder::refused`]), and the group breaks (the dump);
-//! - the engine: what the call is and its algorithm ([`FlightRecorder::running`]), and,
-//!   for the host engine's executor, bytes per peer ([`FlightRecorder::sent`],
-//!   [`FlightRecorder::received`]) and the peer it waits for
-//!   ([`FlightRecorder::blocked_on`]).
+//! - the group's runner, through the hooks ([`Observers`](crate::Observers)): a call
+//!   starts ([`FlightRecorder::start`]), finishes or fails ([`FlightRecorder::finish`]),
+//!   is refused ([`FlightRecorder::refused`]), and the group breaks (the dump);
+//! - what the call is, its algorithm, the bytes it moves per peer and the peer it waits
+//!   for are read from the group's [`Probe`](ringccl_collectives::control::Probe), where
+//!   the engine puts them, when the call ends or a dump is taken.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::beacon_file::BeaconFile;
@@ -25,10 +23,9 @@ use super::dump::{CallState, FlightDump, FlightEntry, OtherPeers, PeerBytes, FOR
 use super::files::{file_name, write_atomically, MAIN_GROUP};
 use super::live::{LiveCall, LiveRecord};
 use super::requests;
-use super::ring::{PeerCounts, Ring, Slot, AT_ISSUE};
+use super::ring::{Ring, Slot, AT_ISSUE};
 use super::tick_clock::TickClock;
-use ringccl_collectives::control::GroupControl;
-use ringccl_collectives::wire::Algorithm;
+use ringccl_collectives::control::{GroupControl, LastCall};
 use ringccl_collectives::Sequence;
 use ringccl_collectives::{CollectiveKind, Error, OpDesc};
 
@@ -114,9 +111,10 @@ pub struct FlightRecorder {
     last_issued: (AtomicU64, AtomicU64),
     live: LiveCall,
     beacon: Option<BeaconFile>,
-    /// The group's control state, once the recorder is attached to a group: when a peer
-    /// aborts it while this rank runs no call, the request thread writes the dump.
-    control: OnceLock<Weak<GroupControl>>,
+    /// The group's control state, once the recorder is attached to a group: its probe
+    /// says what the running call does; when a peer aborts the group while this rank
+    /// runs no call, the request thread writes the dump.
+    control: OnceLock<Arc<GroupControl>>,
     /// The group broke and its dump was taken: later breaks do not dump again, and the
     /// beacon stays behind for the diagnosis.
     broken: AtomicBool,
@@ -184,7 +182,7 @@ impl FlightRecorder {
     /// The recorder now watches the group whose control state is `control` (its hooks
     /// were attached to it); a recorder watches one group.
     pub(crate) fn watch(&self, control: &Arc<GroupControl>) {
-        let _ = self.control.set(Arc::downgrade(control));
+        let _ = self.control.set(Arc::clone(control));
     }
 
     /// `at` in microseconds since the Unix epoch.
@@ -400,21 +398,6 @@ impl FlightRecorder {
         }
     }
 
-    /// The engine runs the current call as `op` with `algorithm` (a few stores, no
-    /// lock).
-    ///
-    /// ```
-    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
-    /// use ringccl_collectives::{wire::Algorithm, OpDesc};
-    /// let recorder = FlightRecorder::new(0, 1, "nccl", FlightConfig::default());
-    /// recorder.running(OpDesc::barrier(1), Algorithm::Device); // no call started: ignored
-    /// assert!(recorder.snapshot("requested").entries.is_empty());
-    /// ```
-    #[inline]
-    pub fn running(&self, op: OpDesc, algorithm: Algorithm) {
-        self.live.describe(&op, algorithm);
-    }
-
     /// The current call ended, with `error` if it failed.
     ///
     /// ```
@@ -435,9 +418,8 @@ impl FlightRecorder {
         let mut now = book.clock.now_us(|| self.now());
         match book.ring.get_mut(call) {
             Some(slot) => {
-                // Only the peers the call moved bytes with are copied.
-                if let Some(live) = self.live.end(&mut slot.peers) {
-                    settle(slot, &live);
+                if let Some(live) = self.live.end() {
+                    settle(slot, &live, self.last_call(&live).as_ref());
                 }
                 // The tick clock may trail the precise one by its calibration error (a
                 // dump also keeps the end from falling before the issue).
@@ -459,7 +441,7 @@ impl FlightRecorder {
             }
             // Overwritten while it ran (a ring smaller than the calls queued).
             None => {
-                self.live.end(&mut PeerCounts::default());
+                self.live.end();
             }
         }
         self.finished_one(&mut book, now);
@@ -579,41 +561,19 @@ impl FlightRecorder {
         self.finished_one(&mut book, now);
     }
 
-    /// `n` more bytes of the running call went to `peer` (two relaxed stores; the
-    /// first [`PEER_SLOTS`](super::PEER_SLOTS) peers of a call are counted apart, the
-    /// rest together).
-    ///
-    /// ```
-    /// # use ringccl_observe::flight::{FlightConfig, FlightRecorder};
-    /// use ringccl_collectives::Sequence;
-    /// let recorder = FlightRecorder::new(0, 2, "gloo", FlightConfig::default());
-    /// recorder.start(Sequence::Collective, 1);
-    /// recorder.sent(1, 40);
-    /// recorder.received(1, 8);
-    /// recorder.blocked_on(1);
-    /// let entry = &recorder.snapshot("requested").entries[0];
-    /// assert_eq!((entry.peers[0].sent, entry.peers[0].received, entry.blocked_on), (40, 8, Some(1)));
-    /// ```
+    /// The running call is about to sleep until `peer` is ready: the beacon says so.
     #[inline]
-    pub fn sent(&self, peer: usize, n: usize) {
-        self.live.sent(peer, n);
-    }
-
-    /// `n` more bytes of the running call came from `peer`; see
-    /// [`FlightRecorder::sent`].
-    #[inline]
-    pub fn received(&self, peer: usize, n: usize) {
-        self.live.received(peer, n);
-    }
-
-    /// The running call is about to sleep until `peer` is ready; see
-    /// [`FlightRecorder::sent`].
-    #[inline]
-    pub fn blocked_on(&self, peer: usize) {
-        self.live.blocked_on(peer);
+    pub(crate) fn blocked_on(&self, peer: usize) {
         if let Some(beacon) = &self.beacon {
             beacon.blocked_on(peer);
         }
+    }
+
+    /// What the group's probe says of `live`, the recorder's running call, when it is
+    /// about that call.
+    fn last_call(&self, live: &LiveRecord) -> Option<LastCall> {
+        let last = self.control.get()?.probe().last_call()?;
+        (last.seq == live.seq && last.sequence.peer() == live.peer).then_some(last)
     }
 
     /// Everything recorded, as a dump written for `reason`. The ring is copied under the
@@ -633,13 +593,15 @@ impl FlightRecorder {
             // Under the lock, so that the running call cannot finish between the two.
             (book.ring.recorded(), self.live.read())
         };
+        let last = live.as_ref().and_then(|live| self.last_call(live));
         let entries = slots
             .iter_mut()
             .map(|slot| match &live {
-                Some((live, counts, waiting)) if live.call == slot.call => {
-                    settle(slot, live);
+                Some(live) if live.call == slot.call => {
+                    settle(slot, live, last.as_ref());
                     slot.state = CallState::Running;
-                    entry(slot, self.issued_us(slot), Some((counts, *waiting)))
+                    let waiting = last.and_then(|last| last.blocked_on);
+                    entry(slot, self.issued_us(slot), waiting)
                 }
                 _ => entry(slot, self.issued_us(slot), None),
             })
@@ -717,7 +679,7 @@ impl FlightRecorder {
     /// computes, or waits in user code) leaves its record; a rank inside a call usually
     /// takes it first, from its runner, as the call fails.
     pub(crate) fn dump_if_aborted(&self) {
-        let Some(control) = self.control.get().and_then(Weak::upgrade) else {
+        let Some(control) = self.control.get() else {
             return;
         };
         if !control.is_aborted() || self.broken.load(Ordering::Acquire) {
@@ -780,14 +742,18 @@ pub(crate) fn ending(reason: &str) -> Ending {
     }
 }
 
-/// Writes what the runner recorded of a call it started into the call's slot.
-fn settle(slot: &mut Slot, live: &LiveRecord) {
+/// Writes what was recorded of a call that started into the call's slot: `live`, as
+/// the recorder numbered it, and `last`, what the group's probe says the call did.
+fn settle(slot: &mut Slot, live: &LiveRecord, last: Option<&LastCall>) {
     slot.seq = Some(live.seq);
     slot.started_us = Some(live.started_us.unwrap_or(AT_ISSUE));
     slot.peer = live.peer;
-    if live.op.is_some() {
-        slot.op = live.op;
-        slot.algorithm = live.algorithm;
+    if let Some(last) = last {
+        if let Some((op, algorithm)) = last.described {
+            slot.op = Some(op);
+            slot.algorithm = Some(algorithm);
+        }
+        slot.peers = last.moved;
     }
 }
 
@@ -801,7 +767,8 @@ fn describe(op: &OpDesc) -> String {
 }
 
 /// `slot`'s dump entry; `issued_us`: its issue time in Unix microseconds.
-fn entry(slot: &Slot, issued_us: u64, live: Option<(&PeerCounts, Option<usize>)>) -> FlightEntry {
+/// `blocked_on`: for the running call, the peer it waits for.
+fn entry(slot: &Slot, issued_us: u64, blocked_on: Option<usize>) -> FlightEntry {
     let started_us = slot
         .started_us
         .map(|at| if at == AT_ISSUE { issued_us } else { at });
@@ -809,7 +776,7 @@ fn entry(slot: &Slot, issued_us: u64, live: Option<(&PeerCounts, Option<usize>)>
         || slot
             .op
             .is_some_and(|op| op.kind == CollectiveKind::SendRecv);
-    let counts = live.map_or(&slot.peers, |(counts, _)| counts);
+    let counts = &slot.peers;
     FlightEntry {
         call: slot.call,
         op: slot.seq,
@@ -849,7 +816,7 @@ fn entry(slot: &Slot, issued_us: u64, live: Option<(&PeerCounts, Option<usize>)>
         other_peers: counts
             .others
             .map(|(sent, received)| OtherPeers { sent, received }),
-        blocked_on: live.and_then(|(_, waiting)| waiting),
+        blocked_on,
         error: slot.error.clone(),
     }
 }

@@ -5,41 +5,12 @@
 use std::time::Instant;
 
 use crate::flight::dump::CallState;
+use ringccl_collectives::control::{MovedBytes, PeerMoved, PEER_SLOTS};
 use ringccl_collectives::wire::Algorithm;
 use ringccl_collectives::OpDesc;
 
 /// In [`Slot::started_us`]: the call started when it was issued.
 pub(crate) const AT_ISSUE: u64 = 0;
-
-/// How many peers of one call get byte counts of their own; the bytes exchanged with
-/// any further peer are summed in one "others" bucket.
-pub const PEER_SLOTS: usize = 8;
-
-/// Bytes one call exchanged with one peer.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct PeerCount {
-    pub(crate) peer: usize,
-    pub(crate) sent: u64,
-    pub(crate) received: u64,
-}
-
-/// The bytes one call exchanged, per peer: [`PEER_SLOTS`] inline slots, in the order the
-/// call first moved bytes with each peer, and a bucket for the rest.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct PeerCounts {
-    pub(crate) slots: [PeerCount; PEER_SLOTS],
-    /// How many of `slots` are in use.
-    pub(crate) used: usize,
-    /// Bytes with peers beyond the slots: `(sent, received)`, when there were any.
-    pub(crate) others: Option<(u64, u64)>,
-}
-
-impl PeerCounts {
-    /// The slots in use.
-    pub(crate) fn used(&self) -> &[PeerCount] {
-        self.slots.get(..self.used).unwrap_or(&self.slots)
-    }
-}
 
 /// One recorded call.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,7 +32,7 @@ pub(crate) struct Slot {
     pub(crate) started_us: Option<u64>,
     pub(crate) ended_us: Option<u64>,
     /// Final byte counts (a running call's live counts are elsewhere).
-    pub(crate) peers: PeerCounts,
+    pub(crate) peers: MovedBytes,
     pub(crate) error: Option<String>,
 }
 
@@ -77,8 +48,8 @@ impl Slot {
         issued: None,
         started_us: None,
         ended_us: None,
-        peers: PeerCounts {
-            slots: [PeerCount {
+        peers: MovedBytes {
+            slots: [PeerMoved {
                 peer: 0,
                 sent: 0,
                 received: 0,

@@ -3,10 +3,14 @@ use std::time::Duration;
 
 use super::*;
 use crate::flight::beacon::Beacon;
-use ringccl_collectives::{DType, ReduceOp};
+use ringccl_collectives::control::Probe;
+use ringccl_collectives::wire::Algorithm;
+use ringccl_collectives::{CollectiveKind, DType, ReduceOp};
 
+/// A recorder of rank 1 of 4, watching a group whose probe the test drives as the
+/// runner and the engine would.
 fn recorder(entries: usize) -> Arc<FlightRecorder> {
-    FlightRecorder::new(
+    let recorder = FlightRecorder::new(
         1,
         4,
         "gloo",
@@ -15,7 +19,22 @@ fn recorder(entries: usize) -> Arc<FlightRecorder> {
             transport: "memory",
             ..FlightConfig::default()
         },
-    )
+    );
+    let control = GroupControl::new(1);
+    control.probe().size_for(4);
+    recorder.watch(&control);
+    recorder
+}
+
+/// The probe of the group `recorder` watches.
+fn probe(recorder: &FlightRecorder) -> &Probe {
+    recorder.control.get().expect("watching a group").probe()
+}
+
+/// Call `seq` of `sequence` starts, numbered by the runner first.
+fn start(recorder: &FlightRecorder, sequence: Sequence, seq: u64) {
+    probe(recorder).numbered(sequence, seq);
+    recorder.start(sequence, seq);
 }
 
 /// A temporary directory for one test, removed when dropped.
@@ -54,13 +73,14 @@ fn a_call_goes_from_queued_to_running_to_done_with_its_bytes_per_peer() {
     let call = recorder.issued("all_reduce");
     assert_eq!(recorder.snapshot("r").entries[0].state, CallState::Queued);
     recorder.turn(call, false);
-    recorder.start(Sequence::Collective, 17);
-    recorder.running(
+    start(&recorder, Sequence::Collective, 17);
+    probe(&recorder).begin(
         OpDesc::all_reduce(17, DType::F32, 1024, ReduceOp::Sum),
         Algorithm::Ring,
     );
-    recorder.sent(2, 2048);
-    recorder.received(0, 1000);
+    probe(&recorder).sent(2, 2048);
+    probe(&recorder).received(0, 1000);
+    probe(&recorder).blocked_on(0, 3048);
     recorder.blocked_on(0);
 
     let running = recorder.snapshot("requested").entries.remove(0);
@@ -95,7 +115,8 @@ fn a_call_goes_from_queued_to_running_to_done_with_its_bytes_per_peer() {
     );
     assert!(running.started_us.is_some() && running.ended_us.is_none());
 
-    recorder.received(0, 1048);
+    probe(&recorder).received(0, 1048);
+    probe(&recorder).end();
     recorder.finish(None);
     let done = recorder.snapshot("requested").entries.remove(0);
     assert_eq!(done.state, CallState::Done);
@@ -112,8 +133,8 @@ fn a_call_goes_from_queued_to_running_to_done_with_its_bytes_per_peer() {
 #[test]
 fn failures_are_recorded_with_their_error_whether_run_refused_or_given_up() {
     let recorder = recorder(8);
-    recorder.start(Sequence::SentTo(3), 1);
-    recorder.running(
+    start(&recorder, Sequence::SentTo(3), 1);
+    probe(&recorder).begin(
         OpDesc::new(1, CollectiveKind::SendRecv, DType::U8, 5, None, Some(9)),
         Algorithm::Direct,
     );
@@ -156,8 +177,8 @@ fn the_recorder_keeps_its_last_calls_and_counts_them_all() {
     for seq in 1..=5 {
         let call = recorder.issued("barrier");
         recorder.turn(call, false);
-        recorder.start(Sequence::Collective, seq);
-        recorder.running(OpDesc::barrier(seq), Algorithm::Dissemination);
+        start(&recorder, Sequence::Collective, seq);
+        probe(&recorder).begin(OpDesc::barrier(seq), Algorithm::Dissemination);
         recorder.finish(None);
     }
     let dump = recorder.snapshot("requested");
@@ -203,11 +224,13 @@ fn a_break_dumps_once_with_the_call_running_and_keeps_the_beacon() {
             ..FlightConfig::default()
         },
     );
+    recorder.watch(&GroupControl::new(0));
     let beacon_path = dir.0.join("rank-0.group-0-1.beacon");
     assert_eq!(recorder.beacon_path(), Some(beacon_path.as_path()));
     let call = recorder.issued("all_reduce");
     recorder.turn(call, false);
-    recorder.start(Sequence::Collective, 1);
+    start(&recorder, Sequence::Collective, 1);
+    probe(&recorder).blocked_on(1, 0);
     recorder.blocked_on(1);
     let beacon = Beacon::decode(&fs::read(&beacon_path).unwrap()).unwrap();
     assert_eq!(
