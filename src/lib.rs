@@ -182,8 +182,6 @@ pub use ringccl_nccl::{
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {
-    #[doc(hidden)]
-    pub use ringccl_collectives::bucket;
     pub use ringccl_collectives::{
         fusion, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine, Readiness,
         Request, Transport,

@@ -9,8 +9,6 @@
 
 mod algorithm;
 mod backend;
-#[doc(hidden)]
-pub mod bucket;
 mod buffer;
 pub mod control;
 mod doorbell;
