@@ -53,7 +53,9 @@ pub use host_engine::{
 pub use memory_transport::{MemoryConfig, MemoryTransport};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};
-pub use transport::{check_peer, endpoint_closed, Closer, PeerAccess, Readiness, Transport};
+pub use transport::{
+    check_peer, endpoint_closed, spans_hosts, Closer, PeerAccess, Readiness, Transport,
+};
 
 /// Re-export of the `half` crate, whose `f16` and `bf16` are [`Element`] types.
 pub use half;

@@ -1,6 +1,7 @@
 //! What the executor needs from a transport: non-blocking byte movement to peers and a
 //! way to sleep until one of them is ready.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::sync::Arc;
@@ -71,8 +72,8 @@ pub trait Transport: Send + fmt::Debug {
     }
 
     /// The host of every rank (`hosts[r]`: a label, equal for ranks of one host), when
-    /// the group spans several hosts with several ranks on at least one: what the
-    /// hierarchical all-reduce needs. `None` otherwise (the default).
+    /// the group spans several hosts with several ranks on at least one ([`spans_hosts`]):
+    /// what the hierarchical all-reduce needs. `None` otherwise (the default).
     fn hosts(&self) -> Option<&[usize]> {
         None
     }
@@ -170,6 +171,21 @@ pub struct PeerAccess<'a> {
     pub memory: &'a crate::peer_memory::PeerMemory,
     /// How a wait spins before it sleeps.
     pub spin: crate::spin::Spin,
+}
+
+/// Whether ranks on the hosts `host_of` gives (`host_of[r]`: a label, equal for ranks of
+/// one host) sit on several hosts with several ranks on at least one: when a transport
+/// answers [`Transport::hosts`], and where the hierarchical schedules differ from the
+/// flat ones.
+///
+/// ```
+/// use ringccl_collectives::spans_hosts;
+/// assert!(spans_hosts(&[0, 0, 1]));
+/// assert!(!spans_hosts(&[0, 1, 2]) && !spans_hosts(&[4, 4]) && !spans_hosts(&[]));
+/// ```
+pub fn spans_hosts(host_of: &[usize]) -> bool {
+    let hosts = host_of.iter().collect::<BTreeSet<_>>().len();
+    hosts > 1 && hosts < host_of.len()
 }
 
 /// Closes a transport's connections from any thread (see [`Transport::closer`]).

@@ -7,8 +7,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::schedule::spans_hosts;
-use ringccl_collectives::{Closer, Readiness, Transport};
+use ringccl_collectives::{spans_hosts, Closer, Readiness, Transport};
 use socket2::Socket;
 
 use crate::liveness::connection_lost;
