@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ringccl_collectives::flight::{FlightConfig, MAIN_GROUP};
 use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
 use ringccl_collectives::{
-    Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, Transport,
+    Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, HostTransport,
 };
 use ringccl_rendezvous::store::Store;
 use ringccl_rendezvous::{connect_mesh, connect_mesh_through, Mesh, MeshConfig, SetupError};
@@ -304,7 +304,7 @@ fn local_address(data: &[Option<TcpStream>]) -> String {
 }
 
 /// The `"gloo"` backend over `transport`, its calls traced on `trace` if given.
-pub(crate) fn host_backend<T: Transport>(
+pub(crate) fn host_backend<T: HostTransport>(
     transport: T,
     config: HostConfig,
     trace: Option<CollectiveTrace>,
@@ -351,7 +351,7 @@ fn log_summary(
 
 /// Starts the group's control thread over the mesh's control connections, so an abort
 /// here reaches every peer and a peer's reaches this rank.
-fn with_control_link<T: Transport + 'static>(
+fn with_control_link<T: HostTransport + 'static>(
     mut backend: HostBackend<T>,
     connections: Vec<Option<TcpStream>>,
     dead_peer: Duration,

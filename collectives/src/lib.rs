@@ -47,15 +47,13 @@ pub use group::{
     PEER_FAILURE_GRACE,
 };
 pub use host_engine::{
-    HostBackend, HostConfig, HostEngine, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
+    HostBackend, HostConfig, HostEngine, HostTransport, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
     DEFAULT_PEER_MEMORY_MIN_BYTES, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
 };
 pub use memory_transport::{MemoryConfig, MemoryTransport};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};
-pub use transport::{
-    check_peer, endpoint_closed, spans_hosts, Closer, PeerAccess, Readiness, Transport,
-};
+pub use transport::{check_peer, endpoint_closed, spans_hosts, Closer, Readiness, Transport};
 
 /// Re-export of the `half` crate, whose `f16` and `bf16` are [`Element`] types.
 pub use half;

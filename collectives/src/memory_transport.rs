@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::doorbell::Doorbell;
+use crate::memory_barrier::OffersMemoryBarrier;
+use crate::peer_memory::OffersPeerMemory;
 use crate::spin::{host_cores, Spin};
 use crate::transport::{check_peer, endpoint_closed, Closer, Readiness, Transport};
 
@@ -413,6 +415,12 @@ impl Transport for MemoryTransport {
             .collect()
     }
 }
+
+/// Byte streams only: the tests of the calls in memory run over the transports that
+/// offer them.
+impl OffersMemoryBarrier for MemoryTransport {}
+
+impl OffersPeerMemory for MemoryTransport {}
 
 impl Drop for MemoryTransport {
     fn drop(&mut self) {
