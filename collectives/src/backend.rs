@@ -97,9 +97,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use ringccl_collectives::{Backend, HostBackend, HostConfig, MemoryConfig, MemoryTransport};
+    /// use ringccl_collectives::{Backend, HostBackend, HostConfig};
+    /// # use ringccl_collectives::{MemoryConfig, MemoryTransport};
     ///
-    /// let transport = MemoryTransport::mesh(1, MemoryConfig::default()).remove(0);
+    /// # let transport = MemoryTransport::mesh(1, MemoryConfig::default()).remove(0);
+    /// // `transport`: any connected `HostTransport`.
     /// let backend = HostBackend::new("gloo", transport, HostConfig::default());
     /// assert!(backend.flight_recorder().is_some());
     /// ```

@@ -170,9 +170,11 @@ impl<T: HostTransport> HostEngine<T> {
     ///
     /// ```
     /// use ringccl_collectives::timeline::{CollectiveTrace, TraceFile};
-    /// use ringccl_collectives::{HostConfig, HostEngine, MemoryConfig, MemoryTransport};
+    /// use ringccl_collectives::{HostConfig, HostEngine};
+    /// # use ringccl_collectives::{MemoryConfig, MemoryTransport};
     ///
-    /// let transport = MemoryTransport::mesh(1, MemoryConfig::default()).remove(0);
+    /// # let transport = MemoryTransport::mesh(1, MemoryConfig::default()).remove(0);
+    /// // `transport`: any connected `HostTransport`.
     /// let file = TraceFile::to_writer(std::io::sink(), 0)?;
     /// let engine = HostEngine::new(transport, HostConfig::default())
     ///     .with_trace(CollectiveTrace::new(file.new_row("collectives"), "memory"));

@@ -21,6 +21,7 @@ mod group;
 mod host_engine;
 mod kernels;
 pub mod memory_barrier;
+#[cfg(any(test, feature = "test-support"))]
 mod memory_transport;
 mod op;
 mod op_desc;
@@ -50,6 +51,7 @@ pub use host_engine::{
     HostBackend, HostConfig, HostEngine, HostTransport, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
     DEFAULT_PEER_MEMORY_MIN_BYTES, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
 };
+#[cfg(any(test, feature = "test-support"))]
 pub use memory_transport::{MemoryConfig, MemoryTransport};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};

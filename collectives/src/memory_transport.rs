@@ -1,5 +1,6 @@
 //! An in-process [`Transport`]: ranks are endpoints of a mesh of bounded byte pipes, one
-//! per ordered pair of ranks, with the semantics of non-blocking sockets.
+//! per ordered pair of ranks, with the semantics of non-blocking sockets. For tests and
+//! benchmarks only: compiled for this crate's tests and with the `test-support` feature.
 
 use std::collections::VecDeque;
 use std::fmt;

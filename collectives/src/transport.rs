@@ -46,10 +46,9 @@ pub enum Readiness {
 /// [`OffersMemoryBarrier`](crate::memory_barrier::OffersMemoryBarrier) and
 /// [`OffersPeerMemory`](crate::peer_memory::OffersPeerMemory), whose defaults offer
 /// nothing. The host engine runs over a [`HostTransport`](crate::HostTransport), a
-/// transport that implements both.
-///
-/// [`MemoryTransport`](crate::MemoryTransport) is an in-process implementation (ranks on
-/// threads), with the same semantics as the socket-based ones.
+/// transport that implements both. The crate's own tests run over `MemoryTransport`, an
+/// in-process implementation (ranks on threads) with the same semantics as the
+/// socket-based ones, available with the `test-support` feature.
 pub trait Transport: Send + fmt::Debug {
     /// This rank.
     fn rank(&self) -> usize;
