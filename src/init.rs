@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringccl_collectives::{
-    Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, Transport,
+    Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, HostTransport,
 };
 use ringccl_observe::flight::{FlightConfig, FlightRecorder, MAIN_GROUP};
 use ringccl_observe::timeline::{CollectiveTrace, TraceFile};
@@ -321,7 +321,7 @@ fn local_address(data: &[Option<TcpStream>]) -> String {
 }
 
 /// The `"gloo"` backend over `transport`, watched by `observers`.
-pub(crate) fn host_backend<T: Transport>(
+pub(crate) fn host_backend<T: HostTransport>(
     transport: T,
     config: HostConfig,
     observers: Arc<Observers>,
@@ -367,7 +367,7 @@ fn log_summary(
 
 /// Starts the group's control thread over the mesh's control connections, so an abort
 /// here reaches every peer and a peer's reaches this rank.
-fn with_control_link<T: Transport + 'static>(
+fn with_control_link<T: HostTransport + 'static>(
     mut backend: HostBackend<T>,
     connections: Vec<Option<TcpStream>>,
     dead_peer: Duration,

@@ -182,11 +182,11 @@ pub use ringccl_nccl::{
 
 /// The building blocks under the facade, for implementing or testing backends.
 pub mod core {
-    #[doc(hidden)]
-    pub use ringccl_collectives::bucket;
+    pub use ringccl_collectives::memory_barrier::OffersMemoryBarrier;
+    pub use ringccl_collectives::peer_memory::OffersPeerMemory;
     pub use ringccl_collectives::{
-        fusion, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine, Readiness,
-        Request, Transport,
+        fusion, schedule, wire, Deadline, Engine, GroupRunner, HostBackend, HostEngine,
+        HostTransport, Readiness, Request, Transport,
     };
     pub use ringccl_rendezvous::{connect_mesh, connect_mesh_through, store, Mesh, MeshConfig};
     pub use ringccl_transports::{ShmTransport, TcpTransport};

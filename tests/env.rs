@@ -16,7 +16,7 @@ fn from_env_reads_torchrun_variables_and_names_what_is_missing() {
     let opts = InitOptions::from_env().unwrap();
     assert_eq!((opts.rank(), opts.world_size()), (3, 8));
     assert_eq!(opts.master(), "node0:29400");
-    assert_eq!(opts.get_local_rank(), Some(1));
+    assert_eq!(opts.local_rank, Some(1));
 
     set("RANK", "8");
     let err = InitOptions::from_env().unwrap_err();
@@ -61,16 +61,16 @@ fn security_and_liveness_variables_are_read_and_checked() {
         ("RINGCCL_DEAD_PEER_TIMEOUT", "12.5"),
     ]))
     .unwrap();
-    assert!(opts.get_auth_token().is_some());
+    assert!(opts.auth_token.is_some());
     assert!(
         !format!("{opts:?}").contains("s3cret"),
         "the token never shows"
     );
-    assert_eq!(opts.get_dead_peer_timeout(), Duration::from_secs_f64(12.5));
+    assert_eq!(opts.dead_peer_timeout, Duration::from_secs_f64(12.5));
     let defaults = InitOptions::from_vars(vars(&[])).unwrap();
-    assert!(defaults.get_auth_token().is_none());
+    assert!(defaults.auth_token.is_none());
     assert_eq!(
-        defaults.get_dead_peer_timeout(),
+        defaults.dead_peer_timeout,
         ringccl::DEFAULT_DEAD_PEER_TIMEOUT
     );
     for bad in [

@@ -1,5 +1,6 @@
-//! The CPU engine: ringccl's own schedules, run by the executor over any [`Transport`].
-//! Over the TCP or shared-memory transport, this is the `"gloo"` backend.
+//! The CPU engine: ringccl's own schedules, run by the executor over any [`Transport`],
+//! and the calls in memory its transport may offer ([`HostTransport`]). Over the TCP or
+//! shared-memory transport, this is the `"gloo"` backend.
 
 use std::fmt;
 use std::sync::Arc;
@@ -9,7 +10,8 @@ use crate::control::GroupControl;
 use crate::executor::{execute, Call};
 use crate::group::{Engine, GroupRunner, Request};
 use crate::hooks::{CallHooks, CallScope, NoHooks, ProgressSink, Running};
-use crate::memory_barrier::{self, Reduction, SLOT_DATA};
+use crate::memory_barrier::{self, OffersMemoryBarrier, Reduction, SLOT_DATA};
+use crate::peer_memory::OffersPeerMemory;
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, gather_release_barrier,
     halving_doubling_all_reduce, hierarchical_all_reduce, hierarchical_barrier,
@@ -39,7 +41,7 @@ pub struct HostConfig {
     /// size use halving-doubling; the ring above.
     pub mid_all_reduce_max_bytes: usize,
     /// With [`AllReduceAlgo::Auto`], ranks that share this process (the transport offers
-    /// [`Transport::peer_memory`]) all-reduce buffers of at least this size by reading
+    /// [`OffersPeerMemory::peer_memory`]) all-reduce buffers of at least this size by reading
     /// each other's buffers.
     pub peer_memory_min_bytes: usize,
 }
@@ -66,10 +68,18 @@ impl Default for HostConfig {
     }
 }
 
+/// What the host engine runs over: a [`Transport`] and the capabilities it may offer
+/// beyond byte movement, each declared beside its protocol ([`OffersMemoryBarrier`],
+/// [`OffersPeerMemory`]; a transport without one implements it empty). Implemented for
+/// every type that implements the three.
+pub trait HostTransport: Transport + OffersMemoryBarrier + OffersPeerMemory {}
+
+impl<T: Transport + OffersMemoryBarrier + OffersPeerMemory + ?Sized> HostTransport for T {}
+
 /// The `"gloo"` backend: a [`GroupRunner`] around a [`HostEngine`].
 pub type HostBackend<T> = GroupRunner<HostEngine<T>>;
 
-impl<T: Transport> HostBackend<T> {
+impl<T: HostTransport> HostBackend<T> {
     /// Wraps a connected transport. `config.chunk_bytes` is clamped to
     /// `1..=`[`MAX_FRAME_PAYLOAD`].
     pub fn new(name: &'static str, transport: T, config: HostConfig) -> HostBackend<T> {
@@ -137,7 +147,7 @@ fn aligned_copy(bytes: &[u8]) -> Vec<u64> {
     words
 }
 
-impl<T: Transport> HostEngine<T> {
+impl<T: HostTransport> HostEngine<T> {
     /// An engine over a connected transport. `config.chunk_bytes` is clamped to
     /// `1..=`[`MAX_FRAME_PAYLOAD`].
     pub fn new(transport: T, mut config: HostConfig) -> HostEngine<T> {
@@ -283,7 +293,7 @@ impl<T: Transport> HostEngine<T> {
     }
 }
 
-impl<T: Transport> Engine for HostEngine<T> {
+impl<T: HostTransport> Engine for HostEngine<T> {
     fn execute(
         &mut self,
         op: &OpDesc,

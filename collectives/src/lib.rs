@@ -9,8 +9,6 @@
 
 mod algorithm;
 mod backend;
-#[doc(hidden)]
-pub mod bucket;
 mod buffer;
 mod call_desc;
 pub mod control;
@@ -25,6 +23,7 @@ pub mod hooks;
 mod host_engine;
 mod kernels;
 pub mod memory_barrier;
+#[cfg(any(test, feature = "test-support"))]
 mod memory_transport;
 mod op;
 mod op_desc;
@@ -52,14 +51,15 @@ pub use group::{
     validate_peer, Engine, GroupRunner, Request, ABORT_NOTICE_GRACE, PEER_FAILURE_GRACE,
 };
 pub use host_engine::{
-    HostBackend, HostConfig, HostEngine, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
+    HostBackend, HostConfig, HostEngine, HostTransport, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
     DEFAULT_PEER_MEMORY_MIN_BYTES, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
 };
+#[cfg(any(test, feature = "test-support"))]
 pub use memory_transport::{MemoryConfig, MemoryTransport};
 pub use op::ReduceOp;
 pub use op_desc::{CollectiveKind, OpDesc};
 pub use sequence::Sequence;
-pub use transport::{check_peer, endpoint_closed, Closer, PeerAccess, Readiness, Transport};
+pub use transport::{check_peer, endpoint_closed, spans_hosts, Closer, Readiness, Transport};
 
 /// Re-export of the `half` crate, whose `f16` and `bf16` are [`Element`] types.
 pub use half;

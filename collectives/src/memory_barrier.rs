@@ -13,9 +13,11 @@
 //! uses the slot: a peer in another call, or in another call in memory, is named
 //! ([`Error::CollectiveMismatch`]) instead of being taken as arrived.
 //!
-//! A transport offers it ([`Transport::memory_barrier`](crate::Transport::memory_barrier))
-//! only when it shares memory with every rank of the group, which every rank of the group
-//! knows alike: either every rank runs this barrier or none does.
+//! A transport implements [`MemoryBarrier`] over the memory it shares, and offers it
+//! ([`OffersMemoryBarrier::memory_barrier`]) only when it shares memory with every rank
+//! of the group, which every rank of the group knows alike: either every rank runs this
+//! barrier or none does. Both traits are declared here, beside the protocol, so that the
+//! [`Transport`] contract stays byte movement and imports nothing from here.
 //!
 //! Errors stay what the barriers of messages give:
 //! - a rank that does not arrive is named at the deadline ([`Error::Timeout`]), and the
@@ -86,6 +88,28 @@ pub trait MemoryBarrier {
     fn peek(&self, peer: usize, buf: &mut [u8]) -> usize;
 }
 
+/// How a transport offers its [`MemoryBarrier`], a capability the host engine asks for
+/// beside [`Transport`]. A transport with no memory shared with every rank
+/// implements it empty: the default offers none, and barriers are then messages.
+///
+/// ```
+/// use ringccl_collectives::memory_barrier::OffersMemoryBarrier;
+///
+/// /// A transport whose ranks share no memory.
+/// struct Sockets;
+/// impl OffersMemoryBarrier for Sockets {}
+///
+/// assert!(Sockets.memory_barrier().is_none());
+/// ```
+pub trait OffersMemoryBarrier {
+    /// The barrier in memory shared with every rank of the group, when this transport
+    /// has such memory: every rank of a group must answer alike. `None` (the default):
+    /// barriers are messages.
+    fn memory_barrier(&mut self) -> Option<&mut dyn MemoryBarrier> {
+        None
+    }
+}
+
 /// An all-reduce's part of a call in memory: the caller's buffer, its element type and
 /// operator, and room to fold in.
 pub(crate) struct Reduction<'a> {
@@ -100,7 +124,7 @@ pub(crate) struct Reduction<'a> {
 /// most [`SLOT_DATA`] bytes. Waits in slices of at most [`RETRY_EVERY`], recording the
 /// rank it waits for after each, as the executor does, so that a peer that asks is told
 /// what this rank waits for.
-pub(crate) fn run<T: Transport + ?Sized>(
+pub(crate) fn run<T: Transport + OffersMemoryBarrier + ?Sized>(
     transport: &mut T,
     op: &OpDesc,
     (slot, mut reduction): (usize, Option<Reduction<'_>>),

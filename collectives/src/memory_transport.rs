@@ -1,5 +1,6 @@
 //! An in-process [`Transport`]: ranks are endpoints of a mesh of bounded byte pipes, one
-//! per ordered pair of ranks, with the semantics of non-blocking sockets.
+//! per ordered pair of ranks, with the semantics of non-blocking sockets. For tests and
+//! benchmarks only: compiled for this crate's tests and with the `test-support` feature.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -9,6 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::doorbell::Doorbell;
+use crate::memory_barrier::OffersMemoryBarrier;
+use crate::peer_memory::OffersPeerMemory;
 use crate::spin::{host_cores, Spin};
 use crate::transport::{check_peer, endpoint_closed, Closer, Readiness, Transport};
 
@@ -413,6 +416,12 @@ impl Transport for MemoryTransport {
             .collect()
     }
 }
+
+/// Byte streams only: the tests of the calls in memory run over the transports that
+/// offer them.
+impl OffersMemoryBarrier for MemoryTransport {}
+
+impl OffersPeerMemory for MemoryTransport {}
 
 impl Drop for MemoryTransport {
     fn drop(&mut self) {

@@ -3,6 +3,11 @@
 //! its own, in place, then copies every other rank's segment out of that rank's buffer. Nothing goes through rings: each byte is read once or twice and written once
 //! or twice, where a schedule over a transport copies it into a ring and out again.
 //!
+//! A transport whose ranks are threads of one process offers the shared state
+//! ([`OffersPeerMemory`]); that trait is declared here, beside the protocol, so that the
+//! [`Transport`](crate::Transport) contract stays byte movement and imports nothing
+//! from here.
+//!
 //! # Protocol
 //!
 //! For the group's `g`-th peer-memory call (from 0), every rank:
@@ -68,7 +73,8 @@ fn commit_call(word: u64) -> u64 {
 }
 
 /// The buffers of the ranks of one group that live in one process, and what they need to
-/// reduce them together. Made by the in-process transport; one per group.
+/// reduce them together. Made by the in-process transport, which offers it through
+/// [`OffersPeerMemory`]; one per group.
 ///
 /// ```
 /// let memory = ringccl_collectives::peer_memory::PeerMemory::new(4);
@@ -91,6 +97,47 @@ impl std::fmt::Debug for PeerMemory {
             .field("world_size", &self.slots.len())
             .field("commit", &self.commit.load(Ordering::Relaxed))
             .finish_non_exhaustive()
+    }
+}
+
+/// What [`OffersPeerMemory::peer_memory`] gives: the shared state, and the transport's
+/// spin window for the waits.
+///
+/// ```
+/// use ringccl_collectives::peer_memory::{PeerAccess, PeerMemory};
+/// use ringccl_collectives::spin::Spin;
+///
+/// let memory = PeerMemory::new(2);
+/// let access = PeerAccess { memory: &memory, spin: Spin::NONE };
+/// assert_eq!(access.memory.world_size(), 2);
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAccess<'a> {
+    /// The group's shared buffers.
+    pub memory: &'a PeerMemory,
+    /// How a wait spins before it sleeps.
+    pub spin: Spin,
+}
+
+/// How a transport offers [`PeerMemory`], a capability the host engine asks for beside
+/// [`Transport`](crate::Transport). A transport whose ranks live in separate processes
+/// implements it empty: the default offers none.
+///
+/// ```
+/// use ringccl_collectives::peer_memory::OffersPeerMemory;
+///
+/// /// A transport between processes.
+/// struct Sockets;
+/// impl OffersPeerMemory for Sockets {}
+///
+/// assert!(Sockets.peer_memory().is_none());
+/// ```
+pub trait OffersPeerMemory {
+    /// The buffers of the group's ranks, when they all live in this process and may read
+    /// each other's, with how its waits spin. `None` (the default) for ranks in separate
+    /// processes.
+    fn peer_memory(&self) -> Option<PeerAccess<'_>> {
+        None
     }
 }
 

@@ -1,12 +1,29 @@
 //! What the executor needs from a transport: non-blocking byte movement to peers and a
-//! way to sleep until one of them is ready.
+//! way to sleep until one of them is ready. This is the bottom of the engine: it imports
+//! nothing of the protocols that run above it.
+//!
+//! # Capabilities
+//!
+//! Some transports can do more than move bytes: the shared-memory transport offers a
+//! barrier in memory every rank maps ([`crate::memory_barrier`]), the in-process one
+//! lets ranks read each other's buffers ([`crate::peer_memory`]). Each such capability is
+//! declared beside the protocol that uses it, as two traits: the capability itself (what
+//! the transport implements, e.g. `MemoryBarrier`) and how a transport offers it
+//! (`OffersMemoryBarrier`, `OffersPeerMemory`), whose default method offers none. The
+//! protocol modules depend on this one, never the reverse; the host engine asks for
+//! [`HostTransport`](crate::HostTransport), a transport with both offers, and every
+//! transport it runs over implements them (an empty `impl` for one without the
+//! capability).
+//!
+//! What every rank's transport knows about where the ranks run ([`Transport::hosts`],
+//! [`Transport::one_machine`]) stays here: it is a fact about the connections, which the
+//! schedules and the transports both read (and [`spans_hosts`] is its one definition).
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::sync::Arc;
 use std::time::Instant;
-
-use crate::memory_barrier::MemoryBarrier;
 
 /// Whether a [`Transport::wait`] returned because a peer became ready or because the
 /// deadline passed.
@@ -24,8 +41,14 @@ pub enum Readiness {
 /// non-blocking except [`Transport::wait`], which sleeps (never spins) until a peer is
 /// ready or the deadline passes.
 ///
-/// [`MemoryTransport`](crate::MemoryTransport) is an in-process implementation (ranks on
-/// threads), with the same semantics as the socket-based ones.
+/// What a transport may offer beyond byte movement is asked through traits declared
+/// beside the protocols that use it, which this one does not know:
+/// [`OffersMemoryBarrier`](crate::memory_barrier::OffersMemoryBarrier) and
+/// [`OffersPeerMemory`](crate::peer_memory::OffersPeerMemory), whose defaults offer
+/// nothing. The host engine runs over a [`HostTransport`](crate::HostTransport), a
+/// transport that implements both. The crate's own tests run over `MemoryTransport`, an
+/// in-process implementation (ranks on threads) with the same semantics as the
+/// socket-based ones, available with the `test-support` feature.
 pub trait Transport: Send + fmt::Debug {
     /// This rank.
     fn rank(&self) -> usize;
@@ -71,8 +94,8 @@ pub trait Transport: Send + fmt::Debug {
     }
 
     /// The host of every rank (`hosts[r]`: a label, equal for ranks of one host), when
-    /// the group spans several hosts with several ranks on at least one: what the
-    /// hierarchical all-reduce needs. `None` otherwise (the default).
+    /// the group spans several hosts with several ranks on at least one ([`spans_hosts`]):
+    /// what the hierarchical all-reduce needs. `None` otherwise (the default).
     fn hosts(&self) -> Option<&[usize]> {
         None
     }
@@ -80,41 +103,8 @@ pub trait Transport: Send + fmt::Debug {
     /// Whether every rank of the group runs on this machine. Every rank of a group must
     /// answer alike (it picks the barrier algorithm); `false` (the default) is always
     /// safe.
-    ///
-    /// ```
-    /// use ringccl_collectives::{MemoryConfig, MemoryTransport, Transport};
-    /// let ranks = MemoryTransport::mesh(2, MemoryConfig::default());
-    /// assert!(ranks[0].one_machine());
-    /// ```
     fn one_machine(&self) -> bool {
         false
-    }
-
-    /// The barrier in memory shared with every rank of the group (see
-    /// [`crate::memory_barrier`]), when this transport has such memory: every rank of a
-    /// group must answer alike. `None` (the default): barriers are messages.
-    ///
-    /// ```
-    /// use ringccl_collectives::{MemoryConfig, MemoryTransport, Transport};
-    /// let mut ranks = MemoryTransport::mesh(2, MemoryConfig::default());
-    /// assert!(ranks[0].memory_barrier().is_none());
-    /// ```
-    fn memory_barrier(&mut self) -> Option<&mut dyn MemoryBarrier> {
-        None
-    }
-
-    /// The buffers of the group's ranks, when they all live in this process and may read
-    /// each other's (see [`crate::peer_memory`]), with how its waits spin. `None` (the
-    /// default) for ranks in separate processes.
-    ///
-    /// ```
-    /// use ringccl_collectives::{MemoryConfig, MemoryTransport, Transport};
-    /// // The test transport keeps to byte streams: no peer memory.
-    /// let ranks = MemoryTransport::mesh(2, MemoryConfig::default());
-    /// assert!(ranks[0].peer_memory().is_none());
-    /// ```
-    fn peer_memory(&self) -> Option<PeerAccess<'_>> {
-        None
     }
 }
 
@@ -152,29 +142,24 @@ pub fn endpoint_closed(rank: usize) -> io::Error {
     )
 }
 
-/// What [`Transport::peer_memory`] gives: the shared state, and the transport's spin
-/// window for the waits.
-///
-/// ```
-/// use ringccl_collectives::peer_memory::PeerMemory;
-/// use ringccl_collectives::spin::Spin;
-/// use ringccl_collectives::PeerAccess;
-///
-/// let memory = PeerMemory::new(2);
-/// let access = PeerAccess { memory: &memory, spin: Spin::NONE };
-/// assert_eq!(access.memory.world_size(), 2);
-/// ```
-#[derive(Clone, Copy, Debug)]
-pub struct PeerAccess<'a> {
-    /// The group's shared buffers.
-    pub memory: &'a crate::peer_memory::PeerMemory,
-    /// How a wait spins before it sleeps.
-    pub spin: crate::spin::Spin,
-}
-
 /// Closes a transport's connections from any thread (see [`Transport::closer`]).
 /// Idempotent.
 pub trait Closer: Send + Sync {
     /// Closes every connection and wakes every waiter.
     fn close(&self);
+}
+
+/// Whether ranks on the hosts `host_of` gives (`host_of[r]`: a label, equal for ranks of
+/// one host) sit on several hosts with several ranks on at least one: when a transport
+/// answers [`Transport::hosts`], and where the hierarchical schedules differ from the
+/// flat ones.
+///
+/// ```
+/// use ringccl_collectives::spans_hosts;
+/// assert!(spans_hosts(&[0, 0, 1]));
+/// assert!(!spans_hosts(&[0, 1, 2]) && !spans_hosts(&[4, 4]) && !spans_hosts(&[]));
+/// ```
+pub fn spans_hosts(host_of: &[usize]) -> bool {
+    let hosts = host_of.iter().collect::<BTreeSet<_>>().len();
+    hosts > 1 && hosts < host_of.len()
 }

@@ -1,7 +1,6 @@
 //! How a process finds its group: rank, world size, the master's address, the deadline,
 //! and the settings of the collectives. The environment is read in [`env`] only.
 
-mod compat;
 pub(crate) mod env;
 mod slurm;
 mod transport_kind;

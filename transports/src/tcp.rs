@@ -7,8 +7,9 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::schedule::spans_hosts;
-use ringccl_collectives::{Closer, Readiness, Transport};
+use ringccl_collectives::memory_barrier::OffersMemoryBarrier;
+use ringccl_collectives::peer_memory::OffersPeerMemory;
+use ringccl_collectives::{spans_hosts, Closer, Readiness, Transport};
 use socket2::Socket;
 
 use crate::liveness::connection_lost;
@@ -312,6 +313,12 @@ impl Transport for TcpTransport {
         })
     }
 }
+
+/// Processes on hosts of their own, or sharing one through sockets: no memory shared with
+/// every rank (barriers are messages), no buffers read across ranks.
+impl OffersMemoryBarrier for TcpTransport {}
+
+impl OffersPeerMemory for TcpTransport {}
 
 /// Shuts down every connection of a [`TcpTransport`]: a `poll` in progress wakes, reads
 /// see the end of the stream, writes fail, and the peers see the connections close.

@@ -28,6 +28,7 @@ use super::{
     binomial_tree_broadcast, chain_broadcast, chunks, dissemination_barrier, latest_recv_writing,
     ring_all_reduce, segment, RecvAction, RecvStep, Schedule, SendStep,
 };
+use crate::transport::spans_hosts;
 
 /// For each range of the segment `ring` sends first in `phase`, the receive among
 /// `recvs[from..]` it must wait for ([`latest_recv_writing`]). `None` when some range has
@@ -42,19 +43,6 @@ fn waits_for(
         .iter()
         .map(|range| latest_recv_writing(recvs, from, range))
         .collect()
-}
-
-/// Whether ranks on the hosts `host_of` gives (`host_of[r]`: a label, equal for ranks of
-/// one host) sit on several hosts with several ranks on at least one: where the
-/// hierarchical schedules differ from the flat ones.
-///
-/// ```
-/// use ringccl_collectives::schedule::spans_hosts;
-/// assert!(spans_hosts(&[0, 0, 1]));
-/// assert!(!spans_hosts(&[0, 1, 2]) && !spans_hosts(&[4, 4]));
-/// ```
-pub fn spans_hosts(host_of: &[usize]) -> bool {
-    Topology::spanning(host_of).is_some()
 }
 
 /// Rank `rank`'s part of a hierarchical all-reduce of `count` elements of `elem_size`
@@ -282,9 +270,12 @@ impl Topology {
     }
 
     /// The topology of `host_of` when it spans several hosts with several ranks on at
-    /// least one: where the hierarchical schedules differ from the flat ones.
+    /// least one ([`spans_hosts`]): where the hierarchical schedules differ from the flat
+    /// ones.
     fn spanning(host_of: &[usize]) -> Option<Topology> {
-        Topology::new(host_of).filter(|t| t.hosts.len() > 1 && t.widest > 1)
+        spans_hosts(host_of)
+            .then(|| Topology::new(host_of))
+            .flatten()
     }
 
     /// `rank`'s host and its position among the host's ranks.

@@ -25,9 +25,7 @@ pub use all_to_all::pairwise_all_to_all;
 pub use barrier::{dissemination_barrier, gather_release_barrier};
 pub use broadcast::{binomial_tree_broadcast, chain_broadcast};
 pub use halving_doubling::halving_doubling_all_reduce;
-pub use hierarchical::{
-    hierarchical_all_reduce, hierarchical_barrier, hierarchical_broadcast, spans_hosts,
-};
+pub use hierarchical::{hierarchical_all_reduce, hierarchical_barrier, hierarchical_broadcast};
 pub use point_to_point::{recv_from, send_to};
 pub use recursive_doubling::recursive_doubling_all_reduce;
 pub use ring::{

@@ -2,7 +2,7 @@
 //! [`ShmTransport`](super::ShmTransport), in anonymous memory (no `/dev/shm` file, no
 //! set-up through a store), with liveness read from flags in the same memory instead of
 //! TCP connections. The ranks may also read each other's buffers
-//! ([`Transport::peer_memory`]).
+//! ([`OffersPeerMemory`]).
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::peer_memory::PeerMemory;
+use ringccl_collectives::memory_barrier::OffersMemoryBarrier;
+use ringccl_collectives::peer_memory::{OffersPeerMemory, PeerAccess, PeerMemory};
 use ringccl_collectives::spin::{host_cores, Spin};
-use ringccl_collectives::{check_peer, endpoint_closed, Closer, PeerAccess, Readiness, Transport};
+use ringccl_collectives::{check_peer, endpoint_closed, Closer, Readiness, Transport};
 
 use super::mapping::{futex_wake, Mapping};
 use super::ring::{inbox_len, Rings};
@@ -280,19 +281,25 @@ impl Transport for InProcessTransport {
         true
     }
 
-    fn peer_memory(&self) -> Option<PeerAccess<'_>> {
-        Some(PeerAccess {
-            memory: &self.closed.peer_memory,
-            spin: self.spin,
-        })
-    }
-
     fn failed_peers(&mut self) -> Vec<usize> {
         (0..self.world_size())
             .filter(|&peer| peer != self.rank && self.closed.is(peer))
             .collect()
     }
 }
+
+/// The ranks are threads of this process: they may read each other's buffers.
+impl OffersPeerMemory for InProcessTransport {
+    fn peer_memory(&self) -> Option<PeerAccess<'_>> {
+        Some(PeerAccess {
+            memory: &self.closed.peer_memory,
+            spin: self.spin,
+        })
+    }
+}
+
+/// No barrier in memory: barriers between the threads are messages over the rings.
+impl OffersMemoryBarrier for InProcessTransport {}
 
 impl Drop for InProcessTransport {
     fn drop(&mut self) {

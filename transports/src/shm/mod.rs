@@ -78,7 +78,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::memory_barrier::{Arrivals, MemoryBarrier};
+use ringccl_collectives::memory_barrier::{Arrivals, MemoryBarrier, OffersMemoryBarrier};
+use ringccl_collectives::peer_memory::OffersPeerMemory;
 use ringccl_collectives::wire::FRAME_HEADER_LEN;
 use ringccl_collectives::{check_peer, Closer, Readiness, Transport};
 
@@ -376,14 +377,6 @@ impl Transport for ShmTransport {
         self.tcp.one_machine()
     }
 
-    fn memory_barrier(&mut self) -> Option<&mut dyn MemoryBarrier> {
-        if self.memory_barrier {
-            Some(self)
-        } else {
-            None
-        }
-    }
-
     fn peer_host(&self, peer: usize) -> Option<String> {
         self.tcp.peer_host(peer)
     }
@@ -421,6 +414,20 @@ impl Transport for ShmTransport {
         })
     }
 }
+
+/// The barrier runs in the rings' memory when every pair of the group's ranks shares it.
+impl OffersMemoryBarrier for ShmTransport {
+    fn memory_barrier(&mut self) -> Option<&mut dyn MemoryBarrier> {
+        if self.memory_barrier {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+/// Ranks in separate processes: no buffers read across ranks.
+impl OffersPeerMemory for ShmTransport {}
 
 impl MemoryBarrier for ShmTransport {
     fn arrive(&mut self, seq: u64, slot: usize, header: &[u8; FRAME_HEADER_LEN], data: &[u8]) {
