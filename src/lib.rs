@@ -111,8 +111,8 @@ pub use options::{InitOptions, TransportKind, DEFAULT_DEAD_PEER_TIMEOUT, DEFAULT
 pub use process_group::ProcessGroup;
 /// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the
 /// JSON dumps it writes to `RINGCCL_FLIGHT_DIR` ([`flight::FlightDump`]) and the progress
-/// beacon ([`flight::beacon::Beacon`]), and the analysis across ranks behind `ringrun
-/// diagnose` ([`flight::diagnose`]). See docs/debugging.md.
+/// beacon ([`flight::beacon::Beacon`]), which `ringrun diagnose` (package `ringccl-tools`)
+/// reads across ranks. See docs/debugging.md.
 pub use ringccl_collectives::flight;
 /// The collective runtime's error, as the [`Backend`] trait and the DDP layer's
 /// [`ddp::Communicator`] report it; [`Error`] converts from it.
