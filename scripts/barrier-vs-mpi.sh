@@ -7,7 +7,7 @@ set -euo pipefail
 N=${1:-4}; T=${2:-shm}; REPS=${3:-8}
 cd "$(dirname "$0")/.."
 command -v mpicc >/dev/null || { echo "skipped: mpicc not found (OpenMPI's setup is in ../shared/peers/README.md)"; exit 0; }
-cargo build --release --bin ringccl-bench >/dev/null 2>&1
+cargo build --release -p ringccl-tools --bin ringccl-bench >/dev/null 2>&1
 WORK=$(mktemp -d); trap 'rm -rf "$WORK"' EXIT
 cat > "$WORK/barrier.c" <<'C'
 #include <mpi.h>

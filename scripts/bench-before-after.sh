@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Usage: scripts/bench-before-after.sh OLD_BENCH_BINARY NEW_BENCH_BINARY [ROUNDS]
-# (build each tree with `cargo build --release --bin ringccl-bench`).
+# (build each tree with `cargo build --release -p ringccl-tools --bin ringccl-bench`).
 # Before/after: the same sizes, ranks and transports, interleaved, 3 rounds (the binary
 # that runs first alternates from round to round: whichever runs first in a pair tends
 # to be faster, and alternating cancels that out); prints the

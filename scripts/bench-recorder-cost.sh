@@ -15,7 +15,7 @@ target=${CARGO_TARGET_DIR:-$root/target}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-cargo build --quiet --release --bin ringccl-bench --manifest-path "$root/Cargo.toml"
+cargo build --quiet --release -p ringccl-tools --bin ringccl-bench --manifest-path "$root/Cargo.toml"
 cp "$target/release/ringccl-bench" "$work/on"
 cp "$target/release/ringccl-bench" "$work/on-again"
 
@@ -23,7 +23,7 @@ mkdir "$work/tree"
 (cd "$root" && git ls-files --cached --others --exclude-standard -z |
   xargs -0 cp --parents -t "$work/tree")
 (cd "$work/tree" && python3 "$root/scripts/flight-off.py")
-CARGO_TARGET_DIR="$target/recorder-off" cargo build --quiet --release --bin ringccl-bench \
+CARGO_TARGET_DIR="$target/recorder-off" cargo build --quiet --release -p ringccl-tools --bin ringccl-bench \
   --manifest-path "$work/tree/Cargo.toml"
 cp "$target/recorder-off/release/ringccl-bench" "$work/off"
 

@@ -11,7 +11,7 @@ set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
-cargo build --quiet --bin ringrun
+cargo build --quiet -p ringccl-tools --bin ringrun
 cargo build --release --quiet --manifest-path examples/candle_ddp/Cargo.toml
 ringrun=target/debug/ringrun
 example=examples/candle_ddp/target/release/candle-ddp-example

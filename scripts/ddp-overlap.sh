@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-3}
 transport=${2:-auto}
-cargo build --release --quiet --example ddp_mlp --bin ringrun
+cargo build --release --quiet -p ringccl --example ddp_mlp -p ringccl-tools --bin ringrun
 # 2048 inputs, 6 hidden layers of 2048, 1 output: 25.2M parameters (100 MB of f32 gradients).
 model=(--input 2048 --hidden 2048 --layers 6 --dataset 256 --steps 6 --print-every 1000)
 declare -A times

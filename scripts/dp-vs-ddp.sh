@@ -19,7 +19,7 @@ if [ "${1:-}" = --candle ]; then
 fi
 steps=${1:-30}
 shift || true
-cargo build --release -q --bin ringrun
+cargo build --release -q -p ringccl-tools --bin ringrun
 if $candle; then
   cargo build --release -q --manifest-path examples/candle_ddp/Cargo.toml
   mlp=examples/candle_ddp/target/release/candle-ddp-example

@@ -9,15 +9,16 @@
 #
 # It finds NCCL (the system's, or pip's nvidia-nccl-cu* wheel, whose libnccl.so.2 it links
 # as libnccl.so in a private folder put first on LD_LIBRARY_PATH) and runs:
-#   1. tests/nccl.rs: NCCL at world size 1, every op and dtype, host and device buffers;
+#   1. tests/it/nccl.rs: NCCL at world size 1, every op and dtype, host and device buffers;
 #      gloo with device buffers at 2, 3 and 4 ranks sharing the GPU; init failure paths;
-#      two NCCL ranks on one GPU fail cleanly (NCCL refuses that) or work.
+#      two NCCL ranks on one GPU fail cleanly (NCCL refuses that) or work; and
+#      tools/tests/it/nccl.rs: the benchmark under NCCL.
 #   2. ringccl-bench --backend nccl (device memory, as nccl-tests), every dtype and op.
 #   3. ringccl-bench --backend nccl (blocking, and --stream-ordered) beside PyTorch's own
 #      NCCL all-reduce (sync each, and loop), both at world
 #      size 1 on this GPU in the same run, and the ratio of their per-call times.
 #   4. ringccl-bench --backend gloo --memory device at 2 and 4 ranks.
-#   5. tests/device_ddp.rs (device DDP bit for bit against host DDP, NCCL's deadline) and
+#   5. tests/it/device_ddp.rs (device DDP bit for bit against host DDP, NCCL's deadline) and
 #      examples/ddp_gpu: the MLP trained on the GPU against host DDP, and the overlap.
 # and prints a summary (PASS, FAIL, or SKIP with the reason a test gave for running
 # nothing); the exit status is non-zero if any step failed. Each test and each
@@ -31,19 +32,21 @@ set -u -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 out="$here/.gpu-check"
 mode=${1:-all}
-# The test files that hold GPU checks.
+# The packages whose test binary (`it`) holds GPU checks, and the modules that hold them.
+PACKAGES="ringccl ringccl-tools"
 SUITES="nccl device_ddp"
 
 build() {
     command -v cargo >/dev/null || { echo "gpu-check: cargo is needed to build" >&2; exit 2; }
     mkdir -p "$out"
-    (cd "$here" && cargo build --release --bin ringccl-bench --example ddp_gpu) || exit 1
-    local suite test_bin
-    for suite in $SUITES; do
-        test_bin=$(cd "$here" && cargo test --release --test "$suite" --no-run 2>&1 |
-            grep -o "target/release/deps/$suite-[0-9a-f]*" | tail -1)
-        [ -n "$test_bin" ] || { echo "gpu-check: could not build tests/$suite.rs" >&2; exit 1; }
-        cp "$here/$test_bin" "$out/$suite-tests"
+    (cd "$here" && cargo build --release -p ringccl-tools --bin ringccl-bench \
+        -p ringccl --example ddp_gpu) || exit 1
+    local package test_bin
+    for package in $PACKAGES; do
+        test_bin=$(cd "$here" && cargo test --release -p "$package" --test it --no-run 2>&1 |
+            grep -o "target/release/deps/it-[0-9a-f]*" | tail -1)
+        [ -n "$test_bin" ] || { echo "gpu-check: could not build $package's tests" >&2; exit 1; }
+        cp "$here/$test_bin" "$out/$package-tests"
     done
     cp "$here/target/release/ringccl-bench" "$out/ringccl-bench"
     cp "$here/target/release/examples/ddp_gpu" "$out/ddp_gpu"
@@ -228,21 +231,23 @@ overlap() {
 }
 
 run() {
-    [ -x "$out/nccl-tests" ] || { echo "gpu-check: run '$0 build' first" >&2; exit 2; }
+    [ -x "$out/ringccl-tests" ] || { echo "gpu-check: run '$0 build' first" >&2; exit 2; }
     : >"$out/summary.txt"
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     find_nccl
     export RINGCCL_BENCH_BIN="$out/ringccl-bench"
     export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
     # One step per test, so that a hang costs one step, not the run.
-    local suite tests t
-    for suite in $SUITES; do
-        tests=$("$out/$suite-tests" --list 2>/dev/null | sed -n 's/: test$//p')
+    local package suites tests t
+    suites=$(echo "$SUITES" | sed 's/ /|/g')
+    for package in $PACKAGES; do
+        tests=$("$out/$package-tests" --list 2>/dev/null | sed -n 's/: test$//p' |
+            grep -E "^($suites)::")
         # A binary that cannot even list its tests (a loader error, a crash at start)
         # must not pass by running nothing.
-        [ -n "$tests" ] || summary+=("FAIL  list the $suite tests (none listed: run '$out/$suite-tests --list')")
+        [ -n "$tests" ] || summary+=("FAIL  list the $package tests (none listed: run '$out/$package-tests --list')")
         for t in $tests; do
-            step "test $t" "$out/$suite-tests" --exact "$t" --test-threads=1 --nocapture
+            step "test $t" "$out/$package-tests" --exact "$t" --test-threads=1 --nocapture
         done
     done
     # Device DDP trains the MLP on the GPU; the same run trains it on the host with host

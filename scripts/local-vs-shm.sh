@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-3}
-cargo build --release -q --bin ringccl-bench
+cargo build --release -q -p ringccl-tools --bin ringccl-bench
 bench=target/release/ringccl-bench
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

@@ -16,7 +16,7 @@ n=4
 [ "$(id -u)" = 0 ] || { echo "netns-bench: needs root" >&2; exit 2; }
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "netns-bench: needs iproute2 (ip, tc)" >&2; exit 2; }
 
-cargo build --release --quiet --bin ringccl-bench
+cargo build --release --quiet -p ringccl-tools --bin ringccl-bench
 bench=$PWD/target/release/ringccl-bench
 . scripts/netns-lib.sh
 p=rcbench$$-

@@ -36,7 +36,7 @@ for tool in ip tc unshare; do
     command -v $tool >/dev/null || { echo "netns-hosts-bench: needs $tool" >&2; exit 2; }
 done
 
-cargo build --release --quiet --bin ringccl-bench
+cargo build --release --quiet -p ringccl-tools --bin ringccl-bench
 bench=$PWD/target/release/ringccl-bench
 . scripts/netns-lib.sh
 p=rchosts$$-

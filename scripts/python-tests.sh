@@ -26,5 +26,5 @@ rm -f target/wheels/ringccl-*.whl
   --interpreter "$python" --out ../target/wheels --quiet)
 "$python" -m pip install -q --force-reinstall --no-deps target/wheels/ringccl-*.whl
 # ringrun, for the launcher test (cargo test has built it already).
-cargo build -q --bin ringrun
+cargo build -q -p ringccl-tools --bin ringrun
 cd python/tests && exec "$python" -m pytest -q -rs "${@:-.}"

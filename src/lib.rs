@@ -118,8 +118,8 @@ pub use ringccl_collectives::{
 };
 /// The flight recorder: each group's last calls ([`ProcessGroup::flight_recorder`]), the
 /// JSON dumps it writes to `RINGCCL_FLIGHT_DIR` ([`flight::FlightDump`]) and the progress
-/// beacon ([`flight::beacon::Beacon`]), and the analysis across ranks behind `ringrun
-/// diagnose` ([`flight::diagnose`]). See docs/debugging.md.
+/// beacon ([`flight::beacon::Beacon`]), which `ringrun diagnose` (package `ringccl-tools`)
+/// reads across ranks. See docs/debugging.md.
 pub use ringccl_observe::flight;
 pub use ringccl_rendezvous::store::Store;
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};

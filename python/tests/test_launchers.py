@@ -60,7 +60,7 @@ def ringrun_binary():
         built = REPO / "target" / "debug" / "ringrun"
         ringrun = str(built) if built.exists() else None
     if not ringrun:
-        pytest.skip("no ringrun binary: build it with `cargo build` (or set RINGCCL_RINGRUN)")
+        pytest.skip("no ringrun binary: build it with `cargo build -p ringccl-tools --bin ringrun` (or set RINGCCL_RINGRUN)")
     return ringrun
 
 

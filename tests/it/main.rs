@@ -2,6 +2,9 @@
 //! `common::heavy_lock` serialises the multi-rank tests of every file. A child process
 //! re-runs one test of this binary by its full name (`common::test_path`).
 //!
+//! The tests of the `ringrun` and `ringccl-bench` binaries are the `ringccl-tools`
+//! package's (`tools/tests/it/`), which shares `common` with this binary.
+//!
 //! `tests/env.rs` stays a binary of its own: it changes the process environment, which
 //! would race with every other test here.
 
@@ -10,7 +13,6 @@ mod common;
 mod abort;
 mod async_ops;
 mod auth;
-mod bench;
 mod blame;
 mod collectives;
 mod data_parallel;
@@ -19,7 +21,6 @@ mod ddp_api;
 mod deadlines;
 mod device_ddp;
 mod errors;
-mod fault_tolerance;
 mod flight;
 mod foreign_store;
 mod groups;
@@ -30,9 +31,6 @@ mod netns;
 mod p2p_deadlock;
 mod rendezvous;
 mod rendezvous_hostile;
-mod ringrun;
-mod ringrun_cleanup;
-mod ringrun_diagnose;
 mod setup_crash;
 mod shm;
 mod shm_hostile;

@@ -1,161 +1,18 @@
 //! Start-up that talks, as a user's program sees it: a rank left waiting says whom it
 //! waits for by itself (no logging set up by the program), `RINGCCL_DEBUG` works without
-//! one, `ringrun --hang-timeout` watches start-up, and a rank started with another
-//! WORLD_SIZE stops everyone at once.
+//! one, and a rank started with another WORLD_SIZE stops everyone at once.
 //!
-//! The ranks are this test binary re-executed as a plain program: it calls
-//! `init_process_group` and nothing else (no `tracing` subscriber, no logging set-up).
+//! The ranks are this test binary re-executed as a plain program (`common::startup`): it
+//! calls `init_process_group` and nothing else (no `tracing` subscriber, no logging
+//! set-up).
 
 use crate::common;
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::thread;
+use std::io::Read;
 use std::time::{Duration, Instant};
 
-use ringccl::{init_process_group, InitOptions, StoreListener};
-
 use common::heavy_lock;
-
-/// Set in a child: it is a rank, not the test.
-const CHILD: &str = "RINGCCL_STARTUP_TEST_CHILD";
-/// What rank 0 prints once it hosts the store on a free port.
-const PORT_PREFIX: &str = "STARTUP_PORT=";
-const RINGRUN: &str = env!("CARGO_BIN_EXE_ringrun");
-
-/// In a child: joins the group from the environment as a user's program would (rank 0
-/// without MASTER_PORT hosts the store on a free port and prints it), prints `JOINED`
-/// or the error, and exits. Returns false in the test process itself.
-fn run_as_rank() -> bool {
-    if std::env::var_os(CHILD).is_none() {
-        return false;
-    }
-    let env = |k: &str| std::env::var(k).ok();
-    let result = if env("RANK").as_deref() == Some("0") && env("MASTER_PORT").is_none() {
-        let listener = StoreListener::bind("127.0.0.1:0").expect("bind store listener");
-        let port = listener
-            .local_addr()
-            .expect("store address")
-            .port()
-            .to_string();
-        println!("{PORT_PREFIX}{port}");
-        InitOptions::from_vars(|k| match k {
-            "MASTER_PORT" => Some(port.clone()),
-            _ => env(k),
-        })
-        .map(|opts| opts.store_listener(listener))
-    } else {
-        InitOptions::from_env()
-    }
-    .and_then(|opts| init_process_group("gloo", opts));
-    match result {
-        Ok(pg) => {
-            println!("JOINED rank {}", pg.rank());
-            pg.barrier().expect("barrier");
-        }
-        Err(e) => println!("ERROR {e}"),
-    }
-    true
-}
-
-/// A rank of this test binary (`test` names the test it runs in), its output piped.
-fn spawn_rank(test: &str, rank: usize, world_size: usize, env: &[(&str, &str)]) -> Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            &common::test_path(test),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", world_size.to_string())
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("RINGCCL_TRANSPORT", "tcp")
-        .env_remove("MASTER_PORT")
-        .env_remove("RINGCCL_DEBUG")
-        .env_remove("RINGCCL_STARTUP_REPORT")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn a rank")
-}
-
-/// Lines of a child's stdout and stderr, as they come, tagged with when they came.
-struct Lines {
-    rx: mpsc::Receiver<(Instant, String)>,
-    seen: Vec<String>,
-}
-
-impl Lines {
-    fn of(child: &mut Child) -> Lines {
-        let (tx, rx) = mpsc::channel();
-        let out: Box<dyn Read + Send> = Box::new(child.stdout.take().expect("piped stdout"));
-        let err: Box<dyn Read + Send> = Box::new(child.stderr.take().expect("piped stderr"));
-        for stream in [out, err] {
-            let tx = tx.clone();
-            thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    if tx.send((Instant::now(), line)).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        Lines {
-            rx,
-            seen: Vec::new(),
-        }
-    }
-
-    /// The first line containing `needle` and when it came, waiting until `until`.
-    fn wait_for(&mut self, needle: &str, until: Instant) -> Option<(Instant, String)> {
-        if let Some(line) = self.seen.iter().find(|l| l.contains(needle)) {
-            return Some((Instant::now(), line.clone()));
-        }
-        loop {
-            let left = until.checked_duration_since(Instant::now())?;
-            let (at, line) = self.rx.recv_timeout(left).ok()?;
-            self.seen.push(line.clone());
-            if line.contains(needle) {
-                return Some((at, line));
-            }
-        }
-    }
-
-    fn all(&mut self) -> String {
-        while let Ok((_, line)) = self.rx.try_recv() {
-            self.seen.push(line);
-        }
-        self.seen.join("\n")
-    }
-}
-
-/// Kills a child on every path out of a test.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The port rank 0 announced.
-fn announced_port(lines: &mut Lines) -> String {
-    let (_, line) = lines
-        .wait_for(PORT_PREFIX, Instant::now() + Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("rank 0 announced no port:\n{}", lines.all()));
-    line.split(PORT_PREFIX)
-        .nth(1)
-        .expect("port")
-        .trim()
-        .to_string()
-}
+use common::startup::{announced_port, run_as_rank, spawn_rank, Killed, Lines};
 
 #[test]
 fn a_rank_missing_at_start_up_is_reported_within_35_s_by_a_program_without_logging() {
@@ -226,64 +83,6 @@ fn each_waiting_rank_names_whom_it_waits_for() {
     assert!(
         line.contains(&format!("MASTER_ADDR 127.0.0.1:{port}")),
         "{line}"
-    );
-}
-
-#[test]
-fn ringrun_hang_timeout_names_ranks_missing_at_start_up() {
-    if run_as_rank() {
-        return;
-    }
-    let _heavy = heavy_lock();
-    let test = "ringrun_hang_timeout_names_ranks_missing_at_start_up";
-    // Node 1 of 2 is never started; ringrun picks no port for two nodes, so pass a
-    // free one.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-        .to_string();
-    let exe = std::env::current_exe().expect("test binary");
-    let exe = exe.to_str().expect("test binary path");
-    let started = Instant::now();
-    let mut ringrun = Killed(
-        Command::new(RINGRUN)
-            .args(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2"])
-            .args(["--master-port", &port, "--hang-timeout", "2", "--"])
-            .args([
-                exe,
-                "--exact",
-                &common::test_path(test),
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, "1")
-            .env("RINGCCL_TIMEOUT", "60")
-            .env("RINGCCL_TRANSPORT", "tcp")
-            .env_remove("RINGCCL_STARTUP_REPORT")
-            .env_remove("RINGCCL_DEBUG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start ringrun"),
-    );
-    let mut lines = Lines::of(&mut ringrun.0);
-    let (at, line) = lines
-        .wait_for(
-            "rank 0: 2 of 4 ranks joined",
-            started + Duration::from_secs(40),
-        )
-        .unwrap_or_else(|| panic!("no start-up report from rank 0:\n{}", lines.all()));
-    assert!(line.starts_with("[rank 0] "), "{line}");
-    assert!(
-        line.contains("still waiting for ranks 2, 3 (MASTER_ADDR"),
-        "{line}"
-    );
-    assert!(
-        at.duration_since(started) < Duration::from_secs(20),
-        "reported after {:?}",
-        at.duration_since(started)
     );
 }
 

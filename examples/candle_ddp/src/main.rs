@@ -11,7 +11,7 @@
 //! `DistributedSampler::batches` gives each rank its share of every global batch.
 //!
 //! ```sh
-//! cargo build --release --bin ringrun                                   # in the repository root
+//! cargo build --release -p ringccl-tools --bin ringrun                   # in the repository root
 //! cargo build --release --manifest-path examples/candle_ddp/Cargo.toml
 //! ex=examples/candle_ddp/target/release/candle-ddp-example
 //! target/release/ringrun --nproc-per-node 4 $ex --local-batch 16

@@ -74,6 +74,54 @@ impl FlightDump {
             entries: Vec::new(),
         }
     }
+
+    /// How the rank's part in the group ended, as the dump's [`reason`](Self::reason)
+    /// says.
+    ///
+    /// ```
+    /// use ringccl_observe::flight::dump::{Ending, FlightDump};
+    ///
+    /// let ending = |reason| FlightDump::empty(0, 2, "main", reason).ending();
+    /// assert_eq!(ending("requested"), Ending::NotBroken);
+    /// assert_eq!(ending("timeout: all_reduce op #5 timed out"), Ending::TimedOut);
+    /// assert_eq!(ending("group broken: rank 1 aborted the group: lost rank 3"), Ending::Reacted);
+    /// assert_eq!(ending("group broken: rank 0: lost rank 3"), Ending::Failed);
+    /// ```
+    pub fn ending(&self) -> Ending {
+        let reason = self.reason.as_str();
+        if reason.starts_with("timeout: ") {
+            return Ending::TimedOut;
+        }
+        let Some(rest) = reason.strip_prefix("group broken: ") else {
+            return Ending::NotBroken;
+        };
+        let reacted = rest
+            .strip_prefix("rank ")
+            .map(|r| r.trim_start_matches(|c: char| c.is_ascii_digit()))
+            .is_some_and(|r| r.starts_with(" aborted the group"));
+        if reacted {
+            Ending::Reacted
+        } else {
+            Ending::Failed
+        }
+    }
+}
+
+/// How a rank's part in a group ended, as its dump's reason says ([`FlightDump::ending`]).
+/// A break's dump gives `"timeout: …"` when the rank's own deadline passed, `"group
+/// broken: rank N aborted the group: …"` when a peer's abort stopped it, and `"group
+/// broken: …"` for any other error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// Not a break: a dump on request, or a reason this build does not know.
+    NotBroken,
+    /// Its own deadline passed while it waited in the call (`"timeout: …"`).
+    TimedOut,
+    /// A peer's abort stopped it (`"group broken: rank N aborted the group: …"`): what it
+    /// was doing then is where it waited, not a failure of its own.
+    Reacted,
+    /// Its own error broke the group (a mismatch, a lost peer, a panic, …).
+    Failed,
 }
 
 /// Where a recorded call is.

@@ -700,45 +700,12 @@ impl FlightRecorder {
     }
 }
 
-/// The reason a dump for the break caused by `error` gives.
+/// The reason a dump for the break caused by `error` gives (read back by
+/// [`FlightDump::ending`], with [`FlightRecorder::dump_if_aborted`]'s).
 pub(crate) fn break_reason(error: &Error) -> String {
     match error {
         Error::Timeout { .. } => format!("timeout: {error}"),
         _ => format!("group broken: {error}"),
-    }
-}
-
-/// How a dump's reason says the rank's part in the group ended, for the diagnosis (the
-/// reasons are [`break_reason`]'s and [`FlightRecorder::dump_if_aborted`]'s).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Ending {
-    /// Not a break: a dump on request, or a reason this build does not know.
-    NotBroken,
-    /// Its own deadline passed while it waited in the call (`"timeout: …"`).
-    TimedOut,
-    /// A peer's abort stopped it (`"group broken: rank N aborted the group: …"`): what it
-    /// was doing then is where it waited, not a failure of its own.
-    Reacted,
-    /// Its own error broke the group (a mismatch, a lost peer, a panic, …).
-    Failed,
-}
-
-/// The [`Ending`] a dump's `reason` says.
-pub(crate) fn ending(reason: &str) -> Ending {
-    if reason.starts_with("timeout: ") {
-        return Ending::TimedOut;
-    }
-    let Some(rest) = reason.strip_prefix("group broken: ") else {
-        return Ending::NotBroken;
-    };
-    let reacted = rest
-        .strip_prefix("rank ")
-        .map(|r| r.trim_start_matches(|c: char| c.is_ascii_digit()))
-        .is_some_and(|r| r.starts_with(" aborted the group"));
-    if reacted {
-        Ending::Reacted
-    } else {
-        Ending::Failed
     }
 }
 

@@ -9,6 +9,8 @@ pub mod elements;
 pub mod gpu;
 pub mod matrix;
 pub mod netns;
+pub mod startup;
+pub mod timeline;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -291,8 +293,8 @@ pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// The example `name`, built by `cargo test` next to this test's binary (built here if a
-/// filtered run has not).
+/// The example `name` of the ringccl package, built by `cargo test` next to this test's
+/// binary (built here if this run has not: a filtered run, or the tools' tests).
 pub fn example(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let path = exe
@@ -304,7 +306,7 @@ pub fn example(name: &str) -> std::path::PathBuf {
     if !path.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let built = Command::new(cargo)
-            .args(["build", "--example", name])
+            .args(["build", "-p", "ringccl", "--example", name])
             .status()
             .expect("run cargo build --example");
         assert!(built.success(), "building the {name} example failed");

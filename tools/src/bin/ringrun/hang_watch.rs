@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ringccl::flight::diagnose::{read_beacon, scan, FlightFileKind};
+use ringccl_tools::diagnose::{read_beacon, scan, FlightFileKind};
 
 /// How often the beacons are read.
 const POLL: Duration = Duration::from_millis(200);
@@ -110,7 +110,7 @@ impl HangWatch {
             if file.kind != FlightFileKind::Beacon {
                 continue;
             }
-            let fresh = ringccl::flight::diagnose::modified_us(&file.path)
+            let fresh = ringccl_tools::diagnose::modified_us(&file.path)
                 .is_some_and(|at| at.saturating_add(SLACK_US) >= self.not_before_us);
             let Some(beacon) = read_beacon(&file.path).filter(|_| fresh) else {
                 continue;

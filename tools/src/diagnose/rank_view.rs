@@ -1,9 +1,8 @@
 //! One rank's situation in one group, from its dump (or, without one, its beacon) and
 //! the launcher's view of its process.
 
-use crate::flight::beacon::Beacon;
-use crate::flight::dump::{CallState, FlightDump, FlightEntry};
-use crate::flight::{ending, Ending};
+use ringccl::flight::beacon::Beacon;
+use ringccl::flight::dump::{CallState, Ending, FlightDump, FlightEntry};
 
 use super::evidence::{RankExit, RankProcess};
 use super::finding::CallRef;
@@ -143,7 +142,7 @@ impl RankView {
             last_end_us: last_finished.and_then(|e| e.ended_us),
             process,
             seen: true,
-            ending: ending(&dump.reason),
+            ending: dump.ending(),
         }
     }
 

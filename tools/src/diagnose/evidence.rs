@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::flight::beacon::Beacon;
-use crate::flight::dump::FlightDump;
+use ringccl::flight::beacon::Beacon;
+use ringccl::flight::dump::FlightDump;
 
 /// How a rank's process ended, as the launcher saw it.
 ///
 /// ```
-/// use ringccl_observe::flight::diagnose::RankExit;
+/// use ringccl_tools::diagnose::RankExit;
 ///
 /// let exit = RankExit { status: "exit code 3".into(), success: false, at_us: 1_000_000 };
 /// assert!(!exit.success);
@@ -45,8 +45,8 @@ pub struct BeaconReading {
 /// Everything the diagnosis looks at.
 ///
 /// ```
-/// use ringccl_observe::flight::diagnose::Evidence;
-/// use ringccl_observe::flight::dump::FlightDump;
+/// use ringccl_tools::diagnose::Evidence;
+/// use ringccl::flight::dump::FlightDump;
 ///
 /// let mut evidence = Evidence::at(5_000_000);
 /// evidence.dumps.push(FlightDump::empty(0, 2, "main", "requested"));

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::SystemTime;
 
 use clap::Parser;
-use ringccl::flight::diagnose::{diagnose, load_dir};
+use ringccl_tools::diagnose::{diagnose, load_dir};
 
 use crate::args::DiagnoseArgs;
 use crate::diagnosis::micros;

@@ -8,7 +8,7 @@ use super::finding::{CallRef, Culprit, Diagnosis, Finding, GroupDiagnosis, Suspe
 /// `"0, 1, 3"`; runs of three or more as `"4-7"`.
 ///
 /// ```
-/// use ringccl_observe::flight::diagnose::rank_list;
+/// use ringccl_tools::diagnose::rank_list;
 ///
 /// assert_eq!(rank_list(&[0, 1, 3]), "0, 1, 3");
 /// assert_eq!(rank_list(&[0, 4, 5, 6, 7]), "0, 4-7");
@@ -261,7 +261,7 @@ fn last_progress_text(group: &GroupDiagnosis, now_us: u64) -> String {
 
 /// The group's name in front of its lines, for groups formed from the first one.
 fn prefix(group: &GroupDiagnosis) -> String {
-    if group.group == crate::flight::MAIN_GROUP {
+    if group.group == ringccl::flight::MAIN_GROUP {
         String::new()
     } else {
         format!("in group {}: ", group.group)
@@ -283,7 +283,7 @@ impl Diagnosis {
     /// its details, indented; then what is missing from the evidence.
     ///
     /// ```
-    /// use ringccl_observe::flight::diagnose::{diagnose, Evidence};
+    /// use ringccl_tools::diagnose::{diagnose, Evidence};
     ///
     /// let lines = diagnose(&Evidence::at(0)).lines();
     /// assert_eq!(lines.len(), 1);
@@ -332,7 +332,7 @@ impl Diagnosis {
     /// The first line: the most important finding.
     ///
     /// ```
-    /// use ringccl_observe::flight::diagnose::{diagnose, Evidence};
+    /// use ringccl_tools::diagnose::{diagnose, Evidence};
     ///
     /// assert!(diagnose(&Evidence::at(0)).headline().starts_with("no flight dump"));
     /// ```

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ringccl::flight::diagnose::{
+use ringccl_tools::diagnose::{
     diagnose, load_dir, modified_us, rank_list, read_beacon, read_dump, scan, Diagnosis, Evidence,
     FlightFileKind, RankExit, RankProcess,
 };

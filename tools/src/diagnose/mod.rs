@@ -12,7 +12,7 @@
 //! - failed calls, and ranks whose process failed.
 //!
 //! ```
-//! use ringccl_observe::flight::diagnose::{diagnose, Evidence};
+//! use ringccl_tools::diagnose::{diagnose, Evidence};
 //!
 //! let diagnosis = diagnose(&Evidence::at(0));
 //! assert!(!diagnosis.found_cause());
@@ -35,18 +35,18 @@ pub use finding::{CallRef, Culprit, Diagnosis, Finding, GroupDiagnosis, Suspect}
 pub use load::{load_dir, modified_us, read_beacon, read_dump, scan, FlightFile, FlightFileKind};
 pub use report::rank_list;
 
-use crate::flight::dump::FlightDump;
-use crate::flight::MAIN_GROUP;
 use analysis::GroupEvidence;
 use rank_view::{Process, RankView};
+use ringccl::flight::dump::FlightDump;
+use ringccl::flight::MAIN_GROUP;
 /// Larger groups get no list of expected ranks (only the ranks seen count).
 const MAX_EXPECTED: usize = 1 << 16;
 
 /// Diagnoses a job from its evidence; see the module documentation.
 ///
 /// ```
-/// use ringccl_observe::flight::diagnose::{diagnose, Evidence};
-/// use ringccl_observe::flight::dump::FlightDump;
+/// use ringccl_tools::diagnose::{diagnose, Evidence};
+/// use ringccl::flight::dump::FlightDump;
 ///
 /// let mut evidence = Evidence::at(10_000_000);
 /// evidence.dumps.push(FlightDump::empty(0, 2, "main", "requested"));

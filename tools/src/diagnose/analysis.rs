@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::flight::dump::{CallState, FlightDump};
+use ringccl::flight::dump::{CallState, FlightDump};
 
 use super::finding::{CallRef, Culprit, Finding, GroupDiagnosis, Suspect};
 use super::rank_view::{call_ref, Activity, Process, RankView};

@@ -6,8 +6,8 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use crate::flight::beacon::{Beacon, BEACON_LEN};
-use crate::flight::dump::{FlightDump, FORMAT_VERSION, OLDEST_FORMAT_READ};
+use ringccl::flight::beacon::{Beacon, BEACON_LEN};
+use ringccl::flight::dump::{FlightDump, FORMAT_VERSION, OLDEST_FORMAT_READ};
 
 use super::evidence::{BeaconReading, Evidence};
 
@@ -42,7 +42,7 @@ impl FlightFile {
     /// Recognises `rank-<r>.json`, `rank-<r>.<tag>.json` and the same with `.beacon`.
     ///
     /// ```
-    /// use ringccl_observe::flight::diagnose::{FlightFile, FlightFileKind};
+    /// use ringccl_tools::diagnose::{FlightFile, FlightFileKind};
     ///
     /// let file = FlightFile::parse("/d/rank-3.group-0-1.beacon".as_ref()).unwrap();
     /// assert_eq!((file.rank, file.group_tag.as_str(), file.kind), (3, "group-0-1", FlightFileKind::Beacon));
@@ -77,7 +77,7 @@ impl FlightFile {
 /// std::fs::create_dir_all(&dir).unwrap();
 /// std::fs::write(dir.join("rank-0.beacon"), [0u8; 64]).unwrap();
 /// std::fs::write(dir.join("notes.txt"), "x").unwrap();
-/// let files = ringccl_observe::flight::diagnose::scan(&dir).unwrap();
+/// let files = ringccl_tools::diagnose::scan(&dir).unwrap();
 /// assert_eq!(files.len(), 1);
 /// std::fs::remove_dir_all(&dir).unwrap();
 /// ```
@@ -93,8 +93,8 @@ pub fn scan(dir: &Path) -> io::Result<Vec<FlightFile>> {
 /// Reads a beacon file: `None` if it is not one (wrong size or magic) or unreadable.
 ///
 /// ```
-/// use ringccl_observe::flight::beacon::Beacon;
-/// use ringccl_observe::flight::diagnose::read_beacon;
+/// use ringccl::flight::beacon::Beacon;
+/// use ringccl_tools::diagnose::read_beacon;
 ///
 /// let path = std::env::temp_dir().join(format!("beacon-doc-{}", std::process::id()));
 /// let beacon = Beacon { pid: 9, issued: 2, finished: 1, ..Beacon::default() };
@@ -118,7 +118,7 @@ pub fn read_beacon(path: &Path) -> Option<Beacon> {
 /// Reads and checks one dump file; the error says what is wrong with it.
 ///
 /// ```
-/// use ringccl_observe::flight::diagnose::read_dump;
+/// use ringccl_tools::diagnose::read_dump;
 ///
 /// let path = std::env::temp_dir().join(format!("dump-doc-{}.json", std::process::id()));
 /// std::fs::write(&path, r#"{"format": 99}"#).unwrap();
@@ -163,7 +163,7 @@ pub fn read_dump(path: &Path) -> Result<FlightDump, String> {
 /// cannot be used are skipped, each with a note saying why.
 ///
 /// ```
-/// use ringccl_observe::flight::diagnose::load_dir;
+/// use ringccl_tools::diagnose::load_dir;
 ///
 /// let dir = std::env::temp_dir().join(format!("flight-load-doc-{}", std::process::id()));
 /// std::fs::create_dir_all(&dir).unwrap();
@@ -216,7 +216,7 @@ pub fn load_dir(dir: &Path, now_us: u64, not_before_us: u64) -> io::Result<Evide
 /// A file's modification time in µs since the Unix epoch (`None` if it cannot be read).
 ///
 /// ```
-/// use ringccl_observe::flight::diagnose::modified_us;
+/// use ringccl_tools::diagnose::modified_us;
 ///
 /// assert!(modified_us(&std::env::temp_dir()).is_some_and(|t| t > 0));
 /// assert_eq!(modified_us("/no/such/file".as_ref()), None);

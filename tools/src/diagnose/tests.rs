@@ -9,8 +9,8 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::flight::beacon::Beacon;
-use crate::flight::dump::{FlightDump, FlightEntry};
+use ringccl::flight::beacon::Beacon;
+use ringccl::flight::dump::{FlightDump, FlightEntry};
 
 /// Call `k` is issued at `T0 + k` s and, when finished, ends 500 µs later.
 const T0: u64 = 1_700_000_000_000_000;
@@ -479,7 +479,7 @@ fn odd_files_are_reported_and_skipped_never_a_panic() {
     let good = dump(2, 4, with(done(4, AR), running(5, AR, Some(3))));
     write("rank-0.json", b"{ not json");
     let mut future = serde_json::to_value(dump(1, 4, done(1, AR))).unwrap();
-    future["format"] = json!(crate::flight::FORMAT_VERSION + 1);
+    future["format"] = json!(ringccl::flight::FORMAT_VERSION + 1);
     write("rank-1.json", future.to_string().as_bytes());
     write(
         "rank-2.json",
@@ -523,7 +523,7 @@ fn odd_files_are_reported_and_skipped_never_a_panic() {
     ] {
         assert!(notes.contains(name), "no note on {name}: {notes}");
     }
-    let future = format!("format {}", crate::flight::FORMAT_VERSION + 1);
+    let future = format!("format {}", ringccl::flight::FORMAT_VERSION + 1);
     assert!(notes.contains(&future), "{notes}");
     assert!(
         !notes.contains("tmp") && !notes.contains("rank-x"),

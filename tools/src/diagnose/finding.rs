@@ -5,7 +5,7 @@ use super::evidence::RankExit;
 /// A recorded call, as the diagnosis names it.
 ///
 /// ```
-/// use ringccl_observe::flight::diagnose::CallRef;
+/// use ringccl_tools::diagnose::CallRef;
 ///
 /// let call = CallRef { call: 17, op: Some(17), kind: "all_reduce".into(), description: "all_reduce(sum, 1024 x f32)".into() };
 /// assert_eq!(call.label(), "op #17 all_reduce(sum, 1024 x f32)");
