@@ -10,14 +10,15 @@ use ringccl_observe::timeline::{BucketArgs, Span, SpanArgs, Timeline, TraceFile}
 
 use crate::{ProcessGroup, Work};
 
-/// A queued all-reduce whose result is re-wrapped as a [`GradBuf`].
-struct Rewrap<T> {
-    work: Work<Vec<T>>,
-    wrap: fn(Vec<T>) -> GradBuf,
+/// A queued all-reduce whose result is re-wrapped as the DDP layer's type-erased buffer
+/// (a [`GradBuf`], or a device buffer).
+struct Rewrap<V, B> {
+    work: Work<V>,
+    wrap: fn(V) -> B,
 }
 
-impl<T: Send> Wait<GradBuf> for Rewrap<T> {
-    fn wait(self: Box<Self>) -> Result<GradBuf, RuntimeError> {
+impl<V: Send, B> Wait<B> for Rewrap<V, B> {
+    fn wait(self: Box<Self>) -> Result<B, RuntimeError> {
         Ok((self.wrap)(self.work.wait()?))
     }
 }
@@ -117,4 +118,86 @@ fn traced_bucket<T: Element>(
         result.map(|()| values)
     })?;
     Ok(Box::new(Rewrap { work, wrap }))
+}
+
+/// Device DDP's collectives: under `"nccl"` on NCCL's stream, stream-ordered (a bucket's
+/// reduction is ready once NCCL has it, and the group's worker watches it against its
+/// deadline); under `"gloo"` staged through host memory.
+#[cfg(feature = "nccl")]
+mod device {
+    use std::sync::Arc;
+
+    use ringccl_collectives::{Error as RuntimeError, ReduceOp};
+    use ringccl_ddp::{DeviceBuf, DeviceBufMut, DeviceCommunicator, Pending};
+    use ringccl_nccl::cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+    use ringccl_nccl::DeviceElement;
+
+    use super::Rewrap;
+    use crate::device::{After, Completion};
+    use crate::ProcessGroup;
+
+    impl DeviceCommunicator for ProcessGroup {
+        fn device_stream(&self) -> Option<Arc<CudaStream>> {
+            self.nccl_stream()
+        }
+
+        fn all_reduce_device_sum(
+            &self,
+            buf: DeviceBuf,
+            after: CudaEvent,
+            staging: Option<Arc<CudaStream>>,
+        ) -> Result<Pending<DeviceBuf>, RuntimeError> {
+            fn start<T: DeviceElement>(
+                pg: &ProcessGroup,
+                values: CudaSlice<T>,
+                wrap: fn(CudaSlice<T>) -> DeviceBuf,
+                after: After,
+            ) -> Result<Pending<DeviceBuf>, RuntimeError> {
+                let work = pg.all_reduce_device_async_after(
+                    values,
+                    ReduceOp::Sum,
+                    Some(after),
+                    Completion::Enqueued,
+                )?;
+                Ok(Box::new(Rewrap { work, wrap }))
+            }
+            let after = After {
+                event: after,
+                staging,
+            };
+            match buf {
+                DeviceBuf::F32(v) => start(self, v, DeviceBuf::F32, after),
+                DeviceBuf::F64(v) => start(self, v, DeviceBuf::F64, after),
+                DeviceBuf::F16(v) => start(self, v, DeviceBuf::F16, after),
+                DeviceBuf::BF16(v) => start(self, v, DeviceBuf::BF16, after),
+                other => Err(RuntimeError::InvalidArgument(format!(
+                    "rank {}: no device all-reduce for gradient buffers of {}",
+                    self.rank(),
+                    other.dtype()
+                ))),
+            }
+        }
+
+        fn broadcast_device_buf(
+            &self,
+            buf: DeviceBufMut<'_>,
+            root: usize,
+        ) -> Result<(), RuntimeError> {
+            let sent = match buf {
+                DeviceBufMut::F32(v) => ProcessGroup::broadcast_device(self, v, root),
+                DeviceBufMut::F64(v) => ProcessGroup::broadcast_device(self, v, root),
+                DeviceBufMut::F16(v) => ProcessGroup::broadcast_device(self, v, root),
+                DeviceBufMut::BF16(v) => ProcessGroup::broadcast_device(self, v, root),
+                _ => Err(crate::Error::InvalidArgument(format!(
+                    "rank {}: no device broadcast for this gradient buffer type",
+                    self.rank()
+                ))),
+            };
+            Ok(sent?)
+        }
+
+        fn synchronize_device(&self) -> Result<(), RuntimeError> {
+            Ok(ProcessGroup::synchronize_device(self)?)
+        }
+    }
 }

@@ -331,6 +331,17 @@ impl From<ringccl_ddp::DdpError> for Error {
     fn from(e: ringccl_ddp::DdpError) -> Error {
         match e {
             ringccl_ddp::DdpError::Comm(runtime) => Error::from(runtime),
+            ringccl_ddp::DdpError::Device {
+                rank,
+                what,
+                call,
+                reason,
+            } => Error::Device {
+                rank,
+                op: format!("DeviceDdp: {what}"),
+                call,
+                reason,
+            },
             other => Error::Ddp(Box::new(other)),
         }
     }

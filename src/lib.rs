@@ -89,8 +89,6 @@ mod collectives;
 mod ddp_comm;
 #[cfg(feature = "nccl")]
 mod device;
-#[cfg(feature = "nccl")]
-mod device_ddp;
 mod error;
 mod fusion;
 mod init;
@@ -174,7 +172,7 @@ pub mod ddp {
 }
 
 #[cfg(feature = "nccl")]
-pub use device_ddp::{DeviceCommHook, DeviceDdp, DeviceGrad, DeviceNoSync};
+pub use ringccl_ddp::{DeviceCommHook, DeviceDdp, DeviceGrad, DeviceNoSync};
 #[cfg(feature = "nccl")]
 pub use ringccl_nccl::{
     cuda_device_count, cudarc, DeviceElement, DeviceError, NcclBackend, NcclConfig, StreamOrder,

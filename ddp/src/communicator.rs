@@ -89,6 +89,28 @@ impl<V: Send> Wait<V> for Ready<V> {
     }
 }
 
+/// `pending`, its result passed through `then` once it is there.
+pub(crate) fn then<V: 'static, W: 'static>(
+    pending: Pending<V>,
+    then: impl FnOnce(V) -> Result<W, Error> + Send + 'static,
+) -> Pending<W> {
+    Box::new(Then {
+        pending,
+        then: Box::new(then),
+    })
+}
+
+struct Then<V, W> {
+    pending: Pending<V>,
+    then: Box<dyn FnOnce(V) -> Result<W, Error> + Send>,
+}
+
+impl<V, W> Wait<W> for Then<V, W> {
+    fn wait(self: Box<Self>) -> Result<W, Error> {
+        (self.then)(self.pending.wait()?)
+    }
+}
+
 /// Which DDP bucket an all-reduce is, for the timeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BucketLabel {

@@ -1,18 +1,19 @@
-//! The reducer: gradients into buckets, buckets onto the wire while backward runs.
+//! DDP itself, once for every memory space: gradients into buckets, buckets onto the
+//! wire while backward runs. Where the buckets live is the [`GradSpace`]'s business.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut, Range};
 use std::sync::Arc;
 
-use ringccl_collectives::{BufferMut, Error};
+use ringccl_collectives::BufferMut;
 use ringccl_observe::timeline::{SpanGuard, Timeline};
 
-use crate::bucket_comm::BucketComm;
 use crate::communicator::{BucketLabel, Communicator, GradBuf, Pending, ToCommunicator};
 use crate::config::{DdpConfig, ParamSpec};
 use crate::element::GradElement;
 use crate::hooks::{AllReduceHook, CommHook};
 use crate::reducer::{is_permutation, FinishPlan, OldLayout, Reducer};
+use crate::space::{GradSpace, HostSpace};
 use crate::DdpError;
 
 /// Data-parallel gradient averaging, PyTorch DDP's way, for a trainer that owns its own
@@ -51,24 +52,63 @@ use crate::DdpError;
 ///
 /// It holds its own handle on the group (a clone of the `ProcessGroup`), so it can live
 /// in the same struct as the group and the model.
-pub struct DistributedDataParallel<T: GradElement> {
+///
+/// It is [`Ddp`] over host memory; `ringccl::DeviceDdp` is the same type over GPU
+/// memory, with the same methods.
+pub type DistributedDataParallel<T> = Ddp<T, HostSpace>;
+
+/// Data-parallel gradient averaging over buckets that live in the memory space `S`:
+/// [`HostSpace`] ([`DistributedDataParallel`]) or, with the `device` feature, GPU memory
+/// (`DeviceDdp`). One implementation of PyTorch DDP's rules over the [`Reducer`]; the
+/// methods and their errors are the same in every space, only the gradient and view
+/// types are the space's.
+pub struct Ddp<T: GradElement, S: GradSpace<T>> {
     comm: Arc<dyn Communicator>,
     /// The bookkeeping: layout, marks, launches, passes.
     reducer: Reducer,
-    hook: Box<dyn CommHook<T>>,
+    /// Where the buckets live, and how values move there.
+    space: S,
+    hook: Box<dyn CommHook<T, S>>,
     /// The gradients, one flat buffer per bucket of the reducer's layout.
-    buckets: Vec<Bucket<T>>,
+    buckets: Vec<Bucket<S::Bucket>>,
     /// The timeline's `trainer` row, when the communicator traces.
     trainer: Option<Timeline>,
 }
 
-struct Bucket<T> {
-    /// `None` while its all-reduce is in flight.
-    data: Option<Vec<T>>,
-    in_flight: Option<Pending<Vec<T>>>,
+struct Bucket<B> {
+    /// `None` while its reduction is in flight.
+    data: Option<B>,
+    in_flight: Option<Pending<B>>,
 }
 
-impl<T: GradElement> DistributedDataParallel<T> {
+/// Refuses parameters of another element type than `T` (no instance is created).
+pub(crate) fn check_dtypes<T: GradElement>(
+    rank: usize,
+    params: &[ParamSpec],
+) -> Result<(), DdpError> {
+    match params.iter().enumerate().find(|(_, p)| p.dtype != T::DTYPE) {
+        Some((i, p)) => Err(DdpError::InvalidArgument(format!(
+            "rank {rank}: parameter #{i} {:?} is {} but this DDP averages {} gradients; \
+             use one instance per gradient type",
+            p.name,
+            p.dtype,
+            T::DTYPE
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `(name, number of elements)` pairs as parameters of `T`'s element type.
+pub(crate) fn specs<T: GradElement, N: Into<String>>(
+    params: impl IntoIterator<Item = (N, usize)>,
+) -> Vec<ParamSpec> {
+    params
+        .into_iter()
+        .map(|(name, numel)| ParamSpec::new(name, numel, T::DTYPE))
+        .collect()
+}
+
+impl<T: GradElement> Ddp<T, HostSpace> {
     /// Registers `params` (in model order) and checks, collectively, that every rank
     /// registered the same ones; a difference is an error naming the first one.
     ///
@@ -92,26 +132,8 @@ impl<T: GradElement> DistributedDataParallel<T> {
         config: DdpConfig,
     ) -> Result<Self, DdpError> {
         let comm = comm.to_communicator();
-        if let Some((i, p)) = params.iter().enumerate().find(|(_, p)| p.dtype != T::DTYPE) {
-            return Err(DdpError::InvalidArgument(format!(
-                "parameter #{i} {:?} is {} but this DistributedDataParallel averages {} \
-                 gradients; use one instance per gradient type",
-                p.name,
-                p.dtype,
-                T::DTYPE
-            )));
-        }
-        check_same_params(&*comm, params)?;
-        check_same_config(&*comm, &config)?;
-        let mut ddp = DistributedDataParallel {
-            reducer: Reducer::new(comm.rank(), params, config),
-            hook: Box::new(AllReduceHook),
-            buckets: Vec::new(),
-            trainer: comm.trace_file().map(|file| file.row("trainer")),
-            comm,
-        };
-        ddp.store_layout(None);
-        Ok(ddp)
+        check_dtypes::<T>(comm.rank(), params)?;
+        Ddp::build(comm, HostSpace, params, config, Box::new(AllReduceHook))
     }
 
     /// [`new`](Self::new) with the parameters given as `(name, number of elements)`:
@@ -135,11 +157,53 @@ impl<T: GradElement> DistributedDataParallel<T> {
         params: impl IntoIterator<Item = (N, usize)>,
         config: DdpConfig,
     ) -> Result<Self, DdpError> {
-        let specs: Vec<ParamSpec> = params
-            .into_iter()
-            .map(|(name, numel)| ParamSpec::new(name, numel, T::DTYPE))
-            .collect();
-        DistributedDataParallel::new(comm, &specs, config)
+        DistributedDataParallel::new(comm, &specs::<T, N>(params), config)
+    }
+
+    /// Copies every averaged gradient out, in parameter order; readable when
+    /// [`grad`](Ddp::grad) is, with its errors.
+    ///
+    /// ```
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 2), ("b", 1)], DdpConfig::default())?;
+    /// ddp.mark_grad_ready(1, &[3.0])?;
+    /// ddp.mark_grad_ready(0, &[1.0, 2.0])?;
+    /// ddp.finish()?;
+    /// assert_eq!(ddp.grads()?, vec![vec![1.0, 2.0], vec![3.0]]);
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn grads(&self) -> Result<Vec<Vec<T>>, DdpError> {
+        (0..self.reducer.params().len())
+            .map(|i| self.grad(i).map(<[T]>::to_vec))
+            .collect()
+    }
+}
+
+impl<T: GradElement, S: GradSpace<T>> Ddp<T, S> {
+    /// The instance over `space`, after this rank's own set-up (its buckets) and the
+    /// collective checks that every rank registered the same parameters and settings.
+    pub(crate) fn build(
+        comm: Arc<dyn Communicator>,
+        space: S,
+        params: &[ParamSpec],
+        config: DdpConfig,
+        hook: Box<dyn CommHook<T, S>>,
+    ) -> Result<Self, DdpError> {
+        let mut ddp = Ddp {
+            reducer: Reducer::new(comm.rank(), params, config),
+            space,
+            hook,
+            buckets: Vec::new(),
+            trainer: comm.trace_file().map(|file| file.row("trainer")),
+            comm,
+        };
+        // This rank's own set-up first: a rank that cannot allocate its buckets fails
+        // before the collective checks, not after its peers passed them.
+        ddp.buckets = ddp.allocate_layout(None)?;
+        check_same_params(&*ddp.comm, params)?;
+        check_same_config(&*ddp.comm, ddp.reducer.config())?;
+        Ok(ddp)
     }
 
     /// Replaces the communication hook (default [`AllReduceHook`]). Every rank must use
@@ -155,7 +219,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// assert_eq!(ddp.grad(0)?, &[1.0, 2.0, 3.0, 4.0]); // exact in f16
     /// # Ok::<(), ringccl::Error>(())
     /// ```
-    pub fn register_comm_hook(&mut self, hook: impl CommHook<T> + 'static) {
+    pub fn register_comm_hook(&mut self, hook: impl CommHook<T, S> + 'static) {
         self.hook = Box::new(hook);
     }
 
@@ -203,32 +267,30 @@ impl<T: GradElement> DistributedDataParallel<T> {
         self.reducer.step()
     }
 
-    /// Allocates a buffer per bucket of the reducer's layout, moving the gradients of
-    /// the `old` layout (if any) so that [`grad`](Self::grad) keeps answering.
-    fn store_layout(&mut self, old: Option<(Vec<Bucket<T>>, OldLayout)>) {
-        let mut buckets: Vec<Bucket<T>> = self
-            .reducer
-            .buckets()
-            .iter()
-            .map(|plan| Bucket {
-                data: Some(vec![T::default(); plan.len]),
+    /// A zeroed buffer per bucket of the reducer's layout, holding the gradients of the
+    /// `old` layout (if any) so that [`grad`](Self::grad) keeps answering. The caller
+    /// replaces the old buckets only once this succeeded.
+    fn allocate_layout(&self, old: Option<&OldLayout>) -> Result<Vec<Bucket<S::Bucket>>, DdpError> {
+        let mut buckets = Vec::with_capacity(self.reducer.buckets().len());
+        for plan in self.reducer.buckets() {
+            buckets.push(Bucket {
+                data: Some(self.space.alloc(plan.len)?),
                 in_flight: None,
-            })
-            .collect();
-        if let Some((old_buckets, (_, old_slots))) = old {
+            });
+        }
+        if let Some((_, old_slots)) = old {
             for (p, &(ob, oo)) in old_slots.iter().enumerate() {
                 let Some((nb, no, numel)) = self.reducer.slot(p) else {
                     continue;
                 };
-                let src = old_buckets.get(ob).and_then(|b| b.data.as_ref());
-                if let (Some(src), Some(dst)) =
-                    (src, buckets.get_mut(nb).and_then(|b| b.data.as_mut()))
-                {
-                    dst[no..no + numel].copy_from_slice(&src[oo..oo + numel]);
+                let src = self.buckets.get(ob).and_then(|b| b.data.as_ref());
+                let dst = buckets.get_mut(nb).and_then(|b| b.data.as_mut());
+                if let (Some(src), Some(dst)) = (src, dst) {
+                    self.space.copy(src, oo, dst, no, numel)?;
                 }
             }
         }
-        self.buckets = buckets;
+        Ok(buckets)
     }
 
     /// Times the trainer's backward pass on the timeline (the `trainer` row of this
@@ -312,7 +374,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// assert_eq!(ddp.grad(0)?, &[3.0]);
     /// # Ok::<(), ringccl::Error>(())
     /// ```
-    pub fn no_sync(&mut self) -> NoSync<'_, T> {
+    pub fn no_sync(&mut self) -> NoSync<'_, T, S> {
         self.reducer.set_no_sync(true);
         NoSync { ddp: self }
     }
@@ -335,12 +397,16 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// assert_eq!(ddp.grad(1)?, &[0.5]);
     /// # Ok::<(), ringccl::Error>(())
     /// ```
-    pub fn mark_grad_ready(&mut self, index: usize, grad: &[T]) -> Result<(), DdpError> {
+    pub fn mark_grad_ready(&mut self, index: usize, grad: &S::Grad<'_>) -> Result<(), DdpError> {
         self.reducer.check_usable()?;
-        let checked = self.reducer.check_mark(index, Some(grad.len()));
+        self.space.check_grad(index, grad)?;
+        let checked = self.reducer.check_mark(index, Some(S::grad_len(grad)));
         checked.map_err(|e| self.reducer.refused_or_poisoned(e))?;
-        let n = self.comm.world_size();
-        let divide = !self.reducer.config().gradient_as_bucket_view_on();
+        let n = if self.reducer.config().gradient_as_bucket_view_on() {
+            1 // divided once per bucket, at launch
+        } else {
+            self.comm.world_size()
+        };
         let accumulate = self.reducer.accumulates(index);
         let Some((b, at, _)) = self.reducer.slot(index) else {
             return Err(self.internal("a checked gradient has no slot"));
@@ -348,19 +414,8 @@ impl<T: GradElement> DistributedDataParallel<T> {
         let Some(data) = self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) else {
             return Err(self.internal("bucket in flight while a gradient was written"));
         };
-        let slot = &mut data[at..at + grad.len()];
-        match (accumulate, divide) {
-            (false, true) => slot
-                .iter_mut()
-                .zip(grad)
-                .for_each(|(d, &g)| *d = g.div_count(n)),
-            (false, false) => slot.copy_from_slice(grad),
-            (true, true) => slot
-                .iter_mut()
-                .zip(grad)
-                .for_each(|(d, &g)| *d = d.add(g.div_count(n))),
-            (true, false) => slot.iter_mut().zip(grad).for_each(|(d, &g)| *d = d.add(g)),
-        }
+        let stored = self.space.store(data, at, grad, n, accumulate);
+        stored.map_err(|e| self.fail(e))?;
         self.mark(index)
     }
 
@@ -381,7 +436,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// assert_eq!(ddp.grad(0)?, &[1.0, 2.0, 3.0]);
     /// # Ok::<(), ringccl::Error>(())
     /// ```
-    pub fn grad_view_mut(&mut self, index: usize) -> Result<&mut [T], DdpError> {
+    pub fn grad_view_mut(&mut self, index: usize) -> Result<S::ViewMut<'_>, DdpError> {
         self.reducer.check_usable()?;
         let rank = self.comm.rank();
         if !self.reducer.config().gradient_as_bucket_view_on() {
@@ -398,7 +453,7 @@ impl<T: GradElement> DistributedDataParallel<T> {
             ))
         })?;
         match self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) {
-            Some(data) => Ok(&mut data[at..at + numel]),
+            Some(data) => Ok(S::view_mut(data, at, numel)),
             None => Err(DdpError::InvalidArgument(format!(
                 "rank {rank}: grad_view_mut({index}): parameter #{index}'s bucket is being \
                  all-reduced; its view is available again after finish()"
@@ -442,10 +497,11 @@ impl<T: GradElement> DistributedDataParallel<T> {
         self.launch(launch)
     }
 
-    /// Starts the buckets the reducer says may start, in order.
+    /// Starts the buckets the reducer says may start, in order: the division
+    /// (bucket-view mode), then the hook. On an error the instance is poisoned.
     fn launch(&mut self, buckets: Range<usize>) -> Result<(), DdpError> {
         let n = self.comm.world_size();
-        let divide = self.reducer.config().gradient_as_bucket_view_on();
+        let divide = self.reducer.config().gradient_as_bucket_view_on() && n > 1;
         for b in buckets {
             let Some(mut data) = self
                 .buckets
@@ -455,16 +511,14 @@ impl<T: GradElement> DistributedDataParallel<T> {
                 return Err(self.internal("a bucket was launched twice"));
             };
             if divide {
-                data.iter_mut().for_each(|x| *x = x.div_count(n));
+                let divided = self.space.divide(&mut data, n);
+                divided.map_err(|e| self.fail(e))?;
             }
-            let comm = BucketComm {
-                comm: &*self.comm,
-                label: BucketLabel {
-                    bucket: b,
-                    step: self.reducer.step(),
-                },
+            let label = BucketLabel {
+                bucket: b,
+                step: self.reducer.step(),
             };
-            match self.hook.start(&comm, data) {
+            match self.space.start(&*self.hook, &*self.comm, label, data) {
                 Ok(pending) => self.buckets[b].in_flight = Some(pending),
                 Err(e) => return Err(self.fail(e.into())),
             }
@@ -508,7 +562,8 @@ impl<T: GradElement> DistributedDataParallel<T> {
                         continue;
                     };
                     if let Some(data) = self.buckets.get_mut(b).and_then(|b| b.data.as_mut()) {
-                        data[at..at + numel].fill(T::default());
+                        let zeroed = self.space.zero(data, at, numel);
+                        zeroed.map_err(|e| self.fail(e))?;
                     }
                 }
                 self.launch(launch)?;
@@ -571,26 +626,40 @@ impl<T: GradElement> DistributedDataParallel<T> {
         self.reducer.unused_everywhere()
     }
 
+    /// Waits for every bucket in flight (all of them, even after a failure: they must
+    /// complete on every rank), then orders what reads them after their reductions.
     fn wait_all(&mut self) -> Result<(), DdpError> {
+        let rank = self.comm.rank();
         let mut first = None;
-        for (bucket, plan) in self.buckets.iter_mut().zip(self.reducer.buckets()) {
+        let mut waited = false;
+        for (b, (bucket, plan)) in self
+            .buckets
+            .iter_mut()
+            .zip(self.reducer.buckets())
+            .enumerate()
+        {
             if let Some(pending) = bucket.in_flight.take() {
+                waited = true;
                 match pending.wait() {
-                    Ok(data) if data.len() == plan.len => bucket.data = Some(data),
-                    Ok(data) => {
-                        first.get_or_insert(DdpError::Comm(Error::InvalidArgument(format!(
-                            "the communication hook returned {} values for a bucket of {}",
-                            data.len(),
+                    Ok(data) if S::holds(&data, plan.len) => bucket.data = Some(data),
+                    Ok(_) => {
+                        first.get_or_insert(DdpError::Internal(format!(
+                            "rank {rank}: the communication hook handed back another buffer \
+                             than bucket {b}'s ({} values); a hook must return the bucket \
+                             it was given, reduced",
                             plan.len
-                        ))));
+                        )));
                     }
                     Err(e) => {
-                        first.get_or_insert(DdpError::Comm(e));
+                        first.get_or_insert(e.into());
                     }
                 }
             }
         }
         self.reducer.landed();
+        if first.is_none() && waited {
+            first = self.space.landed().err();
+        }
         match first {
             Some(e) => Err(self.fail(e)),
             None => Ok(()),
@@ -680,18 +749,20 @@ impl<T: GradElement> DistributedDataParallel<T> {
             Ok(old) => old,
             Err(e) => return Err(self.internal_from(e)),
         };
-        let old_buckets = std::mem::take(&mut self.buckets);
-        self.store_layout(Some((old_buckets, old_layout)));
+        let buckets = self.allocate_layout(Some(&old_layout));
+        self.buckets = buckets.map_err(|e| self.fail(e))?;
         Ok(())
     }
 
     /// The one-time rebuild: rank 0's arrival order, broadcast, becomes every rank's
-    /// bucket order.
+    /// bucket order. The broadcast is a host collective, which under NCCL first waits
+    /// for the calls on the GPU; a group of one has nothing to agree on and skips it.
     fn rebuild(&mut self) -> Result<(), DdpError> {
         let mut order = self.reducer.rebuild_order();
-        self.comm
-            .broadcast(BufferMut::from_slice(&mut order), 0)
-            .map_err(|e| self.fail(e.into()))?;
+        if self.comm.world_size() > 1 {
+            let sent = self.comm.broadcast(BufferMut::from_slice(&mut order), 0);
+            sent.map_err(|e| self.fail(e.into()))?;
+        }
         if !is_permutation(&order, self.reducer.params().len()) {
             return Err(self.internal(
                 "the bucket order broadcast by rank 0 does not name each parameter once",
@@ -728,37 +799,18 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// assert!(ddp.grad(1).is_err()); // only one parameter
     /// # Ok::<(), ringccl::Error>(())
     /// ```
-    pub fn grad(&self, index: usize) -> Result<&[T], DdpError> {
+    pub fn grad(&self, index: usize) -> Result<S::View<'_>, DdpError> {
         self.reducer.check_usable()?;
         self.reducer.check_averaged(index)?;
         let slot = self.reducer.slot(index);
         let data = slot.and_then(|(b, _, _)| self.buckets.get(b)?.data.as_ref());
         match (slot, data) {
-            (Some((_, at, numel)), Some(data)) => Ok(&data[at..at + numel]),
+            (Some((_, at, numel)), Some(data)) => Ok(S::view(data, at, numel)),
             // Averaged buckets have all landed; this is a bookkeeping fault.
             _ => Err(self.internal(&format!(
                 "grad({index}): the bucket of an averaged gradient is missing"
             ))),
         }
-    }
-
-    /// Copies every averaged gradient out, in parameter order; readable when
-    /// [`grad`](Self::grad) is, with its errors.
-    ///
-    /// ```
-    /// # use ringccl::ddp::*;
-    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
-    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 2), ("b", 1)], DdpConfig::default())?;
-    /// ddp.mark_grad_ready(1, &[3.0])?;
-    /// ddp.mark_grad_ready(0, &[1.0, 2.0])?;
-    /// ddp.finish()?;
-    /// assert_eq!(ddp.grads()?, vec![vec![1.0, 2.0], vec![3.0]]);
-    /// # Ok::<(), ringccl::Error>(())
-    /// ```
-    pub fn grads(&self) -> Result<Vec<Vec<T>>, DdpError> {
-        (0..self.reducer.params().len())
-            .map(|i| self.grad(i).map(<[T]>::to_vec))
-            .collect()
     }
 
     /// Copies rank 0's parameter values into every rank's `params` (in registration
@@ -773,55 +825,55 @@ impl<T: GradElement> DistributedDataParallel<T> {
     /// assert!(ddp.broadcast_parameters(&mut []).is_err()); // one slice per parameter
     /// # Ok::<(), ringccl::Error>(())
     /// ```
-    pub fn broadcast_parameters(&self, params: &mut [&mut [T]]) -> Result<(), DdpError> {
+    pub fn broadcast_parameters(&self, params: &mut [&mut S::Param]) -> Result<(), DdpError> {
         self.reducer.check_usable()?;
         let specs = self.reducer.params();
         if params.len() != specs.len() {
             return Err(DdpError::InvalidArgument(format!(
                 "rank {}: broadcast_parameters got {} tensors for {} registered parameters; \
-                 pass one slice per parameter, in registration order",
+                 pass one per parameter, in registration order",
                 self.comm.rank(),
                 params.len(),
                 specs.len()
             )));
         }
         for (i, (p, spec)) in params.iter().zip(specs).enumerate() {
-            if p.len() != spec.numel {
+            if S::param_len(p) != spec.numel {
                 return Err(DdpError::InvalidArgument(format!(
                     "rank {}: broadcast_parameters: parameter #{i} {:?} has {} elements, \
                      registered with {}",
                     self.comm.rank(),
                     spec.name,
-                    p.len(),
+                    S::param_len(p),
                     spec.numel
                 )));
             }
         }
-        // One broadcast per ~cap of parameters, not one per tensor.
-        let cap = (self.reducer.config().bucket_cap() / T::DTYPE.size()).max(1);
-        let mut start = 0;
-        while start < params.len() {
-            let mut end = start;
-            let mut len = 0;
-            while end < params.len() && (end == start || len + params[end].len() <= cap) {
-                len += params[end].len();
-                end += 1;
-            }
-            let mut fused: Vec<T> = Vec::with_capacity(len);
-            for p in &params[start..end] {
-                fused.extend_from_slice(p);
-            }
-            let sent = self.comm.broadcast(BufferMut::from_slice(&mut fused), 0);
-            sent.map_err(|e| self.fail(e.into()))?;
-            let mut at = 0;
-            for p in &mut params[start..end] {
-                let n = p.len();
-                p.copy_from_slice(&fused[at..at + n]);
-                at += n;
-            }
-            start = end;
-        }
-        Ok(())
+        let fuse_bytes = self.reducer.config().bucket_cap();
+        let sent = self.space.broadcast(&*self.comm, params, fuse_bytes);
+        sent.map_err(|e| self.fail(e.into()))
+    }
+
+    /// Waits on the host until this step's reductions have finished where they run:
+    /// for a host copy of device gradients, a checkpoint, or a timing. On the host they
+    /// have when [`finish`](Self::finish) returns, and this returns at once; on the
+    /// device (under `"nccl"`, whose `finish` does not wait for the GPU) each within the
+    /// deadline it was issued with. A reduction that failed is the error, and poisons
+    /// the instance.
+    ///
+    /// ```
+    /// # use ringccl::ddp::*;
+    /// # let pg = ringccl::init_process_group("gloo", ringccl::InitOptions::new(0, 1, "127.0.0.1:0"))?;
+    /// let mut ddp = DistributedDataParallel::<f32>::with_params(&pg, [("w", 1)], DdpConfig::default())?;
+    /// ddp.mark_grad_ready(0, &[1.0])?;
+    /// ddp.finish()?;
+    /// ddp.synchronize()?; // the same trainer code runs over device buckets
+    /// # Ok::<(), ringccl::Error>(())
+    /// ```
+    pub fn synchronize(&mut self) -> Result<(), DdpError> {
+        self.reducer.check_usable()?;
+        let synced = self.space.synchronize();
+        synced.map_err(|e| self.fail(e.into()))
     }
 
     /// Poisons the instance (the first error is the one every later call names).
@@ -849,9 +901,11 @@ impl<T: GradElement> DistributedDataParallel<T> {
     }
 }
 
-impl<T: GradElement> fmt::Debug for DistributedDataParallel<T> {
+impl<T: GradElement, S: GradSpace<T>> fmt::Debug for Ddp<T, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DistributedDataParallel")
+        f.debug_struct("Ddp")
+            .field("rank", &self.comm.rank())
+            .field("space", &self.space)
             .field("params", &self.reducer.params().len())
             .field("buckets", &self.buckets.len())
             .field("step", &self.reducer.step())
@@ -860,27 +914,27 @@ impl<T: GradElement> fmt::Debug for DistributedDataParallel<T> {
     }
 }
 
-/// Synchronisation is off while this lives (see
-/// [`DistributedDataParallel::no_sync`]); it derefs to the DDP.
+/// Synchronisation is off while this lives (see [`Ddp::no_sync`]); it derefs to the
+/// DDP.
 #[derive(Debug)]
-pub struct NoSync<'d, T: GradElement> {
-    ddp: &'d mut DistributedDataParallel<T>,
+pub struct NoSync<'d, T: GradElement, S: GradSpace<T> = HostSpace> {
+    ddp: &'d mut Ddp<T, S>,
 }
 
-impl<T: GradElement> Deref for NoSync<'_, T> {
-    type Target = DistributedDataParallel<T>;
+impl<T: GradElement, S: GradSpace<T>> Deref for NoSync<'_, T, S> {
+    type Target = Ddp<T, S>;
     fn deref(&self) -> &Self::Target {
         self.ddp
     }
 }
 
-impl<T: GradElement> DerefMut for NoSync<'_, T> {
+impl<T: GradElement, S: GradSpace<T>> DerefMut for NoSync<'_, T, S> {
     fn deref_mut(&mut self) -> &mut Self::Target {
         self.ddp
     }
 }
 
-impl<T: GradElement> Drop for NoSync<'_, T> {
+impl<T: GradElement, S: GradSpace<T>> Drop for NoSync<'_, T, S> {
     fn drop(&mut self) {
         self.ddp.set_no_sync(false);
     }

@@ -45,7 +45,22 @@ pub enum DdpError {
     /// **Poisons the instance** (from `new`: no instance is created); the process group
     /// is unusable too when the error says the group was aborted.
     #[error(transparent)]
-    Comm(#[from] Error),
+    Comm(Error),
+
+    /// A CUDA call of device DDP failed (a kernel, a copy, an allocation, loading the
+    /// run-time compiler). **Poisons the instance** (from `new`: no instance is
+    /// created): its buckets are in an unknown state.
+    #[error("rank {rank}: {call} failed during DeviceDdp: {what}: {reason}")]
+    Device {
+        /// The rank.
+        rank: usize,
+        /// What DDP was doing (copying a gradient into bucket 3, ...).
+        what: String,
+        /// The library call that failed.
+        call: String,
+        /// The library's error, and what to do about it.
+        reason: String,
+    },
 
     /// Ranks registered different parameters. Returned by `new` (and
     /// [`check_same_params`](crate::check_same_params)) on every rank: **no instance is
@@ -147,6 +162,40 @@ pub enum DdpError {
     /// again; build a new instance.
     #[error("this DDP instance is unusable after an earlier error ({0}); create a new one (and, if that error broke the process group, a new process group)")]
     Broken(String),
+}
+
+/// A communication failure; one that a hook or a memory space reported as a DDP error
+/// (boxed through the runtime's [`Error::Engine`]) comes back out as itself.
+impl From<Error> for DdpError {
+    fn from(e: Error) -> DdpError {
+        match e {
+            Error::Engine {
+                source,
+                breaks_group,
+            } => match source.downcast::<DdpError>() {
+                Ok(ddp) => *ddp,
+                Err(source) => DdpError::Comm(Error::Engine {
+                    source,
+                    breaks_group,
+                }),
+            },
+            other => DdpError::Comm(other),
+        }
+    }
+}
+
+impl DdpError {
+    /// This error as the runtime's, for the interfaces that speak it (a hook's
+    /// [`Pending`](crate::Pending)); [`DdpError::from`] recovers it.
+    pub fn into_runtime(self) -> Error {
+        match self {
+            DdpError::Comm(e) => e,
+            other => Error::Engine {
+                source: Box::new(other),
+                breaks_group: false,
+            },
+        }
+    }
 }
 
 fn format_missing(missing: &[(usize, String)]) -> String {

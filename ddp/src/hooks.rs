@@ -1,23 +1,26 @@
 //! Communication hooks: how a full bucket is reduced across ranks.
 
 use std::fmt;
-use std::marker::PhantomData;
 
 use ringccl_collectives::half::{bf16, f16};
 use ringccl_collectives::Error;
 
-use crate::communicator::{Communicator, GradBuf, Pending, Wait};
+use crate::communicator::{then, Communicator, Pending};
 use crate::element::GradElement;
+use crate::space::{GradSpace, HostSpace};
 
-/// Reduces one bucket across ranks.
+/// Reduces one bucket across ranks, in the memory space `S` the buckets live in (the
+/// host's by default: `bucket` is a `Vec<T>` and `comm` the group as a
+/// [`Communicator`]).
 ///
 /// DDP hands a hook each bucket once all its gradients are ready, **already divided by
 /// the world size**, in bucket order on every rank. The hook starts the reduction and
 /// returns a [`Pending`] whose result is the bucket's sum over ranks (the average of
-/// the original gradients), of the same length.
-pub trait CommHook<T: GradElement>: Send + Sync + fmt::Debug {
+/// the original gradients), of the same length. The built-in hooks
+/// ([`AllReduceHook`], [`Fp16CompressHook`], [`Bf16CompressHook`]) work in every space.
+pub trait CommHook<T: GradElement, S: GradSpace<T> = HostSpace>: Send + Sync + fmt::Debug {
     /// Starts reducing `bucket`.
-    fn start(&self, comm: &dyn Communicator, bucket: Vec<T>) -> Result<Pending<Vec<T>>, Error>;
+    fn start(&self, comm: &S::Comm<'_>, bucket: S::Bucket) -> Result<Pending<S::Bucket>, Error>;
 }
 
 /// The default: one all-reduce (sum) of the bucket in its own type.
@@ -27,28 +30,15 @@ pub struct AllReduceHook;
 impl<T: GradElement> CommHook<T> for AllReduceHook {
     fn start(&self, comm: &dyn Communicator, bucket: Vec<T>) -> Result<Pending<Vec<T>>, Error> {
         let pending = comm.all_reduce_sum_async(T::wrap(bucket))?;
-        Ok(Box::new(Unwrapping::<T> {
-            pending,
-            _t: PhantomData,
+        Ok(then(pending, |buf| {
+            T::unwrap(buf).map_err(|other| {
+                Error::InvalidArgument(format!(
+                    "the all-reduce returned {} values, expected {}",
+                    other.dtype(),
+                    T::DTYPE
+                ))
+            })
         }))
-    }
-}
-
-struct Unwrapping<T> {
-    pending: Pending<GradBuf>,
-    _t: PhantomData<fn() -> T>,
-}
-
-impl<T: GradElement> Wait<Vec<T>> for Unwrapping<T> {
-    fn wait(self: Box<Self>) -> Result<Vec<T>, Error> {
-        let buf = self.pending.wait()?;
-        T::unwrap(buf).map_err(|other| {
-            Error::InvalidArgument(format!(
-                "the all-reduce returned {} values, expected {}",
-                other.dtype(),
-                T::DTYPE
-            ))
-        })
     }
 }
 
@@ -75,10 +65,14 @@ macro_rules! compress_hook {
                     .iter()
                     .map(|&x| <$narrow>::from_f32(x.to_f32()))
                     .collect();
-                let pending = AllReduceHook.start(comm, narrow)?;
-                Ok(Box::new(Widening::<$narrow, T> {
-                    pending,
-                    into: bucket,
+                let pending =
+                    <AllReduceHook as CommHook<$narrow>>::start(&AllReduceHook, comm, narrow)?;
+                let mut into = bucket;
+                Ok(then(pending, move |narrow| {
+                    for (out, x) in into.iter_mut().zip(narrow) {
+                        *out = T::from_f32(x.to_f32());
+                    }
+                    Ok(into)
                 }))
             }
         }
@@ -87,20 +81,3 @@ macro_rules! compress_hook {
 
 compress_hook!(Fp16CompressHook, f16);
 compress_hook!(Bf16CompressHook, bf16);
-
-/// Waits for a narrowed all-reduce and widens the result into the original buffer.
-struct Widening<N, T> {
-    pending: Pending<Vec<N>>,
-    into: Vec<T>,
-}
-
-impl<N: GradElement, T: GradElement> Wait<Vec<T>> for Widening<N, T> {
-    fn wait(self: Box<Self>) -> Result<Vec<T>, Error> {
-        let Widening { pending, mut into } = *self;
-        let narrow = pending.wait()?;
-        for (out, x) in into.iter_mut().zip(narrow) {
-            *out = T::from_f32(x.to_f32());
-        }
-        Ok(into)
-    }
-}

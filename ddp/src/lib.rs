@@ -15,6 +15,8 @@
 //! # }
 //! ```
 
+// No unsafe code, but for the device module's kernels (`device::kernels`, which allows
+// it for its kernel launches and the NVRTC probe, each block with its SAFETY comment).
 #![deny(unsafe_code)]
 
 mod batches;
@@ -24,22 +26,31 @@ mod communicator;
 mod config;
 mod data_parallel;
 mod ddp;
+#[cfg(feature = "device")]
+mod device;
 mod element;
 mod error;
 mod hooks;
 mod plan;
 mod reducer;
 mod sampler;
+mod space;
 
 pub use batches::{Batch, BatchPosition, Batches};
 pub use checkpoint::Checkpoint;
 pub use communicator::{BucketLabel, Communicator, GradBuf, Pending, Ready, ToCommunicator, Wait};
 pub use config::{DdpConfig, ParamSpec};
 pub use data_parallel::{DataParallel, DpTimings, Grads, Replica};
-pub use ddp::{check_same_config, check_same_params, DistributedDataParallel, NoSync};
+pub use ddp::{check_same_config, check_same_params, Ddp, DistributedDataParallel, NoSync};
+#[cfg(feature = "device")]
+pub use device::{
+    DeviceBucket, DeviceBuf, DeviceBufMut, DeviceCommHook, DeviceCommunicator, DeviceDdp,
+    DeviceGrad, DeviceNoSync, DeviceSpace,
+};
 pub use element::GradElement;
 pub use error::DdpError;
 pub use hooks::{AllReduceHook, Bf16CompressHook, CommHook, Fp16CompressHook};
 pub use plan::plan_buckets;
 pub use reducer::{BucketPlan, FinishPlan, OldLayout, Reducer};
 pub use sampler::DistributedSampler;
+pub use space::{GradSpace, HostSpace};

@@ -12,11 +12,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ringccl_nccl::cudarc::driver::{
+use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError, LaunchConfig,
     PushKernelArg,
 };
-use ringccl_nccl::cudarc::nvrtc::{self, CompileOptions, Ptx};
+use cudarc::nvrtc::{self, CompileOptions, Ptx};
 
 use super::DeviceGrad;
 
