@@ -31,7 +31,10 @@ pub mod peer_memory;
 mod progress;
 pub mod schedule;
 mod schedule_cache;
+pub mod seqlock;
 mod sequence;
+#[cfg(test)]
+mod sim;
 pub mod spin;
 mod transport;
 pub mod wire;

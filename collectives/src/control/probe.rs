@@ -7,14 +7,14 @@
 //! One writer at a time: the thread running the group's call, under the runner's lock
 //! (the runner numbers the call, the engine describes it and reports its progress).
 //! Readers on any thread take no lock. The call's identity and its waits change together
-//! under a sequence lock: the writer makes `generation` odd, writes, and makes it even
-//! again; a reader retries while it saw an odd or a changed generation. Byte counters and
+//! under a [`SeqLock`]. Byte counters and
 //! the counts of calls only grow during a call, and are relaxed atomics, each updated by
 //! a plain load and store (one writer, so no read-modify-write instruction).
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 
+use crate::seqlock::SeqLock;
 use crate::wire::Algorithm;
 use crate::{CallDesc, CollectiveKind, DType, OpDesc, ReduceOp, Sequence};
 
@@ -184,8 +184,8 @@ struct PairCell {
 /// ```
 #[derive(Debug)]
 pub struct Probe {
-    /// Odd while the writer changes the fields up to `moved`.
-    generation: AtomicU64,
+    /// Guards the fields up to `moved`.
+    lock: SeqLock,
     /// The latest call's [`Sequence`], encoded (0: none numbered yet).
     sequence: AtomicU64,
     seq: AtomicU64,
@@ -213,7 +213,7 @@ pub struct Probe {
 impl Default for Probe {
     fn default() -> Probe {
         Probe {
-            generation: AtomicU64::new(0),
+            lock: SeqLock::default(),
             sequence: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             codes: AtomicU64::new(0),
@@ -331,17 +331,6 @@ impl Probe {
             .get_or_init(|| (0..world_size).map(|_| PairCell::default()).collect());
     }
 
-    /// Runs `write` as the writer of the sequence-locked fields.
-    #[inline]
-    fn write(&self, write: impl FnOnce()) {
-        let generation = self.generation.load(Relaxed);
-        self.generation.store(generation.wrapping_add(1), Relaxed);
-        fence(Ordering::Release);
-        write();
-        self.generation
-            .store(generation.wrapping_add(2), Ordering::Release);
-    }
-
     /// The runner numbered a call `seq` on `sequence`'s counter: it is this rank's
     /// latest call, not described yet, nothing moved.
     ///
@@ -366,7 +355,7 @@ impl Probe {
                 }
             }
         }
-        self.write(|| {
+        self.lock.write(|| {
             self.running.store(false, Relaxed);
             self.sequence.store(encode_sequence(sequence), Relaxed);
             self.seq.store(seq, Relaxed);
@@ -405,7 +394,7 @@ impl Probe {
     /// ```
     pub fn begin(&self, op: OpDesc, algorithm: Algorithm) {
         let (codes, count, root) = encode(&op, algorithm);
-        self.write(|| {
+        self.lock.write(|| {
             self.seq.store(op.seq, Relaxed);
             self.count.store(count, Relaxed);
             self.root.store(root, Relaxed);
@@ -467,7 +456,7 @@ impl Probe {
     /// assert_eq!(now.stalled_since, 2);
     /// ```
     pub fn blocked_on(&self, peer: usize, moved: u64) {
-        self.write(|| {
+        self.lock.write(|| {
             let waits = self.waits.load(Relaxed).saturating_add(1);
             self.waits.store(waits, Relaxed);
             if self.blocked_on.load(Relaxed) != peer {
@@ -495,22 +484,13 @@ impl Probe {
     /// assert_eq!(probe.snapshot().current, None);
     /// ```
     pub fn end(&self) {
-        self.write(|| self.running.store(false, Relaxed));
+        self.lock.write(|| self.running.store(false, Relaxed));
     }
 
     /// Reads the sequence-locked fields with `more` in one piece; `None` when the writer
     /// kept changing them for [`READ_ATTEMPTS`] reads.
     fn read<R>(&self, more: impl Fn() -> R) -> Option<(Fields, R)> {
-        for attempt in 0..READ_ATTEMPTS {
-            let before = self.generation.load(Ordering::Acquire);
-            if before % 2 == 1 {
-                if attempt % 64 == 63 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
-                continue;
-            }
+        self.lock.read(READ_ATTEMPTS, || {
             let seq = self.seq.load(Relaxed);
             let blocked_on = self.blocked_on.load(Relaxed);
             let fields = Fields {
@@ -528,13 +508,8 @@ impl Probe {
                 waiting_on_since: self.waiting_on_since.load(Relaxed),
                 stalled_since: self.stalled_since.load(Relaxed),
             };
-            let more = more();
-            fence(Ordering::Acquire);
-            if self.generation.load(Relaxed) == before {
-                return Some((fields, more));
-            }
-        }
-        None
+            (fields, more())
+        })
     }
 
     /// What this rank is doing now, with its counts for the peer it is blocked on (the

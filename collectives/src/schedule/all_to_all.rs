@@ -39,8 +39,8 @@ pub fn pairwise_all_to_all(
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::simulate;
     use super::*;
+    use crate::sim::simulate;
     use crate::CollectiveKind;
 
     #[test]

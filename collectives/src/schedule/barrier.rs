@@ -105,8 +105,8 @@ pub(super) fn dissemination_over(
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::simulate;
     use super::*;
+    use crate::sim::simulate;
     use crate::CollectiveKind;
 
     #[test]

@@ -141,8 +141,8 @@ pub(super) fn tree_over(
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::simulate;
     use super::*;
+    use crate::sim::simulate;
     use crate::CollectiveKind;
 
     #[test]

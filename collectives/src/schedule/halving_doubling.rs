@@ -144,8 +144,8 @@ impl Plan {
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::simulate;
     use super::*;
+    use crate::sim::simulate;
     use crate::CollectiveKind;
 
     #[test]

@@ -289,9 +289,9 @@ impl Topology {
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::simulate;
     use super::*;
     use crate::schedule::RecvAction;
+    use crate::sim::simulate;
     use crate::CollectiveKind;
 
     /// Hosts of every shape the tests prove: even, uneven, interleaved ranks.

@@ -18,8 +18,6 @@ mod point_to_point;
 mod power_of_two_core;
 mod recursive_doubling;
 mod ring;
-#[cfg(test)]
-mod sim;
 
 pub use all_to_all::pairwise_all_to_all;
 pub use barrier::{dissemination_barrier, gather_release_barrier};

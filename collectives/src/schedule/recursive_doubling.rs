@@ -111,8 +111,8 @@ pub fn recursive_doubling_all_reduce(
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::simulate;
     use super::*;
+    use crate::sim::simulate;
     use crate::CollectiveKind;
 
     #[test]

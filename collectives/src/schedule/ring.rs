@@ -323,8 +323,8 @@ pub fn ring_reduce(
 
 #[cfg(test)]
 mod tests {
-    use super::super::sim::simulate;
     use super::*;
+    use crate::sim::simulate;
     use crate::CollectiveKind;
 
     fn shapes() -> impl Iterator<Item = (usize, usize, usize)> {

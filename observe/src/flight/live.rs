@@ -4,11 +4,11 @@
 //! description, bytes per peer, the peer it waits for) is in the group's
 //! [`Probe`](ringccl_collectives::control::Probe), not here.
 //!
-//! The fields change together, under a sequence lock: the writer makes `generation` odd,
-//! writes, and makes it even again; a reader retries while it saw an odd or a changed
-//! generation. On x86 both sides are plain loads and stores.
+//! The fields change together, under a [`SeqLock`].
 
-use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+use ringccl_collectives::seqlock::SeqLock;
 
 const NOBODY: usize = usize::MAX;
 /// How often a reader retries before it gives up on a writer that keeps changing the call.
@@ -30,8 +30,7 @@ pub(crate) struct LiveRecord {
 /// See the module documentation.
 #[derive(Debug)]
 pub(crate) struct LiveCall {
-    /// Odd while the writer changes the fields below it.
-    generation: AtomicU64,
+    lock: SeqLock,
     /// The call running now (0: none).
     call: AtomicU64,
     seq: AtomicU64,
@@ -43,7 +42,7 @@ pub(crate) struct LiveCall {
 impl Default for LiveCall {
     fn default() -> LiveCall {
         LiveCall {
-            generation: AtomicU64::new(0),
+            lock: SeqLock::default(),
             call: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             started_us: AtomicU64::new(0),
@@ -53,22 +52,11 @@ impl Default for LiveCall {
 }
 
 impl LiveCall {
-    /// Runs `write` as the writer of the sequence-locked fields.
-    #[inline]
-    fn write(&self, write: impl FnOnce()) {
-        let generation = self.generation.load(Relaxed);
-        self.generation.store(generation.wrapping_add(1), Relaxed);
-        fence(Ordering::Release);
-        write();
-        self.generation
-            .store(generation.wrapping_add(2), Ordering::Release);
-    }
-
     /// Call `call` starts as number `seq` of its sequence, at `started_us` (`None`: when
     /// it was issued), with `peer` for a point-to-point call.
     #[inline]
     pub(crate) fn begin(&self, call: u64, seq: u64, started_us: Option<u64>, peer: Option<usize>) {
-        self.write(|| {
+        self.lock.write(|| {
             self.seq.store(seq, Relaxed);
             self.started_us.store(started_us.unwrap_or(0), Relaxed);
             self.peer.store(peer.unwrap_or(NOBODY), Relaxed);
@@ -87,26 +75,16 @@ impl LiveCall {
     #[inline]
     pub(crate) fn end(&self) -> Option<LiveRecord> {
         let record = self.read_fields()?;
-        self.write(|| self.call.store(0, Relaxed));
+        self.lock.write(|| self.call.store(0, Relaxed));
         Some(record)
     }
 
     /// The running call, read in one piece; `None` if none runs (or the writer kept
     /// changing it for [`READ_ATTEMPTS`] reads).
     pub(crate) fn read(&self) -> Option<LiveRecord> {
-        for _ in 0..READ_ATTEMPTS {
-            let before = self.generation.load(Ordering::Acquire);
-            if before % 2 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let record = self.read_fields();
-            fence(Ordering::Acquire);
-            if self.generation.load(Relaxed) == before {
-                return record;
-            }
-        }
-        None
+        self.lock
+            .read(READ_ATTEMPTS, || self.read_fields())
+            .flatten()
     }
 
     #[inline]

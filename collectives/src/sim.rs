@@ -19,8 +19,8 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::rc::Rc;
 
-use super::{overlap, segment, RecvAction, Schedule};
 use crate::progress::{Destination, Progress};
+use crate::schedule::{overlap, segment, RecvAction, Schedule};
 use crate::CollectiveKind;
 
 #[derive(Clone, Debug)]
