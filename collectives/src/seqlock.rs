@@ -43,9 +43,10 @@ impl SeqLock {
 
     /// Runs `read`, which loads the guarded fields (relaxed), until it ran while no
     /// write did; `None` when writes kept coming for `attempts` tries (it yields the
-    /// processor now and then, so that a writer preempted mid-write can finish).
+    /// processor now and then, so that a writer preempted mid-write can finish). `read`
+    /// may run several times: what it writes elsewhere is that of its last run.
     #[inline]
-    pub fn read<R>(&self, attempts: usize, read: impl Fn() -> R) -> Option<R> {
+    pub fn read<R>(&self, attempts: usize, mut read: impl FnMut() -> R) -> Option<R> {
         for attempt in 0..attempts {
             let before = self.generation.load(Ordering::Acquire);
             if before % 2 == 0 {

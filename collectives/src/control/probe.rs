@@ -106,8 +106,9 @@ pub struct PeerMoved {
 }
 
 /// The bytes one call exchanged, per peer: [`PEER_SLOTS`] inline slots, in the order the
-/// call first moved bytes with each peer, and a total for the rest.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// call first moved bytes with each peer, and a total for the rest. Two are equal when
+/// their slots in use and their totals are.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct MovedBytes {
     /// The first peers' counts; only the first `used` are meaningful.
     pub slots: [PeerMoved; PEER_SLOTS],
@@ -116,6 +117,14 @@ pub struct MovedBytes {
     /// Bytes with peers beyond the slots: `(sent, received)`, when there were any.
     pub others: Option<(u64, u64)>,
 }
+
+impl PartialEq for MovedBytes {
+    fn eq(&self, other: &MovedBytes) -> bool {
+        (self.used(), self.others) == (other.used(), other.others)
+    }
+}
+
+impl Eq for MovedBytes {}
 
 impl MovedBytes {
     /// The slots in use.
@@ -129,7 +138,8 @@ impl MovedBytes {
     }
 }
 
-/// The latest call the runner numbered, running or ended, read in one piece.
+/// The latest call the runner numbered, running or ended, read in one piece (its bytes
+/// are read beside it, by [`Probe::last_call`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LastCall {
     /// How it was numbered, and its number.
@@ -142,8 +152,6 @@ pub struct LastCall {
     pub running: bool,
     /// The peer it last waited for.
     pub blocked_on: Option<usize>,
-    /// The bytes it moved.
-    pub moved: MovedBytes,
 }
 
 #[derive(Debug, Default)]
@@ -164,7 +172,7 @@ struct PairCell {
 /// See the module documentation.
 ///
 /// ```
-/// use ringccl_collectives::control::Probe;
+/// use ringccl_collectives::control::{MovedBytes, Probe};
 /// use ringccl_collectives::{wire::Algorithm, DType, OpDesc, Sequence};
 ///
 /// let probe = Probe::default();
@@ -180,7 +188,9 @@ struct PairCell {
 /// assert_eq!(now.counts.map(|c| (c.peer, c.received)), Some((1, 3)));
 /// probe.end();
 /// assert_eq!(probe.snapshot().current, None);
-/// assert_eq!(probe.last_call().map(|c| c.moved.used()[0].received), Some(16));
+/// let mut moved = MovedBytes::default();
+/// assert_eq!(probe.last_call(&mut moved).map(|c| c.seq), Some(3));
+/// assert_eq!(moved.used()[0].received, 16);
 /// ```
 #[derive(Debug)]
 pub struct Probe {
@@ -489,7 +499,7 @@ impl Probe {
 
     /// Reads the sequence-locked fields with `more` in one piece; `None` when the writer
     /// kept changing them for [`READ_ATTEMPTS`] reads.
-    fn read<R>(&self, more: impl Fn() -> R) -> Option<(Fields, R)> {
+    fn read<R>(&self, mut more: impl FnMut() -> R) -> Option<(Fields, R)> {
         self.lock.read(READ_ATTEMPTS, || {
             let seq = self.seq.load(Relaxed);
             let blocked_on = self.blocked_on.load(Relaxed);
@@ -561,22 +571,21 @@ impl Probe {
         }
     }
 
-    /// The latest call numbered, running or ended, with the bytes it moved; `None` before
-    /// the first.
-    pub fn last_call(&self) -> Option<LastCall> {
-        let (fields, moved) = self.read(|| self.moved_bytes())?;
+    /// The latest call numbered, running or ended, with the bytes it moved written into
+    /// `moved` (in place: the counts are a few hundred bytes); `None` before the first.
+    pub fn last_call(&self, moved: &mut MovedBytes) -> Option<LastCall> {
+        let (fields, ()) = self.read(|| self.moved_into(moved))?;
         Some(LastCall {
             sequence: fields.sequence?,
             seq: fields.seq,
             described: fields.described,
             running: fields.running,
             blocked_on: fields.blocked_on,
-            moved,
         })
     }
 
-    fn moved_bytes(&self) -> MovedBytes {
-        let mut bytes = MovedBytes::default();
+    fn moved_into(&self, bytes: &mut MovedBytes) {
+        bytes.used = 0;
         for (cell, slot) in self.cells.iter().zip(bytes.slots.iter_mut()) {
             let key = cell.key.load(Relaxed);
             if key == 0 {
@@ -594,7 +603,6 @@ impl Probe {
             self.others_received.load(Relaxed),
         );
         bytes.others = (others != (0, 0)).then_some(others);
-        bytes
     }
 }
 
@@ -644,12 +652,13 @@ mod tests {
                     probe.blocked_on((call % 3) as usize, 8);
                 }
                 probe.end();
-                let last = probe.last_call().unwrap();
+                let mut moved = MovedBytes::default();
+                let last = probe.last_call(&mut moved).unwrap();
                 assert_eq!(
                     (last.seq, last.described.map(|(op, _)| op)),
                     (call, Some(op))
                 );
-                assert_eq!(last.moved.used()[0].sent, 8);
+                assert_eq!(moved.used()[0].sent, 8);
             }
             drop(stopping);
             let seen = reader.join().unwrap();
@@ -667,7 +676,8 @@ mod tests {
         for peer in 10..10 + PEER_SLOTS {
             probe.received(peer, 1);
         }
-        let moved = probe.last_call().unwrap().moved;
+        let mut moved = MovedBytes::default();
+        probe.last_call(&mut moved).unwrap();
         assert_eq!(moved.used, PEER_SLOTS);
         assert_eq!(
             moved.used()[..2],
@@ -686,7 +696,8 @@ mod tests {
         );
         assert_eq!(moved.others, Some((0, 2)), "two peers had no slot left");
         probe.numbered(Sequence::Collective, 2);
-        assert_eq!(probe.last_call().unwrap().moved, MovedBytes::default());
+        probe.last_call(&mut moved).unwrap();
+        assert_eq!(moved, MovedBytes::default());
     }
 
     #[test]

@@ -25,7 +25,7 @@ use super::live::{LiveCall, LiveRecord};
 use super::requests;
 use super::ring::{Ring, Slot, AT_ISSUE};
 use super::tick_clock::TickClock;
-use ringccl_collectives::control::{GroupControl, LastCall};
+use ringccl_collectives::control::{GroupControl, LastCall, MovedBytes};
 use ringccl_collectives::Sequence;
 use ringccl_collectives::{CollectiveKind, Error, OpDesc};
 
@@ -419,7 +419,8 @@ impl FlightRecorder {
         match book.ring.get_mut(call) {
             Some(slot) => {
                 if let Some(live) = self.live.end() {
-                    settle(slot, &live, self.last_call(&live).as_ref());
+                    let last = self.last_call(&live, &mut slot.peers);
+                    settle(slot, &live, last.as_ref());
                 }
                 // The tick clock may trail the precise one by its calibration error (a
                 // dump also keeps the end from falling before the issue).
@@ -570,10 +571,18 @@ impl FlightRecorder {
     }
 
     /// What the group's probe says of `live`, the recorder's running call, when it is
-    /// about that call.
-    fn last_call(&self, live: &LiveRecord) -> Option<LastCall> {
-        let last = self.control.get()?.probe().last_call()?;
-        (last.seq == live.seq && last.sequence.peer() == live.peer).then_some(last)
+    /// about that call; the bytes it moved go into `moved` (none when the probe knows
+    /// nothing of it).
+    fn last_call(&self, live: &LiveRecord, moved: &mut MovedBytes) -> Option<LastCall> {
+        let last = self
+            .control
+            .get()
+            .and_then(|control| control.probe().last_call(moved))
+            .filter(|last| last.seq == live.seq && last.sequence.peer() == live.peer);
+        if last.is_none() {
+            *moved = MovedBytes::default();
+        }
+        last
     }
 
     /// Everything recorded, as a dump written for `reason`. The ring is copied under the
@@ -593,12 +602,16 @@ impl FlightRecorder {
             // Under the lock, so that the running call cannot finish between the two.
             (book.ring.recorded(), self.live.read())
         };
-        let last = live.as_ref().and_then(|live| self.last_call(live));
+        let mut moved = MovedBytes::default();
+        let last = live
+            .as_ref()
+            .and_then(|live| self.last_call(live, &mut moved));
         let entries = slots
             .iter_mut()
             .map(|slot| match &live {
                 Some(live) if live.call == slot.call => {
                     settle(slot, live, last.as_ref());
+                    slot.peers = moved;
                     slot.state = CallState::Running;
                     let waiting = last.and_then(|last| last.blocked_on);
                     entry(slot, self.issued_us(slot), waiting)
@@ -710,7 +723,8 @@ pub(crate) fn break_reason(error: &Error) -> String {
 }
 
 /// Writes what was recorded of a call that started into the call's slot: `live`, as
-/// the recorder numbered it, and `last`, what the group's probe says the call did.
+/// the recorder numbered it, and `last`, what the group's probe says the call is (its
+/// bytes are written into the slot by [`FlightRecorder::last_call`]).
 fn settle(slot: &mut Slot, live: &LiveRecord, last: Option<&LastCall>) {
     slot.seq = Some(live.seq);
     slot.started_us = Some(live.started_us.unwrap_or(AT_ISSUE));
@@ -720,7 +734,6 @@ fn settle(slot: &mut Slot, live: &LiveRecord, last: Option<&LastCall>) {
             slot.op = Some(op);
             slot.algorithm = Some(algorithm);
         }
-        slot.peers = last.moved;
     }
 }
 
