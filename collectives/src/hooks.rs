@@ -206,8 +206,9 @@ impl<'a> CallScope<'a> {
         CallScope { probe, hooks, call }
     }
 
-    /// Where the call's progress goes.
-    pub fn progress(&self) -> ProgressSink<'a> {
+    /// Where the call's progress goes (the group's probe and its hooks), for the code
+    /// that runs it inside the crate.
+    pub(crate) fn progress(&self) -> ProgressSink<'a> {
         ProgressSink {
             probe: self.probe,
             hooks: self.hooks,
@@ -231,7 +232,7 @@ impl<'a> CallScope<'a> {
 
 /// Where a running call reports its progress: the group's probe and its hooks.
 #[derive(Clone, Copy, Debug)]
-pub struct ProgressSink<'a> {
+pub(crate) struct ProgressSink<'a> {
     pub(crate) probe: Option<&'a Probe>,
     pub(crate) hooks: &'a dyn CallHooks,
 }

@@ -432,6 +432,19 @@ impl Probe {
     }
 
     /// `n` more bytes of the running call went to `peer`.
+    ///
+    /// ```
+    /// use ringccl_collectives::control::{MovedBytes, Probe};
+    /// use ringccl_collectives::Sequence;
+    ///
+    /// let probe = Probe::default();
+    /// probe.numbered(Sequence::Collective, 1);
+    /// probe.sent(2, 64);
+    /// probe.received(2, 32);
+    /// let mut moved = MovedBytes::default();
+    /// probe.last_call(&mut moved);
+    /// assert_eq!((moved.used()[0].sent, moved.used()[0].received), (64, 32));
+    /// ```
     #[inline]
     pub fn sent(&self, peer: usize, n: usize) {
         match self.cell(peer) {
@@ -440,7 +453,7 @@ impl Probe {
         }
     }
 
-    /// `n` more bytes of the running call came from `peer`.
+    /// `n` more bytes of the running call came from `peer` (see [`Probe::sent`]).
     #[inline]
     pub fn received(&self, peer: usize, n: usize) {
         match self.cell(peer) {
@@ -535,6 +548,16 @@ impl Probe {
     }
 
     /// What this rank is doing now, with its counts for `peer` (the one it answers).
+    ///
+    /// ```
+    /// use ringccl_collectives::control::Probe;
+    /// use ringccl_collectives::Sequence;
+    ///
+    /// let probe = Probe::default();
+    /// probe.size_for(2);
+    /// probe.numbered(Sequence::ReceivedFrom(1), 4);
+    /// assert_eq!(probe.snapshot_for(1).counts.map(|c| c.received), Some(4));
+    /// ```
     pub fn snapshot_for(&self, peer: usize) -> Snapshot {
         self.snapshot_about(Some(peer))
     }
@@ -573,6 +596,20 @@ impl Probe {
 
     /// The latest call numbered, running or ended, with the bytes it moved written into
     /// `moved` (in place: the counts are a few hundred bytes); `None` before the first.
+    ///
+    /// ```
+    /// use ringccl_collectives::control::{MovedBytes, Probe};
+    /// use ringccl_collectives::{wire::Algorithm, OpDesc, Sequence};
+    ///
+    /// let probe = Probe::default();
+    /// let mut moved = MovedBytes::default();
+    /// assert!(probe.last_call(&mut moved).is_none());
+    /// probe.numbered(Sequence::Collective, 9);
+    /// probe.begin(OpDesc::barrier(9), Algorithm::Dissemination);
+    /// probe.end();
+    /// let last = probe.last_call(&mut moved).unwrap();
+    /// assert_eq!((last.seq, last.running), (9, false));
+    /// ```
     pub fn last_call(&self, moved: &mut MovedBytes) -> Option<LastCall> {
         let (fields, ()) = self.read(|| self.moved_into(moved))?;
         Some(LastCall {

@@ -108,6 +108,34 @@ impl<E: Engine> GroupRunner<E> {
 
     /// Attaches `hooks`, which the runner and its engine then tell what the group
     /// does (replacing any attached before); call it before the group runs anything.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::time::Duration;
+    /// use ringccl_collectives::hooks::CallHooks;
+    /// use ringccl_collectives::{Backend, Deadline, HostBackend, HostConfig, Sequence};
+    /// # use ringccl_collectives::{MemoryConfig, MemoryTransport};
+    ///
+    /// /// Counts the calls that start.
+    /// #[derive(Debug, Default)]
+    /// struct Started(AtomicU64);
+    ///
+    /// impl CallHooks for Started {
+    ///     fn started(&self, _: Sequence, _: u64) {
+    ///         self.0.fetch_add(1, Ordering::Relaxed);
+    ///     }
+    /// }
+    ///
+    /// # let transport = MemoryTransport::mesh(1, MemoryConfig::default()).remove(0);
+    /// // `transport`: any connected `HostTransport`.
+    /// let mut backend = HostBackend::new("gloo", transport, HostConfig::default());
+    /// let started = Arc::new(Started::default());
+    /// backend.attach_hooks(started.clone());
+    /// backend.barrier(Deadline::after(Duration::from_secs(5)))?;
+    /// assert_eq!(started.0.load(Ordering::Relaxed), 1);
+    /// # Ok::<(), ringccl_collectives::Error>(())
+    /// ```
     pub fn attach_hooks(&mut self, hooks: Arc<dyn CallHooks>) {
         hooks.attached(&self.control);
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
