@@ -7,5 +7,5 @@
 #   scripts/soak.sh [seconds=60]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RINGCCL_SOAK_SECS=${1:-60} cargo test --release --test soak -- --nocapture 2>&1 |
+RINGCCL_SOAK_SECS=${1:-60} cargo test --release -p ringccl --test it soak:: -- --nocapture 2>&1 |
     grep -E '^soak:|test result|panicked|assert'
