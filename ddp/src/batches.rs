@@ -166,6 +166,45 @@ impl Iterator for Batches {
     }
 }
 
+impl DistributedSampler {
+    /// This rank's indices in batches of `batch_size`, from step 0 of the current epoch
+    /// onwards, epoch after epoch (see [`Batches`]).
+    ///
+    /// ```
+    /// use ringccl::ddp::DistributedSampler;
+    /// let sampler = DistributedSampler::new(64, 4, 2)?;
+    /// for batch in sampler.batches(4)?.take(10) {
+    ///     assert_eq!(batch.indices.len(), 4);
+    /// }
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
+    /// ```
+    pub fn batches(&self, batch_size: usize) -> Result<Batches, DdpError> {
+        let from = BatchPosition {
+            epoch: self.epoch(),
+            step: 0,
+        };
+        Batches::new(self, batch_size, from)
+    }
+
+    /// [`batches`](Self::batches) from `position` on (a position saved from
+    /// [`Batches::position`]), for resuming mid-epoch.
+    ///
+    /// ```
+    /// use ringccl::ddp::{BatchPosition, DistributedSampler};
+    /// let sampler = DistributedSampler::new(64, 4, 2)?;
+    /// let at = BatchPosition { epoch: 3, step: 2 };
+    /// assert_eq!(sampler.batches_from(4, at)?.next().unwrap().position, at);
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
+    /// ```
+    pub fn batches_from(
+        &self,
+        batch_size: usize,
+        position: BatchPosition,
+    ) -> Result<Batches, DdpError> {
+        Batches::new(self, batch_size, position)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,6 @@
 //! Splitting a dataset between ranks, with `torch.utils.data.DistributedSampler`'s
 //! semantics.
 
-use crate::batches::{BatchPosition, Batches};
 use crate::DdpError;
 
 /// Which dataset indices this rank visits in an epoch.
@@ -120,6 +119,19 @@ impl DistributedSampler {
         self.epoch = epoch;
     }
 
+    /// The epoch set last ([`set_epoch`](Self::set_epoch); 0 until then).
+    ///
+    /// ```
+    /// use ringccl::ddp::DistributedSampler;
+    /// let mut sampler = DistributedSampler::new(10, 2, 0)?;
+    /// sampler.set_epoch(4);
+    /// assert_eq!(sampler.epoch(), 4);
+    /// # Ok::<(), ringccl::ddp::DdpError>(())
+    /// ```
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// The indices each rank visits per epoch.
     ///
     /// ```
@@ -181,45 +193,6 @@ impl DistributedSampler {
             .skip(self.rank)
             .step_by(self.num_replicas)
             .collect()
-    }
-}
-
-impl DistributedSampler {
-    /// This rank's indices in batches of `batch_size`, from step 0 of the current epoch
-    /// onwards, epoch after epoch (see [`Batches`]).
-    ///
-    /// ```
-    /// use ringccl::ddp::DistributedSampler;
-    /// let sampler = DistributedSampler::new(64, 4, 2)?;
-    /// for batch in sampler.batches(4)?.take(10) {
-    ///     assert_eq!(batch.indices.len(), 4);
-    /// }
-    /// # Ok::<(), ringccl::ddp::DdpError>(())
-    /// ```
-    pub fn batches(&self, batch_size: usize) -> Result<Batches, DdpError> {
-        let from = BatchPosition {
-            epoch: self.epoch,
-            step: 0,
-        };
-        Batches::new(self, batch_size, from)
-    }
-
-    /// [`batches`](Self::batches) from `position` on (a position saved from
-    /// [`Batches::position`]), for resuming mid-epoch.
-    ///
-    /// ```
-    /// use ringccl::ddp::{BatchPosition, DistributedSampler};
-    /// let sampler = DistributedSampler::new(64, 4, 2)?;
-    /// let at = BatchPosition { epoch: 3, step: 2 };
-    /// assert_eq!(sampler.batches_from(4, at)?.next().unwrap().position, at);
-    /// # Ok::<(), ringccl::ddp::DdpError>(())
-    /// ```
-    pub fn batches_from(
-        &self,
-        batch_size: usize,
-        position: BatchPosition,
-    ) -> Result<Batches, DdpError> {
-        Batches::new(self, batch_size, position)
     }
 }
 
