@@ -11,8 +11,9 @@ use ringccl_observe::timeline::{SpanGuard, Timeline};
 use crate::communicator::{BucketLabel, Communicator, GradBuf, Pending, ToCommunicator};
 use crate::config::{DdpConfig, ParamSpec};
 use crate::element::GradElement;
-use crate::hooks::{AllReduceHook, CommHook};
+use crate::hooks::AllReduceHook;
 use crate::reducer::{is_permutation, FinishPlan, OldLayout, Reducer};
+use crate::space::CommHook;
 use crate::space::{GradSpace, HostSpace};
 use crate::DdpError;
 

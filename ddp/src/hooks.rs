@@ -1,27 +1,12 @@
-//! Communication hooks: how a full bucket is reduced across ranks.
-
-use std::fmt;
+//! The built-in communication hooks ([`CommHook`]s): how a full bucket is reduced across
+//! ranks.
 
 use ringccl_collectives::half::{bf16, f16};
 use ringccl_collectives::Error;
 
 use crate::communicator::{then, Communicator, Pending};
 use crate::element::GradElement;
-use crate::space::{GradSpace, HostSpace};
-
-/// Reduces one bucket across ranks, in the memory space `S` the buckets live in (the
-/// host's by default: `bucket` is a `Vec<T>` and `comm` the group as a
-/// [`Communicator`]).
-///
-/// DDP hands a hook each bucket once all its gradients are ready, **already divided by
-/// the world size**, in bucket order on every rank. The hook starts the reduction and
-/// returns a [`Pending`] whose result is the bucket's sum over ranks (the average of
-/// the original gradients), of the same length. The built-in hooks
-/// ([`AllReduceHook`], [`Fp16CompressHook`], [`Bf16CompressHook`]) work in every space.
-pub trait CommHook<T: GradElement, S: GradSpace<T> = HostSpace>: Send + Sync + fmt::Debug {
-    /// Starts reducing `bucket`.
-    fn start(&self, comm: &S::Comm<'_>, bucket: S::Bucket) -> Result<Pending<S::Bucket>, Error>;
-}
+use crate::space::CommHook;
 
 /// The default: one all-reduce (sum) of the bucket in its own type.
 #[derive(Clone, Copy, Debug, Default)]

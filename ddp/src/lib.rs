@@ -49,8 +49,8 @@ pub use device::{
 };
 pub use element::GradElement;
 pub use error::DdpError;
-pub use hooks::{AllReduceHook, Bf16CompressHook, CommHook, Fp16CompressHook};
+pub use hooks::{AllReduceHook, Bf16CompressHook, Fp16CompressHook};
 pub use plan::plan_buckets;
 pub use reducer::{BucketPlan, FinishPlan, OldLayout, Reducer};
 pub use sampler::DistributedSampler;
-pub use space::{GradSpace, HostSpace};
+pub use space::{CommHook, GradSpace, HostSpace};

@@ -9,7 +9,6 @@ use ringccl_collectives::{BufferMut, Error};
 use crate::bucket_comm::BucketComm;
 use crate::communicator::{BucketLabel, Communicator, Pending};
 use crate::element::GradElement;
-use crate::hooks::CommHook;
 use crate::DdpError;
 
 /// The memory a [`Ddp`](crate::Ddp) keeps its buckets in: [`HostSpace`] (`Vec<T>`), or,
@@ -249,4 +248,19 @@ impl<T: GradElement> GradSpace<T> for HostSpace {
         }
         Ok(())
     }
+}
+
+/// Reduces one bucket across ranks, in the memory space `S` the buckets live in (the
+/// host's by default: `bucket` is a `Vec<T>` and `comm` the group as a
+/// [`Communicator`]).
+///
+/// DDP hands a hook each bucket once all its gradients are ready, **already divided by
+/// the world size**, in bucket order on every rank. The hook starts the reduction and
+/// returns a [`Pending`] whose result is the bucket's sum over ranks (the average of
+/// the original gradients), of the same length. The built-in hooks
+/// ([`AllReduceHook`](crate::AllReduceHook), [`Fp16CompressHook`](crate::Fp16CompressHook),
+/// [`Bf16CompressHook`](crate::Bf16CompressHook)) work in every space.
+pub trait CommHook<T: GradElement, S: GradSpace<T> = HostSpace>: Send + Sync + fmt::Debug {
+    /// Starts reducing `bucket`.
+    fn start(&self, comm: &S::Comm<'_>, bucket: S::Bucket) -> Result<Pending<S::Bucket>, Error>;
 }
