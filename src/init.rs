@@ -2,7 +2,6 @@
 //! into a connected [`ProcessGroup`].
 
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -124,8 +123,7 @@ fn start_gloo(mut opts: InitOptions, store: Option<Box<dyn Store>>) -> Result<Pr
         kind: opts.resolved_transport()?,
         mesh: opts.mesh_settings(None),
         trace: crate::trace::open_trace(&opts)?,
-        flight_dir: opts.resolved_flight_dir()?,
-        flight_entries: opts.resolved_flight_entries()?,
+        flight: opts.flight_config("tcp")?,
         spin: opts.resolved_spin()?,
     };
     let deadline = Deadline::after(opts.timeout).at();
@@ -167,9 +165,9 @@ pub(crate) struct GlooRecipe {
     pub(crate) kind: TransportKind,
     /// The rendezvous settings; rank and world size are the original group's.
     pub(crate) mesh: MeshConfig,
-    /// Where the groups' flight recorders write, and how many calls they keep.
-    pub(crate) flight_dir: Option<PathBuf>,
-    pub(crate) flight_entries: usize,
+    /// Where the groups' flight recorders write, and how many calls they keep (each
+    /// group names its own group and transport).
+    pub(crate) flight: FlightConfig,
     /// How long a wait spins (shared memory) or busy-polls (TCP) before it sleeps.
     pub(crate) spin: Duration,
     /// This rank's trace file, shared by the groups formed from this one.
@@ -188,17 +186,12 @@ impl GlooRecipe {
         transport: &'static str,
     ) -> Arc<Observers> {
         let flight = FlightConfig {
-            entries: self.flight_entries,
-            dir: self.flight_dir.clone(),
             group: group.into(),
             transport,
+            ..self.flight.clone()
         };
-        let recorder = FlightRecorder::new(rank, world_size, "gloo", flight);
-        let trace = self
-            .trace
-            .as_ref()
-            .map(|file| CollectiveTrace::new(file.new_row(row), transport));
-        Arc::new(Observers::new(Some(recorder), trace))
+        let trace = self.trace.as_ref().map(|file| (file, row));
+        observers((rank, world_size), "gloo", flight, trace)
     }
 
     /// The rendezvous settings for rank `rank` of a group of `world_size`.
@@ -320,6 +313,21 @@ fn local_address(data: &[Option<TcpStream>]) -> String {
         )
 }
 
+/// What watches rank `rank` of a group of `world_size` on `backend`: a flight recorder
+/// set up by `flight` and, given this rank's trace file and a row name, that row of the
+/// timeline (its calls labelled with `flight.transport`).
+pub(crate) fn observers(
+    (rank, world_size): (usize, usize),
+    backend: &'static str,
+    flight: FlightConfig,
+    trace: Option<(&Arc<TraceFile>, &str)>,
+) -> Arc<Observers> {
+    let transport = flight.transport;
+    let trace = trace.map(|(file, row)| CollectiveTrace::new(file.new_row(row), transport));
+    let recorder = FlightRecorder::new(rank, world_size, backend, flight);
+    Arc::new(Observers::new(Some(recorder), trace))
+}
+
 /// The `"gloo"` backend over `transport`, watched by `observers`.
 pub(crate) fn host_backend<T: HostTransport>(
     transport: T,
@@ -390,17 +398,12 @@ fn start_nccl(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     opts.validate()?;
     let trace = crate::trace::open_trace(&opts)?;
     let mesh = opts.mesh_config();
-    let flight = FlightConfig {
-        entries: opts.resolved_flight_entries()?,
-        dir: opts.resolved_flight_dir()?,
-        group: MAIN_GROUP.into(),
-        transport: "nccl",
-    };
-    let recorder = FlightRecorder::new(mesh.rank, mesh.world_size, "nccl", flight);
-    let row = trace
-        .as_ref()
-        .map(|file| CollectiveTrace::new(file.new_row("collectives"), "nccl"));
-    let observers = Arc::new(Observers::new(Some(recorder), row));
+    let observers = observers(
+        (mesh.rank, mesh.world_size),
+        "nccl",
+        opts.flight_config("nccl")?,
+        trace.as_ref().map(|file| (file, "collectives")),
+    );
     let mut config = ringccl_nccl::NcclConfig::new(mesh);
     config.device = opts.device;
     config.local_rank = opts.local_rank;

@@ -7,12 +7,10 @@
 use std::sync::Arc;
 
 use ringccl_collectives::control::{GroupControl, MemoryControlLink};
-use ringccl_observe::flight::{FlightConfig, FlightRecorder, MAIN_GROUP};
-use ringccl_observe::Observers;
 use ringccl_rendezvous::SetupError;
 use ringccl_transports::{InProcessTransport, DEFAULT_RING_BYTES};
 
-use crate::init::{host_backend, host_config};
+use crate::init::{host_backend, host_config, observers};
 use crate::process_group::same_for_every_peer;
 use crate::{Error, InitOptions, ProcessGroup, BACKENDS};
 
@@ -100,12 +98,7 @@ pub fn local_groups_with(
 
 fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> {
     let config = host_config(opts)?;
-    let flight = FlightConfig {
-        entries: opts.resolved_flight_entries()?,
-        dir: opts.resolved_flight_dir()?,
-        group: MAIN_GROUP.into(),
-        transport: LOCAL,
-    };
+    let flight = opts.flight_config(LOCAL)?;
     let spin = opts.resolved_spin()?;
     let mesh =
         InProcessTransport::mesh(n, DEFAULT_RING_BYTES).map_err(|source| SetupError::Io {
@@ -116,8 +109,7 @@ fn local_gloo(n: usize, opts: &InitOptions) -> Result<Vec<ProcessGroup>, Error> 
     let mut backends = Vec::with_capacity(n);
     for (rank, mut transport) in mesh.into_iter().enumerate() {
         transport.set_spin(spin);
-        let recorder = FlightRecorder::new(rank, n, "gloo", flight.clone());
-        let observers = Arc::new(Observers::new(Some(recorder), None));
+        let observers = observers((rank, n), "gloo", flight.clone(), None);
         let backend = host_backend(transport, config.clone(), observers.clone());
         backends.push((backend, observers));
     }

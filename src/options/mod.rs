@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use ringccl_collectives::wire::MAX_FRAME_PAYLOAD;
 use ringccl_collectives::AllReduceAlgo;
-use ringccl_observe::flight::{DEFAULT_FLIGHT_ENTRIES, MAX_FLIGHT_ENTRIES};
+use ringccl_observe::flight::{
+    FlightConfig, DEFAULT_FLIGHT_ENTRIES, MAIN_GROUP, MAX_FLIGHT_ENTRIES,
+};
 use ringccl_rendezvous::{AuthToken, MeshConfig, StoreListener, DEFAULT_STARTUP_REPORT};
 use ringccl_transports::shm::{DEFAULT_SPIN, MAX_SPIN};
 
@@ -591,6 +593,18 @@ impl InitOptions {
             Some(entries) => Ok(entries),
             None => Ok(env::flight_entries(env::process_env)?.unwrap_or(DEFAULT_FLIGHT_ENTRIES)),
         }
+    }
+
+    /// The main group's flight recorder settings over `transport`: where it writes
+    /// ([`resolved_flight_dir`](Self::resolved_flight_dir)) and how many calls it keeps
+    /// ([`resolved_flight_entries`](Self::resolved_flight_entries)).
+    pub(crate) fn flight_config(&self, transport: &'static str) -> Result<FlightConfig, Error> {
+        Ok(FlightConfig {
+            entries: self.resolved_flight_entries()?,
+            dir: self.resolved_flight_dir()?,
+            group: MAIN_GROUP.into(),
+            transport,
+        })
     }
 
     /// The spin window: the setting in code, else `RINGCCL_SPIN_US`, else
