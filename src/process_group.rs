@@ -9,7 +9,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ringccl_collectives::{Backend, Deadline};
+use ringccl_collectives::control::GroupControl;
+use ringccl_collectives::{Backend, BackendEngine, Deadline};
 use ringccl_observe::flight::FlightRecorder;
 use ringccl_observe::timeline::TraceHold;
 use ringccl_observe::Observers;
@@ -17,7 +18,7 @@ use ringccl_rendezvous::KeptStore;
 
 use crate::fusion::FusionPool;
 use crate::init::GlooRecipe;
-use crate::sequencer::{Refusal, Sequencer};
+use crate::sequencer::Sequencer;
 use crate::subgroup::Origin;
 use crate::work::{Queued, Work};
 use crate::worker::{IdleWatch, Job, RunOnBackend, Worker};
@@ -77,7 +78,10 @@ pub(crate) struct Shared {
 }
 
 impl ProcessGroup {
-    /// Wraps any backend implementation.
+    /// Wraps any backend implementation. A backend that does not run through a
+    /// [`GroupRunner`](ringccl_collectives::GroupRunner) (one of the caller's own) is
+    /// run through one ([`BackendEngine`]): its calls are numbered and checked, and once
+    /// the group is aborted every later call fails, as under `"gloo"` and `"nccl"`.
     pub fn from_backend(backend: Box<dyn Backend>) -> ProcessGroup {
         ProcessGroup::around(Arc::from(backend), None)
     }
@@ -99,8 +103,9 @@ impl ProcessGroup {
     }
 
     fn around(backend: Arc<dyn Backend>, flight: Option<Arc<FlightRecorder>>) -> ProcessGroup {
+        let (backend, control) = run_through_a_runner(backend);
         let shared = Shared {
-            sequencer: Arc::new(Sequencer::new(backend.rank(), flight.clone())),
+            sequencer: Arc::new(Sequencer::new(control, flight.clone())),
             flight,
             backend,
             #[cfg(feature = "nccl")]
@@ -412,7 +417,7 @@ impl ProcessGroup {
             .shared
             .sequencer
             .issue_and_wait(name, deadline)
-            .map_err(|refusal| settle(&*self.shared.backend, refusal))?;
+            .map_err(|refusal| refusal.settle(&*self.shared.backend))?;
         let result = op(&*self.shared.backend, deadline);
         let aborted_meanwhile = turn.finish();
         let value = result?;
@@ -484,7 +489,7 @@ impl ProcessGroup {
                     })
                     .map(|()| ticket)
             })
-            .map_err(|refusal| settle(&*self.shared.backend, refusal))?;
+            .map_err(|refusal| refusal.settle(&*self.shared.backend))?;
         let ticket = submitted.map_err(|job| {
             self.shared.sequencer.skip(job.ticket);
             Error::GroupBroken {
@@ -505,15 +510,16 @@ impl ProcessGroup {
     }
 }
 
-/// Turns a refused call into its error, first aborting the group when the refusal broke
-/// it (the peers are told; a call running on this rank is woken).
-pub(crate) fn settle(backend: &dyn Backend, refusal: Refusal) -> Error {
-    if let Some(cause) = &refusal.abort {
-        // The control plane logs the abort once (WARN on this rank's own account).
-        tracing::debug!(rank = backend.rank(), %cause, "aborting the process group");
-        backend.abort(cause);
+/// `backend`, run through a [`GroupRunner`](ringccl_collectives::GroupRunner) if it does
+/// not already run through one, and the group's control state that runner keeps.
+fn run_through_a_runner(backend: Arc<dyn Backend>) -> (Arc<dyn Backend>, Arc<GroupControl>) {
+    if let Some(control) = backend.control() {
+        let control = Arc::clone(control);
+        return (backend, control);
     }
-    *refusal.error
+    let runner = BackendEngine::runner(backend);
+    let control = Arc::clone(runner.control());
+    (Arc::new(runner), control)
 }
 
 /// Dropping a group with operations still pending (queued `*_async` calls whose `Work`

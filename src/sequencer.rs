@@ -2,6 +2,11 @@
 //! the order it was issued, because every rank must run the same operations in the same
 //! order. A call waits for its turn only until its own deadline, and calls from two
 //! threads at once are refused rather than left to pair up differently on other ranks.
+//!
+//! This is the group's one ordering mechanism: the runner below it only excludes. Nor
+//! does the sequencer keep a broken state of its own: a refusal that breaks the group
+//! aborts it through the backend, into the group's [`GroupControl`], whose abort record
+//! the runner then refuses every later call by.
 
 use std::collections::VecDeque;
 use std::fmt::Display;
@@ -10,7 +15,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::{self, Thread};
 use std::time::Instant;
 
-use ringccl_collectives::Deadline;
+use ringccl_collectives::control::GroupControl;
+use ringccl_collectives::{Backend, Deadline};
 use ringccl_observe::flight::FlightRecorder;
 
 use crate::Error;
@@ -38,8 +44,6 @@ struct State {
     issuer: Option<Thread>,
     /// Threads waiting for a turn; passing the turn on wakes them only if there are any.
     waiting: usize,
-    /// Why this rank aborted the group, once it did: later calls are refused.
-    broken: Option<String>,
 }
 
 impl State {
@@ -59,12 +63,26 @@ impl State {
 }
 
 /// A call the sequencer refused, and the cause to abort the group with when refusing it
-/// broke the group (the caller passes it to `Backend::abort`, outside the lock).
+/// broke the group ([`Refusal::settle`] aborts it, outside the sequencer's lock).
 #[derive(Debug)]
+#[must_use = "a refusal that breaks the group must be settled"]
 pub(crate) struct Refusal {
     /// Boxed: refusals are rare, and the `Result`s that carry them stay small.
     pub(crate) error: Box<Error>,
     pub(crate) abort: Option<String>,
+}
+
+impl Refusal {
+    /// Turns the refusal into its error, first aborting the group when the refusal broke
+    /// it (the peers are told; a call running on this rank is woken).
+    pub(crate) fn settle(self, backend: &dyn Backend) -> Error {
+        if let Some(cause) = &self.abort {
+            // The control plane logs the abort once (WARN on this rank's own account).
+            tracing::debug!(rank = backend.rank(), %cause, "aborting the process group");
+            backend.abort(cause);
+        }
+        *self.error
+    }
 }
 
 /// A ticket lock with deadlines: `issue` hands out tickets in order, `turn` waits for a
@@ -72,6 +90,9 @@ pub(crate) struct Refusal {
 #[derive(Debug)]
 pub(crate) struct Sequencer {
     rank: usize,
+    /// The group's control state: its abort record says whether this rank broke the
+    /// group while a call ran.
+    control: Arc<GroupControl>,
     /// Where every call's issue, turn and abandonment are recorded.
     flight: Option<Arc<FlightRecorder>>,
     state: Mutex<State>,
@@ -107,10 +128,14 @@ fn describe(thread: &Thread) -> String {
 }
 
 impl Sequencer {
-    /// The issue order of rank `rank`'s group, recorded in `flight`.
-    pub(crate) fn new(rank: usize, flight: Option<Arc<FlightRecorder>>) -> Sequencer {
+    /// The issue order of the group `control` belongs to, recorded in `flight`.
+    pub(crate) fn new(
+        control: Arc<GroupControl>,
+        flight: Option<Arc<FlightRecorder>>,
+    ) -> Sequencer {
         Sequencer {
-            rank,
+            rank: control.rank(),
+            control,
             flight,
             state: Mutex::default(),
             turn_changed: Condvar::new(),
@@ -154,21 +179,16 @@ impl Sequencer {
         }
     }
 
-    /// Takes a ticket for `op` issued by the calling thread at `issued_at`, or refuses it:
-    /// when the group is broken, or when another thread's calls are still pending (which
-    /// breaks it).
+    /// Takes a ticket for `op` issued by the calling thread at `issued_at`, or refuses it
+    /// when another thread's calls are still pending (which breaks the group). A call on
+    /// a group already broken takes its ticket too: the runner refuses it in its turn,
+    /// as the call it would have been.
     fn take_ticket(
         &self,
         state: &mut State,
         op: &'static str,
         issued_at: Instant,
     ) -> Result<u64, Refusal> {
-        if let Some(cause) = &state.broken {
-            return Err(Refusal {
-                error: Box::new(self.broken_error(cause)),
-                abort: None,
-            });
-        }
         let me = thread::current();
         match (&state.issuer, state.pending.back()) {
             (Some(issuer), Some(last))
@@ -182,7 +202,6 @@ impl Sequencer {
                     other_thread: describe(issuer),
                 };
                 let cause = error.to_string();
-                state.broken = Some(cause.clone());
                 return Err(Refusal {
                     error: Box::new(error),
                     abort: Some(cause),
@@ -253,23 +272,16 @@ impl Sequencer {
                 .filter(|&i| state.pending.get(i).is_some_and(|p| !p.abandoned))
             else {
                 // Given up by its `Work`, which already reported why.
-                let cause = state.broken.as_deref().unwrap_or("the call was abandoned");
+                let cause = self
+                    .control
+                    .aborted()
+                    .map_or_else(|| "the call was abandoned".to_string(), |r| r.reason);
                 return Err(Refusal {
-                    error: Box::new(self.broken_error(cause)),
+                    error: Box::new(self.broken_error(&cause)),
                     abort: None,
                 });
             };
             if index == 0 {
-                if let Some(cause) = &state.broken {
-                    let error = self.broken_error(cause);
-                    self.gave_up(state.pending[0].call, &error);
-                    state.advance();
-                    self.notify(&state);
-                    return Err(Refusal {
-                        error: Box::new(error),
-                        abort: None,
-                    });
-                }
                 state.pending[0].started = true;
                 if let Some(flight) = &self.flight {
                     flight.turn(state.pending[0].call, waited);
@@ -294,7 +306,8 @@ impl Sequencer {
     }
 
     /// Gives up the queued call at `index` (ticket `ticket`) whose deadline passed: it
-    /// will be passed over, and the group is broken since the peers may run it.
+    /// will be passed over, and the group is broken since the peers may run it (an
+    /// earlier abort stands: the first cause wins).
     fn abandon(&self, state: &mut State, index: usize, ticket: u64, deadline: Deadline) -> Refusal {
         let front = &state.pending[0];
         let behind = if front.started {
@@ -319,10 +332,7 @@ impl Sequencer {
         };
         state.pending[index].abandoned = true;
         self.gave_up(state.pending[index].call, &error);
-        let abort = state.broken.is_none().then(|| error.to_string());
-        if let Some(cause) = &abort {
-            state.broken = Some(cause.clone());
-        }
+        let abort = Some(error.to_string());
         Refusal {
             error: Box::new(error),
             abort,
@@ -375,14 +385,16 @@ impl Sequencer {
         }
     }
 
-    /// Retires the running call; `Err` if the group was aborted on this rank meanwhile.
+    /// Retires the running call; `Err` if this rank has aborted the group (a call
+    /// refused or given up meanwhile, or the call itself).
     fn pass_on(&self) -> Result<(), Error> {
         let mut state = self.lock();
         state.advance();
         self.notify(&state);
-        match &state.broken {
-            Some(cause) => Err(self.broken_error(cause)),
-            None => Ok(()),
+        drop(state);
+        match self.control.aborted() {
+            Some(record) if record.origin == self.rank => Err(self.broken_error(&record.reason)),
+            _ => Ok(()),
         }
     }
 }
@@ -413,9 +425,22 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(60);
 
+    fn sequencer(rank: usize) -> Sequencer {
+        Sequencer::new(GroupControl::new(rank), None)
+    }
+
+    /// What [`Refusal::settle`] does through a runner's `Backend::abort`: the abort goes
+    /// into the group's control state.
+    fn settle(seq: &Sequencer, refusal: Refusal) -> Error {
+        if let Some(cause) = refusal.abort {
+            seq.control.abort(seq.rank, cause, None);
+        }
+        *refusal.error
+    }
+
     #[test]
     fn turns_follow_ticket_order_across_threads() {
-        let seq = Arc::new(Sequencer::new(0, None));
+        let seq = Arc::new(sequencer(0));
         let log = Arc::new(Mutex::new(Vec::new()));
         let tickets: Vec<u64> = (0..8)
             .map(|_| seq.issue("op", Deadline::after(LONG), |t| t).unwrap())
@@ -440,7 +465,7 @@ mod tests {
 
     #[test]
     fn a_queued_call_gives_up_at_its_deadline_and_is_passed_over() {
-        let seq = Sequencer::new(3, None);
+        let seq = sequencer(3);
         let running = seq
             .issue_and_wait("all_reduce", Deadline::after(LONG))
             .unwrap();
@@ -470,18 +495,21 @@ mod tests {
             "{text}"
         );
         assert_eq!(refusal.abort.as_deref(), Some(text.as_str()));
+        settle(&seq, refusal);
         // The running call's success is not reported: the group was aborted meanwhile.
         assert!(matches!(running.finish(), Err(Error::GroupBroken { .. })));
-        // The abandoned ticket is skipped; the later one gets its turn and is refused.
-        let refusal = seq.turn(later, Deadline::after(LONG)).unwrap_err();
-        assert!(matches!(*refusal.error, Error::GroupBroken { .. }));
-        assert!(refusal.abort.is_none(), "the group is aborted once");
-        assert!(seq.issue("barrier", Deadline::after(LONG), |t| t).is_err());
+        // The abandoned ticket is skipped; the later one gets its turn, and the group's
+        // one abort record (which the runner refuses it by) names the queue timeout.
+        let turn = seq.turn(later, Deadline::after(LONG)).unwrap();
+        let record = seq.control.aborted().unwrap();
+        assert_eq!(record.origin, 3);
+        assert_eq!(record.reason, text);
+        assert!(matches!(turn.finish(), Err(Error::GroupBroken { cause, .. }) if cause == text));
     }
 
     #[test]
     fn a_second_thread_issuing_while_calls_are_pending_is_refused_by_name() {
-        let seq = Arc::new(Sequencer::new(1, None));
+        let seq = Arc::new(sequencer(1));
         let turn = seq
             .issue_and_wait("all_reduce", Deadline::after(LONG))
             .unwrap();
@@ -510,6 +538,7 @@ mod tests {
             assert!(text.contains(needle), "{needle}: {text}");
         }
         assert!(refusal.abort.is_some());
+        settle(&seq, refusal);
         assert!(
             turn.finish().is_err(),
             "the pending call's result is not trusted"
@@ -518,7 +547,7 @@ mod tests {
 
     #[test]
     fn threads_taking_turns_one_after_the_other_are_fine() {
-        let seq = Arc::new(Sequencer::new(0, None));
+        let seq = Arc::new(sequencer(0));
         for _ in 0..3 {
             let seq = Arc::clone(&seq);
             std::thread::spawn(move || {
@@ -540,7 +569,7 @@ mod tests {
 
     #[test]
     fn giving_up_an_async_call_at_the_front_lets_the_next_one_run() {
-        let seq = Sequencer::new(0, None);
+        let seq = sequencer(0);
         let first = seq
             .issue("all_reduce", Deadline::after(LONG), |t| t)
             .unwrap();
@@ -550,13 +579,26 @@ mod tests {
             *refusal.error,
             Error::QueueTimeout { call: 1, .. }
         ));
+        settle(&seq, refusal);
         assert!(seq.turn(first, Deadline::after(LONG)).is_err());
-        // The group is broken, so the next call is refused at its turn, without waiting.
+        // The next call's turn comes at once (the runner refuses it, the group being
+        // aborted), and a call that has its turn is no longer given up.
         let started = Instant::now();
-        assert!(seq.turn(second, Deadline::after(LONG)).is_err());
+        let turn = seq.turn(second, Deadline::after(LONG)).unwrap();
         assert!(started.elapsed() < Duration::from_secs(10));
         assert!(seq
             .give_up(second, Deadline::after(Duration::ZERO))
             .is_none());
+        assert!(turn.finish().is_err());
+    }
+
+    #[test]
+    fn a_peer_abort_does_not_fail_a_call_that_succeeded() {
+        let seq = sequencer(0);
+        let turn = seq
+            .issue_and_wait("barrier", Deadline::after(LONG))
+            .unwrap();
+        seq.control.abort(1, "rank 1 timed out".into(), None);
+        assert!(turn.finish().is_ok());
     }
 }

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use ringccl_collectives::{Backend, Deadline};
 
-use crate::process_group::settle;
 use crate::sequencer::Sequencer;
 use crate::Error;
 
@@ -57,7 +56,7 @@ impl<T> Work<T> {
             backend,
         } = &self.queued;
         let refusal = sequencer.give_up(*ticket, *deadline)?;
-        Some(settle(&**backend, refusal))
+        Some(refusal.settle(&**backend))
     }
 
     fn worker_gone(&self) -> Error {

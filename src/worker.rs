@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use ringccl_collectives::{Backend, Deadline};
 
-use crate::process_group::settle;
 use crate::sequencer::{Sequencer, Turn};
 use crate::Error;
 
@@ -146,7 +145,7 @@ fn work(
                     let turn = sequencer
                         .turn(job.ticket, job.deadline)
                         .map(|turn| (backend, turn))
-                        .map_err(|refusal| settle(backend, refusal));
+                        .map_err(|refusal| refusal.settle(backend));
                     (job.run)(turn);
                 }
                 Err(_) => return,
@@ -186,7 +185,10 @@ mod tests {
             .expect("one rank");
         let backend: Arc<dyn Backend> =
             Arc::new(HostBackend::new("test", transport, HostConfig::default()));
-        let sequencer = Arc::new(Sequencer::new(0, None));
+        let sequencer = Arc::new(Sequencer::new(
+            Arc::clone(backend.control().expect("a runner")),
+            None,
+        ));
         let idle: IdleWatch = Box::new(move || {
             looks.fetch_add(1, Ordering::SeqCst);
             (in_flight.load(Ordering::SeqCst) > 0)

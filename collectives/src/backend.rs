@@ -1,7 +1,10 @@
 //! The object-safe interface every backend implements.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::control::GroupControl;
 
 use crate::{BufferMut, BufferRef, DType, Deadline, Error, ReduceOp};
 
@@ -88,6 +91,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Backends with nothing to release may keep this default, which does nothing.
     fn abort(&self, cause: &str) {
         let _ = cause;
+    }
+
+    /// The group's control state, when the backend runs through a
+    /// [`GroupRunner`](crate::GroupRunner): the one record of whether, by whom and why the
+    /// group was aborted. A backend of the caller's own says `None` (the default); the
+    /// facade then runs it through a runner of its own, so that every group has one.
+    fn control(&self) -> Option<&Arc<GroupControl>> {
+        None
     }
 
     /// Sends `buf` to rank `dst`, which must call `recv` with this rank, the same tag and

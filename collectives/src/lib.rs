@@ -51,7 +51,8 @@ pub use error::{
     aborted_note, blame_note, debug_as_report, exchanged_note, gone_note, Cause, Error, Result,
 };
 pub use group::{
-    validate_peer, Engine, GroupRunner, Request, ABORT_NOTICE_GRACE, PEER_FAILURE_GRACE,
+    validate_peer, BackendEngine, Engine, GroupRunner, Request, ABORT_NOTICE_GRACE,
+    PEER_FAILURE_GRACE,
 };
 pub use host_engine::{
     HostBackend, HostConfig, HostEngine, HostTransport, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,

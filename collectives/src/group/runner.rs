@@ -1,7 +1,8 @@
-//! The group runner: the one place that numbers calls, checks their arguments, keeps
-//! the broken state and diagnoses failures, for every backend.
+//! The group runner: the one place that numbers calls, checks their arguments, reacts
+//! to the group's abort and diagnoses failures, for every backend.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,8 +33,9 @@ struct RunState<E> {
     /// Point-to-point message counters, per peer, for each direction.
     sent_to: Vec<u64>,
     received_from: Vec<u64>,
-    /// The first error that broke the group.
-    broken: Option<String>,
+    /// The engine was released and the hooks told after the group was aborted (whether
+    /// it was, by whom and why, is the [`GroupControl`]'s to say).
+    released: bool,
 }
 
 impl<E> RunState<E> {
@@ -54,12 +56,18 @@ impl<E> RunState<E> {
 /// connections in an unknown state breaks the group: the engine is aborted and every
 /// later call fails at once with [`Error::GroupBroken`].
 ///
+/// The runner excludes: one call at a time holds the engine, and calls are numbered in
+/// the order they enter. It does not order calls issued from several threads; issue
+/// order is the caller's (the facade's sequencer hands out turns). Whether the group is
+/// broken is not the runner's to store either: it is [`GroupControl`]'s abort record,
+/// which the sequencer, the control thread and the runner all read.
+///
 /// Breaking the group also *aborts* it through the group's [`GroupControl`]: with a
 /// control link attached ([`GroupRunner::keep_control_link`]) every peer is told why and
 /// fails within about a second with [`Error::GroupAborted`], instead of waiting for its
 /// own deadline.
 pub struct GroupRunner<E> {
-    name: &'static str,
+    name: Cow<'static, str>,
     rank: usize,
     world_size: usize,
     timeout: Duration,
@@ -74,7 +82,7 @@ pub struct GroupRunner<E> {
 impl<E: Engine> GroupRunner<E> {
     /// Wraps `engine`, rank `rank` of `world_size`, whose calls default to `timeout`.
     pub fn with_engine(
-        name: &'static str,
+        name: impl Into<Cow<'static, str>>,
         rank: usize,
         world_size: usize,
         timeout: Duration,
@@ -84,7 +92,7 @@ impl<E: Engine> GroupRunner<E> {
         control.probe().size_for(world_size);
         engine.attach(&control);
         GroupRunner {
-            name,
+            name: name.into(),
             rank,
             world_size,
             timeout,
@@ -96,7 +104,7 @@ impl<E: Engine> GroupRunner<E> {
                 seq: 0,
                 sent_to: vec![0; world_size],
                 received_from: vec![0; world_size],
-                broken: None,
+                released: false,
             }),
         }
     }
@@ -175,14 +183,8 @@ impl<E: Engine> GroupRunner<E> {
     /// returned.
     pub fn tend<R>(&self, body: impl FnOnce(&mut E) -> Result<R, Error>) -> Result<R, Error> {
         let mut state = self.lock()?;
-        if let Some(cause) = &state.broken {
-            return Err(Error::GroupBroken {
-                rank: self.rank,
-                cause: cause.clone(),
-            });
-        }
         if let Some(record) = self.control.aborted() {
-            let error = self.abort_error(record);
+            let error = self.refusal(&state, record);
             let deferred = self.break_group(&mut state, &error);
             drop(state);
             after_unlock(deferred);
@@ -208,9 +210,6 @@ impl<E: Engine> GroupRunner<E> {
     /// group is broken or aborted.
     pub fn tend_unattended<R>(&self, body: impl FnOnce(&mut E) -> Result<R, Error>) -> Option<R> {
         let mut state = self.state.lock().ok()?;
-        if state.broken.is_some() {
-            return None;
-        }
         if self.control.is_aborted() {
             state.engine.abort();
             return None;
@@ -250,16 +249,8 @@ impl<E: Engine> GroupRunner<E> {
         let mut state = self
             .lock()
             .inspect_err(|e| self.hooks.refused(sequence, None, e))?;
-        if let Some(cause) = &state.broken {
-            let error = Error::GroupBroken {
-                rank: self.rank,
-                cause: cause.clone(),
-            };
-            self.hooks.refused(sequence, None, &error);
-            return Err(error);
-        }
         if let Some(record) = self.control.aborted() {
-            let error = self.abort_error(record);
+            let error = self.refusal(&state, record);
             // The hooks see this rank as the break found it; the call is refused after,
             // as the op it would have been.
             let deferred = self.break_group(&mut state, &error);
@@ -317,26 +308,45 @@ impl<E: Engine> GroupRunner<E> {
         result
     }
 
-    /// Marks the group broken by `error`, releases the engine, and aborts the group (the
-    /// peers are told, unless the abort came from one of them), and tells the hooks
-    /// while the failed call still shows as running. Returns what the hooks left for
+    /// Aborts the group for `error` (the peers are told, unless the abort came from one
+    /// of them; an earlier abort stands), releases the engine, and tells the hooks while
+    /// the failed call still shows as running; once. Returns what the hooks left for
     /// the caller to do once it has released the group's lock.
     fn break_group(&self, state: &mut RunState<E>, error: &Error) -> Option<Deferred> {
-        if state.broken.is_some() {
+        if state.released {
             return None;
         }
         let cause = match error {
             Error::GroupBroken { cause, .. } => cause.clone(),
             other => other.to_string(),
         };
-        state.broken = Some(cause.clone());
+        state.released = true;
         state.engine.abort();
         self.control
             .abort_caused(self.rank, cause, error.likely_cause(), None);
         self.hooks.broke(Broke::By(error))
     }
 
-    /// The error a call gets once the group has been aborted.
+    /// The error a call gets once the group has been aborted: the first one after the
+    /// abort gets the abort itself ([`Error::GroupAborted`] for a peer's, this rank's
+    /// own error for its own); once this rank has reacted, every later one gets
+    /// [`Error::GroupBroken`] quoting it.
+    fn refusal(&self, state: &RunState<E>, record: AbortRecord) -> Error {
+        if !state.released {
+            return self.abort_error(record);
+        }
+        let cause = if record.origin == self.rank {
+            record.reason
+        } else {
+            self.abort_error(record).to_string()
+        };
+        Error::GroupBroken {
+            rank: self.rank,
+            cause,
+        }
+    }
+
+    /// The error the abort `record` stands for on this rank.
     fn abort_error(&self, record: AbortRecord) -> Error {
         if record.origin != self.rank {
             return Error::GroupAborted {
@@ -517,12 +527,16 @@ fn heard_of(mut error: Error, record: &AbortRecord) -> Error {
 
 impl<E: Engine> Backend for GroupRunner<E> {
     fn name(&self) -> &str {
-        self.name
+        &self.name
     }
 
     fn abort(&self, cause: &str) {
         self.control.abort(self.rank, cause.to_string(), None);
         after_unlock(self.hooks.broke(Broke::Aborted(cause)));
+    }
+
+    fn control(&self) -> Option<&Arc<GroupControl>> {
+        Some(&self.control)
     }
 
     fn rank(&self) -> usize {

@@ -117,7 +117,7 @@ pub struct FlightRecorder {
     control: OnceLock<Arc<GroupControl>>,
     /// The group broke and its dump was taken: later breaks do not dump again, and the
     /// beacon stays behind for the diagnosis.
-    broken: AtomicBool,
+    dumped_on_break: AtomicBool,
     /// The running call was handed to a device without a wait: it ends
     /// [`CallState::OnDevice`] rather than done.
     handed_off: AtomicBool,
@@ -168,7 +168,7 @@ impl FlightRecorder {
             live: LiveCall::default(),
             beacon,
             control: OnceLock::new(),
-            broken: AtomicBool::new(false),
+            dumped_on_break: AtomicBool::new(false),
             handed_off: AtomicBool::new(false),
             epoch: Instant::now(),
             epoch_us: now_us(),
@@ -674,7 +674,7 @@ impl FlightRecorder {
     /// [`FlightRecorder::write_break`] once the caller has released its locks.
     pub(crate) fn break_snapshot(&self, reason: &str) -> Option<FlightDump> {
         self.config.dir.as_ref()?;
-        if self.broken.swap(true, Ordering::AcqRel) {
+        if self.dumped_on_break.swap(true, Ordering::AcqRel) {
             return None;
         }
         Some(self.snapshot(reason))
@@ -695,7 +695,7 @@ impl FlightRecorder {
         let Some(control) = self.control.get() else {
             return;
         };
-        if !control.is_aborted() || self.broken.load(Ordering::Acquire) {
+        if !control.is_aborted() || self.dumped_on_break.load(Ordering::Acquire) {
             return;
         }
         let Some(record) = control.aborted() else {
@@ -811,7 +811,7 @@ fn host_name() -> String {
 impl Drop for FlightRecorder {
     fn drop(&mut self) {
         if let Some(beacon) = &self.beacon {
-            if !self.broken.load(Ordering::Acquire) {
+            if !self.dumped_on_break.load(Ordering::Acquire) {
                 beacon.remove();
             }
         }
