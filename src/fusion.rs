@@ -1,46 +1,12 @@
-//! Fused all-reduce of many tensors ([`ProcessGroup::all_reduce_bucketed`]) and the
-//! fusion buffers it recycles between calls.
+//! Fused all-reduce of many tensors ([`ProcessGroup::all_reduce_bucketed`]).
 
-use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::Mutex;
 
 use ringccl_collectives::fusion::{plan_fusion, Piece};
 use ringccl_collectives::{validate_reduce, Element, ReduceOp};
 
+use crate::fusion_pool::BUCKETS_IN_FLIGHT;
 use crate::{Error, ProcessGroup, Work};
-
-/// How many fused buckets [`ProcessGroup::all_reduce_bucketed`] keeps on the wire while
-/// it packs the next one.
-const BUCKETS_IN_FLIGHT: usize = 2;
-
-/// Fusion buffers kept between calls of `all_reduce_bucketed`, so that a training loop
-/// does not allocate (and page-fault in) fresh buckets every step.
-#[derive(Default)]
-pub(crate) struct FusionPool {
-    /// Each entry is a `Vec<Vec<T>>` for some element type `T`.
-    by_type: Mutex<Vec<Box<dyn Any + Send>>>,
-}
-
-impl FusionPool {
-    fn take<T: Element>(&self) -> Vec<Vec<T>> {
-        let Ok(mut pool) = self.by_type.lock() else {
-            return Vec::new();
-        };
-        let found = pool.iter().position(|entry| entry.is::<Vec<Vec<T>>>());
-        found
-            .map(|i| pool.swap_remove(i))
-            .and_then(|entry| entry.downcast::<Vec<Vec<T>>>().ok())
-            .map_or_else(Vec::new, |buffers| *buffers)
-    }
-
-    fn put<T: Element>(&self, mut buffers: Vec<Vec<T>>) {
-        buffers.truncate(BUCKETS_IN_FLIGHT + 1);
-        if let Ok(mut pool) = self.by_type.lock() {
-            pool.push(Box::new(buffers));
-        }
-    }
-}
 
 impl ProcessGroup {
     /// All-reduces many tensors through fusion buffers of at most `bucket_bytes`: the

@@ -8,16 +8,18 @@ use std::time::{Duration, Instant};
 use ringccl_collectives::{
     Backend, Deadline, GroupRunner, HostBackend, HostConfig, HostEngine, HostTransport,
 };
-use ringccl_observe::flight::{FlightConfig, FlightRecorder, MAIN_GROUP};
-use ringccl_observe::timeline::{CollectiveTrace, TraceFile};
+use ringccl_observe::flight::MAIN_GROUP;
+use ringccl_observe::timeline::TraceFile;
 use ringccl_observe::Observers;
 use ringccl_rendezvous::store::Store;
-use ringccl_rendezvous::{connect_mesh, connect_mesh_through, Mesh, MeshConfig, SetupError};
+use ringccl_rendezvous::{connect_mesh, connect_mesh_through, Mesh, SetupError};
 use ringccl_transports::{
     discover_hosts, shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES,
 };
 
+use crate::observers::observers;
 use crate::options::{InitOptions, TransportKind};
+use crate::origin::GlooRecipe;
 use crate::process_group::same_for_every_peer;
 use crate::{Error, ProcessGroup};
 
@@ -157,54 +159,6 @@ pub(crate) fn host_config(opts: &InitOptions) -> Result<HostConfig, Error> {
     Ok(config)
 }
 
-/// What a `"gloo"` group was made with, kept so that the groups formed from it
-/// ([`ProcessGroup::new_group`], [`ProcessGroup::split`]) are made the same way.
-#[derive(Debug)]
-pub(crate) struct GlooRecipe {
-    pub(crate) config: HostConfig,
-    pub(crate) kind: TransportKind,
-    /// The rendezvous settings; rank and world size are the original group's.
-    pub(crate) mesh: MeshConfig,
-    /// Where the groups' flight recorders write, and how many calls they keep (each
-    /// group names its own group and transport).
-    pub(crate) flight: FlightConfig,
-    /// How long a wait spins (shared memory) or busy-polls (TCP) before it sleeps.
-    pub(crate) spin: Duration,
-    /// This rank's trace file, shared by the groups formed from this one.
-    pub(crate) trace: Option<Arc<TraceFile>>,
-}
-
-impl GlooRecipe {
-    /// What watches rank `rank` of the group of `world_size` named `group` over
-    /// `transport`: its flight recorder and, when this rank writes a trace, the row
-    /// `row` of it.
-    pub(crate) fn observers(
-        &self,
-        (rank, world_size): (usize, usize),
-        group: &str,
-        row: &str,
-        transport: &'static str,
-    ) -> Arc<Observers> {
-        let flight = FlightConfig {
-            group: group.into(),
-            transport,
-            ..self.flight.clone()
-        };
-        let trace = self.trace.as_ref().map(|file| (file, row));
-        observers((rank, world_size), "gloo", flight, trace)
-    }
-
-    /// The rendezvous settings for rank `rank` of a group of `world_size`.
-    pub(crate) fn mesh_config(&self, rank: usize, world_size: usize) -> MeshConfig {
-        let mut config = MeshConfig::new(rank, world_size, &self.mesh.master, self.mesh.timeout);
-        config.dead_peer_timeout = self.mesh.dead_peer_timeout;
-        config.auth_token = self.mesh.auth_token.clone();
-        config.attempt = self.mesh.attempt;
-        config.socket_ifname = self.mesh.socket_ifname.clone();
-        config
-    }
-}
-
 /// The rest of a `"gloo"` start-up once `mesh` is connected: shared memory where
 /// `recipe` allows it, the connections handed to the transport, the flight recorder (its
 /// files named after `group`), the control thread; all by `deadline`, the start-up's.
@@ -311,21 +265,6 @@ fn local_address(data: &[Option<TcpStream>]) -> String {
             || "none (a group of one)".to_string(),
             |a| a.ip().to_string(),
         )
-}
-
-/// What watches rank `rank` of a group of `world_size` on `backend`: a flight recorder
-/// set up by `flight` and, given this rank's trace file and a row name, that row of the
-/// timeline (its calls labelled with `flight.transport`).
-pub(crate) fn observers(
-    (rank, world_size): (usize, usize),
-    backend: &'static str,
-    flight: FlightConfig,
-    trace: Option<(&Arc<TraceFile>, &str)>,
-) -> Arc<Observers> {
-    let transport = flight.transport;
-    let trace = trace.map(|(file, row)| CollectiveTrace::new(file.new_row(row), transport));
-    let recorder = FlightRecorder::new(rank, world_size, backend, flight);
-    Arc::new(Observers::new(Some(recorder), trace))
 }
 
 /// The `"gloo"` backend over `transport`, watched by `observers`.

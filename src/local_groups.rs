@@ -10,7 +10,8 @@ use ringccl_collectives::control::{GroupControl, MemoryControlLink};
 use ringccl_rendezvous::SetupError;
 use ringccl_transports::{InProcessTransport, DEFAULT_RING_BYTES};
 
-use crate::init::{host_backend, host_config, observers};
+use crate::init::{host_backend, host_config};
+use crate::observers::observers;
 use crate::process_group::same_for_every_peer;
 use crate::{Error, InitOptions, ProcessGroup, BACKENDS};
 

@@ -16,10 +16,9 @@ use ringccl_observe::timeline::TraceHold;
 use ringccl_observe::Observers;
 use ringccl_rendezvous::KeptStore;
 
-use crate::fusion::FusionPool;
-use crate::init::GlooRecipe;
+use crate::fusion_pool::FusionPool;
+use crate::origin::{GlooRecipe, Origin};
 use crate::sequencer::Sequencer;
-use crate::subgroup::Origin;
 use crate::work::{Queued, Work};
 use crate::worker::{IdleWatch, Job, RunOnBackend, Worker};
 use crate::Error;

@@ -10,25 +10,16 @@
 //! verdict), then the members connect through the parent's rendezvous store, under a
 //! namespace of their own.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringccl_collectives::Deadline;
-use ringccl_rendezvous::KeptStore;
 use tracing::info;
 
-use crate::init::{gloo_over_mesh, GlooRecipe};
+use crate::init::gloo_over_mesh;
+use crate::origin::Origin;
 use crate::{Error, ProcessGroup};
-
-/// How a group was made, kept to form groups from it.
-pub(crate) struct Origin {
-    /// The rendezvous store the new groups meet through.
-    pub(crate) store: KeptStore,
-    pub(crate) recipe: Arc<GlooRecipe>,
-    /// How many groups this group has formed so far (the next one's serial number).
-    pub(crate) formed: AtomicU64,
-}
 
 /// What one rank asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

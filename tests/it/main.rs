@@ -26,6 +26,7 @@ mod foreign_store;
 mod groups;
 mod idle_cpu;
 mod local_groups;
+mod module_graph;
 mod nccl;
 mod netns;
 mod p2p_deadlock;

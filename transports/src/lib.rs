@@ -31,6 +31,7 @@ mod host_map;
 pub mod liveness;
 mod peer_watch;
 pub mod poll;
+mod setup_errors;
 mod setup_store;
 pub mod shm;
 mod tcp;
@@ -39,7 +40,8 @@ use ringccl_collectives::spin;
 
 pub use control_link::ControlLink;
 pub use host_map::{discover_hosts, HostMap};
-pub use peer_watch::{PeerGone, PeerWatch, WatchedStore};
+pub use peer_watch::{PeerWatch, WatchedStore};
+pub use setup_errors::PeerGone;
 pub use setup_store::SetupStore;
 pub use shm::{InProcessTransport, ShmTransport, DEFAULT_RING_BYTES};
 pub use tcp::TcpTransport;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 
 use crate::liveness::connection_lost;
+use crate::setup_errors::PeerGone;
 use crate::SetupStore;
 
 /// Longest pause between two looks at the peers' connections while waiting.
@@ -51,24 +52,6 @@ impl<F: Fn(usize) -> bool> PeerWatch for F {
     fn gone(&self, peer: usize) -> bool {
         self(peer)
     }
-}
-
-/// A peer's process went away (killed, crashed, exited) during a start-up step that
-/// follows the mesh, so start-up cannot finish.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "rank {rank}: rank {peer} went away during {step} ({how}); start-up cannot finish without it: \
-     look at rank {peer}'s own output and exit status (killed? out of memory? crashed?), then restart every rank"
-)]
-pub struct PeerGone {
-    /// The rank that noticed.
-    pub rank: usize,
-    /// The rank that went away.
-    pub peer: usize,
-    /// The start-up step, e.g. `"shared-memory set-up"`.
-    pub step: &'static str,
-    /// How it was noticed, and which other ranks had gone too.
-    pub how: String,
 }
 
 /// The rendezvous store of one start-up step, with the peers' connections watched:

@@ -3,8 +3,7 @@
 
 use std::time::Instant;
 
-use crate::shm::ShmUnavailable;
-use crate::PeerGone;
+use crate::setup_errors::{PeerGone, ShmUnavailable};
 
 /// A key/value store every rank of the group reaches during start-up.
 pub trait SetupStore {

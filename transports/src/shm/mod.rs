@@ -84,12 +84,13 @@ use ringccl_collectives::wire::FRAME_HEADER_LEN;
 use ringccl_collectives::{check_peer, Closer, Readiness, Transport};
 
 use crate::poll::{ready_now, wait_any};
+pub use crate::setup_errors::ShmUnavailable;
 use crate::spin::{host_cores, Spin};
 use crate::TcpTransport;
 pub use in_process::InProcessTransport;
 pub use ring::DEFAULT_RING_BYTES;
 use ring::{in_poll_for, Ring, Rings};
-pub use setup::{set_up, SharedRings, ShmUnavailable};
+pub use setup::{set_up, SharedRings};
 
 /// Longest sleep between two looks at the peers' liveness.
 const LIVENESS_SLICE: Duration = Duration::from_millis(50);

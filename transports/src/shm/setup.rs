@@ -14,21 +14,12 @@ use super::inbox::{open_peer, OwnInbox, Ticket};
 use super::mapping::Mapping;
 use super::ring::{inbox_len, Rings};
 use crate::host_map::{exchange, host_identity};
+use crate::setup_errors::ShmUnavailable;
 use crate::HostMap;
 use crate::{PeerWatch, SetupStore, WatchedStore};
 
 /// The step [`PeerGone`](crate::PeerGone) errors name.
 const STEP: &str = "shared-memory set-up";
-
-/// Shared memory was required (`RINGCCL_TRANSPORT=shm`) but cannot be set up.
-#[derive(Debug, thiserror::Error)]
-#[error("rank {rank}: shared-memory transport: {reason}; or use RINGCCL_TRANSPORT=tcp")]
-pub struct ShmUnavailable {
-    /// The rank that reports it.
-    pub rank: usize,
-    /// Why (another host, an inbox that could not be created, reserved or mapped).
-    pub reason: String,
-}
 
 /// Every rank's inbox, mapped: what [`ShmTransport::new`](super::ShmTransport::new)
 /// needs besides the liveness connections.
