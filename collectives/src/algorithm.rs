@@ -29,8 +29,10 @@ pub enum AllReduceAlgo {
     /// The hierarchical all-reduce whenever the group spans hosts with several ranks on
     /// one (inside each host, across, inside again); the ring otherwise.
     Hierarchical,
-    /// Ranks that are threads of one process (`ringccl::local_groups`) read each other's
-    /// buffers directly, at every size; elsewhere the same as `Auto`.
+    /// Ranks read each other's buffers, at every size: threads of one process
+    /// (`ringccl::local_groups`) directly, and processes of one host sharing memory
+    /// through the kernel (cross-memory attach, when every rank may read every other's
+    /// memory, as set-up finds); elsewhere the same as `Auto`.
     PeerMemory,
 }
 
@@ -106,7 +108,7 @@ impl AllReduceAlgo {
         mid_max_bytes: usize,
         spans_hosts: bool,
     ) -> Algorithm {
-        // Peer memory needs ranks in one process; anywhere else it is Auto.
+        // Peer memory needs ranks that read each other's memory; anywhere else it is Auto.
         let this = match self {
             AllReduceAlgo::PeerMemory => AllReduceAlgo::Auto,
             other => other,

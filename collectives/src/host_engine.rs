@@ -11,6 +11,7 @@ use crate::executor::{execute, Call};
 use crate::group::{Engine, GroupRunner, Request};
 use crate::hooks::{CallHooks, CallScope, NoHooks, ProgressSink, Running};
 use crate::memory_barrier::{self, OffersMemoryBarrier, Reduction, SLOT_DATA};
+use crate::one_copy;
 use crate::peer_memory::OffersPeerMemory;
 use crate::schedule::{
     binomial_tree_broadcast, chain_broadcast, dissemination_barrier, gather_release_barrier,
@@ -42,7 +43,8 @@ pub struct HostConfig {
     pub mid_all_reduce_max_bytes: usize,
     /// With [`AllReduceAlgo::Auto`], ranks that share this process (the transport offers
     /// [`OffersPeerMemory::peer_memory`]) all-reduce buffers of at least this size by reading
-    /// each other's buffers.
+    /// each other's buffers. (Processes of one host that can read each other's memory
+    /// through the kernel do so only under [`AllReduceAlgo::PeerMemory`].)
     pub peer_memory_min_bytes: usize,
 }
 
@@ -198,6 +200,36 @@ impl<T: HostTransport> HostEngine<T> {
         )
     }
 
+    /// The all-reduce between processes that read each other's buffers (`one_copy.rs`).
+    fn run_one_copy(
+        &mut self,
+        op: &OpDesc,
+        buf: &mut [u8],
+        (dtype, reduce): (DType, ReduceOp),
+        deadline: Deadline,
+    ) -> Result<(), Error> {
+        let slot = (self.memory_calls % 2) as usize;
+        self.memory_calls += 1;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = self.run_unscheduled(
+            op,
+            Algorithm::PeerMemory,
+            deadline,
+            |transport, progress| {
+                one_copy::all_reduce(
+                    transport,
+                    op,
+                    (buf, dtype, reduce),
+                    (slot, &mut scratch),
+                    (deadline.at(), deadline.timeout()),
+                    progress,
+                )
+            },
+        );
+        self.scratch = scratch;
+        result
+    }
+
     /// A barrier, or with `reduce` a small all-reduce of `buf`, in memory every rank
     /// shares (`memory_barrier.rs`).
     fn run_in_memory(
@@ -325,6 +357,17 @@ impl<T: HostTransport> Engine for HostEngine<T> {
                 };
                 if peer_memory && self.transport.peer_memory().is_some() {
                     return self.run_peer_memory(op, buf.bytes_mut(), (dtype, reduce), deadline);
+                }
+                // Processes reading each other's memory through the kernel only when asked
+                // for: on the machines measured, that read is slower than the rings (see
+                // docs/benchmarks.md), so the automatic choice never takes it.
+                let reads_peers = |t: &mut T| {
+                    t.memory_barrier()
+                        .is_some_and(|barrier| barrier.reads_peer_memory())
+                };
+                let asked = cfg.all_reduce_algo == AllReduceAlgo::PeerMemory;
+                if asked && n > 1 && reads_peers(&mut self.transport) {
+                    return self.run_one_copy(op, buf.bytes_mut(), (dtype, reduce), deadline);
                 }
                 let in_memory =
                     cfg.all_reduce_algo == AllReduceAlgo::Auto && n > 1 && count * es <= SLOT_DATA;

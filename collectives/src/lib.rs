@@ -25,6 +25,7 @@ mod kernels;
 pub mod memory_barrier;
 #[cfg(any(test, feature = "test-support"))]
 mod memory_transport;
+mod one_copy;
 mod op;
 mod op_desc;
 pub mod peer_memory;

@@ -45,6 +45,18 @@ use crate::{CollectiveKind, DType, Error, OpDesc, ReduceOp};
 /// The most bytes an all-reduce in memory carries (one slot's data).
 pub const SLOT_DATA: usize = 1024;
 
+/// Arrivals a call may publish: a barrier or a small all-reduce publishes one, a call
+/// that reads the peers' buffers (`one_copy.rs`) one per step.
+const ARRIVALS_PER_CALL: u64 = 4;
+
+/// The number a rank publishes on arriving at step `step` (below
+/// [`ARRIVALS_PER_CALL`]) of the group's collective number `seq`: it only grows, from
+/// call to call and from step to step.
+pub(crate) fn arrival(seq: u64, step: u64) -> u64 {
+    seq.saturating_mul(ARRIVALS_PER_CALL)
+        .saturating_add(step.min(ARRIVALS_PER_CALL - 1))
+}
+
 /// Where a wait for the other ranks' arrival ended ([`MemoryBarrier::wait_all_arrived`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrivals {
@@ -57,13 +69,35 @@ pub enum Arrivals {
 }
 
 /// A barrier in memory that every rank of the group shares with this one (see the module
-/// documentation). Barriers are numbered by the group's collective counter, the same on
+/// documentation). Arrivals are numbered from the group's collective counter, the same on
 /// every rank, and only grow.
 pub trait MemoryBarrier {
     /// Writes `header` and `data` (at most [`SLOT_DATA`] bytes) into this rank's slot
-    /// `slot` (0 or 1), publishes that this rank has arrived at call `seq`, and wakes the
+    /// `slot` (0 or 1), publishes that this rank has arrived at `seq`, and wakes the
     /// ranks that sleep waiting for arrivals.
     fn arrive(&mut self, seq: u64, slot: usize, header: &[u8; FRAME_HEADER_LEN], data: &[u8]);
+
+    /// Publishes that this rank has arrived at `seq`, leaving its slots as they are, and
+    /// wakes the ranks that sleep waiting for arrivals.
+    fn advance(&mut self, seq: u64);
+
+    /// Whether [`MemoryBarrier::read_peer`] works with every rank of the group, as every
+    /// rank learnt alike at set-up. `false` (the default): no rank reads another's buffers.
+    fn reads_peer_memory(&self) -> bool {
+        false
+    }
+
+    /// Copies `out.len()` bytes from `address` in `peer`'s memory into `out`: `peer`'s
+    /// buffer, whose address it published in its slot. Only where
+    /// [`MemoryBarrier::reads_peer_memory`]; the default refuses. A peer whose process is
+    /// gone is [`io::ErrorKind::BrokenPipe`].
+    fn read_peer(&self, peer: usize, address: u64, out: &mut [u8]) -> io::Result<()> {
+        let _ = (peer, address, out);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this transport does not read its peers' memory",
+        ))
+    }
 
     /// Copies `peer`'s slot `slot`: its header, and its first `data.len()` data bytes.
     /// `false` when this transport shares no memory with `peer`.
@@ -132,11 +166,6 @@ pub(crate) fn run<T: Transport + OffersMemoryBarrier + ?Sized>(
     progress: ProgressSink<'_>,
 ) -> Result<(), Error> {
     let (rank, world_size) = (transport.rank(), transport.world_size());
-    let io_error = |e: io::Error| Error::Io {
-        rank,
-        context: format!("waiting in {op}"),
-        source: e,
-    };
     let data: &[u8] = reduction.as_ref().map_or(&[], |r| &*r.buf);
     if data.len() > SLOT_DATA {
         return Err(Error::InvalidArgument(format!(
@@ -155,14 +184,50 @@ pub(crate) fn run<T: Transport + OffersMemoryBarrier + ?Sized>(
             "rank {rank}: {op}: no memory shared with every rank for a call in memory"
         )));
     };
-    barrier.arrive(op.seq, slot, &header, data);
-    if let Some(first) = barrier.first_missing(op.seq) {
+    let number = arrival(op.seq, 0);
+    barrier.arrive(number, slot, &header, data);
+    await_all(transport, op, number, (deadline, timeout), progress)?;
+    let Some(barrier) = transport.memory_barrier() else {
+        return Ok(());
+    };
+    // A frame left behind names the call it came from, which is more than the peer's
+    // slot says (its next call in memory).
+    frames_left_behind(barrier, (rank, world_size), op)?;
+    match reduction.as_mut() {
+        None => same_calls(barrier, (rank, world_size), op, slot, 0),
+        Some(reduction) => fold(barrier, (rank, world_size), op, slot, reduction),
+    }
+}
+
+/// Waits until every rank has arrived at `number` in call `op`, until `deadline` (its
+/// timeout `timeout`, for messages), in slices of at most [`RETRY_EVERY`], telling
+/// `progress` whom it waits for after each. A rank missing at the deadline is named
+/// ([`Error::Timeout`]), as is one whose connection is gone ([`Error::PeerLost`]).
+pub(crate) fn await_all<T: Transport + OffersMemoryBarrier + ?Sized>(
+    transport: &mut T,
+    op: &OpDesc,
+    number: u64,
+    (deadline, timeout): (Instant, std::time::Duration),
+    progress: ProgressSink<'_>,
+) -> Result<(), Error> {
+    let rank = transport.rank();
+    let io_error = |e: io::Error| Error::Io {
+        rank,
+        context: format!("waiting in {op}"),
+        source: e,
+    };
+    let Some(barrier) = transport.memory_barrier() else {
+        return Err(Error::InvalidArgument(format!(
+            "rank {rank}: {op}: no memory shared with every rank for a call in memory"
+        )));
+    };
+    if let Some(first) = barrier.first_missing(number) {
         progress.blocked_on(first, 0);
         loop {
             let until = Instant::now()
                 .checked_add(RETRY_EVERY)
                 .map_or(deadline, |retry| retry.min(deadline));
-            match barrier.wait_all_arrived(op.seq, until).map_err(io_error)? {
+            match barrier.wait_all_arrived(number, until).map_err(io_error)? {
                 Arrivals::All => break,
                 Arrivals::Missing(peer) if until >= deadline => {
                     return Err(Error::Timeout {
@@ -195,16 +260,7 @@ pub(crate) fn run<T: Transport + OffersMemoryBarrier + ?Sized>(
             }
         }
     }
-    let Some(barrier) = transport.memory_barrier() else {
-        return Ok(());
-    };
-    // A frame left behind names the call it came from, which is more than the peer's
-    // slot says (its next call in memory).
-    frames_left_behind(barrier, (rank, world_size), op)?;
-    match reduction.as_mut() {
-        None => same_calls(barrier, (rank, world_size), op, slot, 0),
-        Some(reduction) => fold(barrier, (rank, world_size), op, slot, reduction),
-    }
+    Ok(())
 }
 
 /// Checks every peer's header in slot `slot` against this rank's call `op` (carrying
@@ -219,20 +275,22 @@ fn same_calls(
     let mut raw = [0u8; FRAME_HEADER_LEN];
     for peer in (0..world_size).filter(|&p| p != rank) {
         barrier.read_slot(peer, slot, &mut raw, &mut []);
-        check_slot_header(rank, peer, op, &raw, len)?;
+        check_slot_header(rank, peer, (op, Algorithm::SharedCounters), &raw, len)?;
     }
     Ok(())
 }
 
-fn check_slot_header(
+/// Checks `peer`'s slot header (`raw`) against this rank's call `op`, run by `algorithm`
+/// and carrying `len` bytes: a peer in another call is a mismatch.
+pub(crate) fn check_slot_header(
     rank: usize,
     peer: usize,
-    op: &OpDesc,
+    (op, algorithm): (&OpDesc, Algorithm),
     raw: &[u8; FRAME_HEADER_LEN],
     len: usize,
 ) -> Result<(), Error> {
     let header = peer_header(rank, peer, op, raw)?;
-    same_as_this_call(rank, peer, op, &header)?;
+    same_call(rank, peer, (*op, algorithm), (header.op, header.algorithm))?;
     if header.payload_len as usize != len {
         return Err(Error::Protocol {
             rank,
@@ -301,7 +359,7 @@ fn fold(
             &*reduction.buf
         } else {
             barrier.read_slot(peer, slot, &mut raw, operand);
-            check_slot_header(rank, peer, op, &raw, len)?;
+            check_slot_header(rank, peer, (op, Algorithm::SharedCounters), &raw, len)?;
             &*operand
         };
         if peer == 0 {
@@ -327,7 +385,7 @@ fn fold(
 /// Once every rank has arrived at barrier `op`: a collective frame numbered like it or
 /// earlier, still waiting from a peer, belongs to a call this rank never ran (see the
 /// module documentation). Looked at, not taken.
-fn frames_left_behind(
+pub(crate) fn frames_left_behind(
     barrier: &dyn MemoryBarrier,
     (rank, world_size): (usize, usize),
     op: &OpDesc,

@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 
 use crate::doorbell::Doorbell;
 use crate::kernels::{finalize_avg, reduce_bytes, Order};
+use crate::schedule::segment;
 use crate::spin::Spin;
 use crate::{DType, Error, OpDesc, ReduceOp};
 
@@ -537,10 +538,10 @@ impl PeerMemory {
 
         // 3–5. Committed: peers may read this buffer until every rank has gathered.
         let count = posted.len / dtype.size().max(1);
+        let es = dtype.size();
         let segment = |rank: usize| {
-            let (whole, extra) = (count / n, count % n);
-            let at = |r: usize| (r * whole + r.min(extra)) * dtype.size();
-            at(rank)..at(rank + 1)
+            let elements = segment(count, n, rank);
+            elements.start * es..elements.end * es
         };
         let reduced = self.reduce_segment(&bases, segment(me), me, (dtype, reduce));
         if reduced.is_err() {

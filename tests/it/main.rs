@@ -29,6 +29,7 @@ mod local_groups;
 mod module_graph;
 mod nccl;
 mod netns;
+mod one_copy;
 mod p2p_deadlock;
 mod rendezvous;
 mod rendezvous_hostile;

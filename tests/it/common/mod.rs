@@ -225,6 +225,26 @@ pub fn run_processes(test_name: &str, n: usize) -> Vec<Vec<String>> {
 
 /// [`run_processes`] with extra environment variables for every rank.
 pub fn run_processes_with_env(test_name: &str, n: usize, env: &[(&str, &str)]) -> Vec<Vec<String>> {
+    run_processes_ending(test_name, n, env, None)
+}
+
+/// [`run_processes_with_env`] where rank `killed` is to end by SIGKILL (it kills itself):
+/// its status must say so; every other rank must succeed.
+pub fn run_processes_one_killed(
+    test_name: &str,
+    n: usize,
+    env: &[(&str, &str)],
+    killed: usize,
+) -> Vec<Vec<String>> {
+    run_processes_ending(test_name, n, env, Some(killed))
+}
+
+fn run_processes_ending(
+    test_name: &str,
+    n: usize,
+    env: &[(&str, &str)],
+    killed: Option<usize>,
+) -> Vec<Vec<String>> {
     let deadline = Instant::now() + PROCESS_TEST_LIMIT;
     let (tx, rx) = mpsc::channel();
     let mut children: Vec<Child> = Vec::new();
@@ -275,6 +295,15 @@ pub fn run_processes_with_env(test_name: &str, n: usize, env: &[(&str, &str)]) -
     }
     for (rank, child) in children.iter_mut().enumerate() {
         let status = child.wait().expect("wait for child");
+        if killed == Some(rank) {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(
+                status.signal(),
+                Some(libc::SIGKILL),
+                "{test_name}: rank {rank} was to be killed: {status}"
+            );
+            continue;
+        }
         assert!(
             status.success(),
             "{test_name}: rank {rank} failed: {status}"

@@ -59,6 +59,11 @@ impl Ticket {
         (fields.next().is_none() && ticket.encode() == text).then_some(ticket)
     }
 
+    /// The owner's process.
+    pub(super) fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// The owner's descriptor, seen from any process allowed to inspect the owner.
     pub(super) fn path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/{}/fd/{}", self.pid, self.fd))
@@ -108,6 +113,11 @@ impl OwnInbox {
             ticket,
             owner: meta.uid(),
         })
+    }
+
+    /// The inbox, mapped.
+    pub(super) fn mapping(&self) -> &Mapping {
+        &self.mapping
     }
 
     /// What peers need to open this inbox.

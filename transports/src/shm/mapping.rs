@@ -1,8 +1,8 @@
 //! The only `unsafe` of the shared-memory transport: a shared file mapping, atomics
-//! placed in it, byte copies in and out of it, and the futex calls that sleep on a word
-//! of it.
+//! placed in it, byte copies in and out of it, the futex calls that sleep on a word
+//! of it, and reads of a peer process's memory through the kernel.
 
-// mmap, atomics and byte copies in shared memory, and futex syscalls.
+// mmap, atomics and byte copies in shared memory, futex and process_vm_readv syscalls.
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -72,6 +72,12 @@ impl Mapping {
         Ok(Mapping { base, len })
     }
 
+    /// Where the mapping starts in this process's address space (a peer process that
+    /// reads this process's memory needs it).
+    pub(crate) fn address(&self) -> u64 {
+        self.base.as_ptr() as u64
+    }
+
     fn check(&self, offset: usize, len: usize, align: usize) {
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= self.len) && offset % align == 0,
@@ -119,6 +125,56 @@ impl Mapping {
             );
         }
     }
+}
+
+/// Copies `out.len()` bytes from `address` in process `pid`'s memory into `out`, through
+/// the kernel (cross-memory attach, `process_vm_readv`): it needs the right to trace
+/// `pid` (the same user, and Yama's `ptrace_scope` allowing it). A process that is gone
+/// is [`io::ErrorKind::BrokenPipe`]; an address outside its memory is `EFAULT`.
+pub(crate) fn read_process(pid: u32, address: u64, out: &mut [u8]) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "process id out of range"))?;
+    let mut done = 0;
+    while done < out.len() {
+        let left = out.len() - done;
+        let from = address
+            .checked_add(done as u64)
+            .and_then(|a| usize::try_from(a).ok())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "address overflows"))?;
+        let local = libc::iovec {
+            iov_base: out[done..].as_mut_ptr().cast(),
+            iov_len: left,
+        };
+        let remote = libc::iovec {
+            iov_base: from as *mut libc::c_void,
+            iov_len: left,
+        };
+        // SAFETY: `local` is the last `left` bytes of `out`, which this function borrows
+        // mutably; `remote` is only read by the kernel, which checks it against `pid`'s
+        // mappings and fails with EFAULT outside them, never touching this process's.
+        let got = unsafe { libc::process_vm_readv(pid, &local, 1, &remote, 1, 0) };
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::ESRCH) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        format!("no process {pid}"),
+                    ))
+                }
+                _ => return Err(e),
+            }
+        }
+        if got == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("process {pid}'s memory ended at {from:#x}"),
+            ));
+        }
+        done += got as usize;
+    }
+    Ok(())
 }
 
 impl Drop for Mapping {

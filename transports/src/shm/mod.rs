@@ -88,6 +88,7 @@ pub use crate::setup_errors::ShmUnavailable;
 use crate::spin::{host_cores, Spin};
 use crate::TcpTransport;
 pub use in_process::InProcessTransport;
+use mapping::read_process;
 pub use ring::DEFAULT_RING_BYTES;
 use ring::{in_poll_for, Ring, Rings};
 pub use setup::{set_up, SharedRings};
@@ -114,6 +115,9 @@ pub struct ShmTransport {
     last_look: Instant,
     /// Every pair of the group's ranks shares memory: barriers run in it.
     memory_barrier: bool,
+    /// `processes[r]`: rank `r`'s process, whose memory this rank may read (see
+    /// [`SharedRings`]); all `None` when the ranks do not read each other's memory.
+    processes: Vec<Option<u32>>,
 }
 
 impl ShmTransport {
@@ -126,6 +130,7 @@ impl ShmTransport {
             rings,
             map,
             with_every_rank,
+            processes,
         } = rings;
         let tcp = tcp.with_hosts(&map);
         ShmTransport {
@@ -135,6 +140,7 @@ impl ShmTransport {
             gone: vec![false; n],
             last_look: Instant::now(),
             memory_barrier: with_every_rank,
+            processes,
         }
     }
 
@@ -437,6 +443,30 @@ impl MemoryBarrier for ShmTransport {
             .arrive(self.tcp.rank(), seq, (slot, header, data), |peer| {
                 tcp.send_wake_up(peer)
             });
+    }
+
+    fn advance(&mut self, seq: u64) {
+        let tcp = &self.tcp;
+        self.rings
+            .advance(self.tcp.rank(), seq, |peer| tcp.send_wake_up(peer));
+    }
+
+    fn reads_peer_memory(&self) -> bool {
+        let me = self.rank();
+        self.processes
+            .iter()
+            .enumerate()
+            .all(|(rank, process)| rank == me || process.is_some())
+    }
+
+    fn read_peer(&self, peer: usize, address: u64, out: &mut [u8]) -> io::Result<()> {
+        match self.processes.get(peer).copied().flatten() {
+            Some(pid) => read_process(pid, address, out),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("this rank does not read rank {peer}'s memory"),
+            )),
+        }
     }
 
     fn read_slot(

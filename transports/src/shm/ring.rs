@@ -42,7 +42,7 @@ use std::time::Duration;
 use ringccl_collectives::memory_barrier::SLOT_DATA;
 use ringccl_collectives::wire::FRAME_HEADER_LEN;
 
-use super::mapping::{futex_wait, futex_wake, Mapping};
+use super::mapping::{futex_wait, futex_wake, read_process, Mapping};
 
 /// Capacity of each ring (one per ordered pair of ranks).
 pub const DEFAULT_RING_BYTES: usize = 1 << 20;
@@ -57,6 +57,10 @@ pub(super) const SLEEPING_ON_BELL: u32 = 1;
 /// The number of the latest barrier the inbox's owner has arrived at (the barrier in
 /// memory): written by the owner only, read by every local rank.
 const ARRIVED: usize = 128;
+/// Where the inbox starts in its owner's address space, written by the owner at set-up:
+/// a peer that reads this word through the kernel, at that address, proves it can read
+/// the owner's memory.
+const OWN_ADDRESS: usize = 192;
 /// Two slots, each the header of the owner's latest call in memory and its data: the
 /// owner writes them before it publishes its arrival and never rewrites a slot a peer may
 /// still read (calls in memory alternate between the two, and a rank starts call `m + 2`
@@ -95,6 +99,32 @@ pub(super) fn inbox_len(local_ranks: usize, ring_bytes: usize) -> usize {
 /// Where the ring of the local rank at position `slot` starts in an inbox.
 fn ring_offset(slot: usize, ring_bytes: usize) -> usize {
     HEADER + slot * (HEADER + ring_bytes)
+}
+
+/// Writes where `own` (this rank's inbox) starts in this process, for the peers that
+/// check they can read this process's memory ([`can_read_owner`]).
+pub(super) fn publish_own_address(own: &Mapping) {
+    own.atomic_u64(OWN_ADDRESS)
+        .store(own.address(), Ordering::Release);
+}
+
+/// Whether this process can read the memory of process `pid`, the owner of the inbox
+/// `theirs` (mapped here): reading, through the kernel, the word where the owner wrote
+/// its inbox's address must give what this mapping shows. `Err` says why not.
+pub(super) fn can_read_owner(theirs: &Mapping, pid: u32) -> Result<(), String> {
+    let address = theirs.atomic_u64(OWN_ADDRESS).load(Ordering::Acquire);
+    if address == 0 {
+        return Err("it published no address to read".into());
+    }
+    let mut word = [0u8; 8];
+    read_process(pid, address + OWN_ADDRESS as u64, &mut word)
+        .map_err(|e| format!("reading process {pid}'s memory: {e}"))?;
+    match u64::from_ne_bytes(word) {
+        read if read == address => Ok(()),
+        read => Err(format!(
+            "process {pid}'s memory at {address:#x} reads {read:#x}, not its inbox's address"
+        )),
+    }
 }
 
 /// The inboxes of the ranks this rank shares memory with, mapped by this rank.
@@ -167,12 +197,20 @@ impl Rings {
         me: usize,
         seq: u64,
         (slot, header, data): (usize, &[u8; FRAME_HEADER_LEN], &[u8]),
-        mut byte_needed: impl FnMut(usize),
+        byte_needed: impl FnMut(usize),
     ) {
         if let Some(inbox) = self.inbox(me) {
             let at = SLOTS + (slot % 2) * SLOT_LEN;
             inbox.write(at, header);
             inbox.write(at + FRAME_HEADER_LEN, &data[..data.len().min(SLOT_DATA)]);
+        }
+        self.advance(me, seq, byte_needed);
+    }
+
+    /// Publishes that rank `me` has arrived at `seq`, its slots unchanged, and wakes the
+    /// local ranks that sleep (calling `byte_needed` for those asleep in `poll(2)`).
+    pub(super) fn advance(&self, me: usize, seq: u64, mut byte_needed: impl FnMut(usize)) {
+        if let Some(inbox) = self.inbox(me) {
             inbox.atomic_u64(ARRIVED).store(seq, Ordering::Release);
         }
         fence(Ordering::SeqCst);

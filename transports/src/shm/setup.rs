@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::inbox::{open_peer, OwnInbox, Ticket};
 use super::mapping::Mapping;
-use super::ring::{inbox_len, Rings};
+use super::ring::{can_read_owner, inbox_len, publish_own_address, Rings};
 use crate::host_map::{exchange, host_identity};
 use crate::setup_errors::ShmUnavailable;
 use crate::HostMap;
@@ -20,6 +20,9 @@ use crate::{PeerWatch, SetupStore, WatchedStore};
 
 /// The step [`PeerGone`](crate::PeerGone) errors name.
 const STEP: &str = "shared-memory set-up";
+
+/// Ends a rank's list of mapped peers when it can read every one's memory.
+const READS_PEERS: &str = ";reads";
 
 /// Every rank's inbox, mapped: what [`ShmTransport::new`](super::ShmTransport::new)
 /// needs besides the liveness connections.
@@ -30,6 +33,10 @@ pub struct SharedRings {
     /// Every pair of the group's ranks shares memory, as every rank learnt alike from
     /// what each published: the barrier in memory is for this group.
     pub(super) with_every_rank: bool,
+    /// `processes[r]`: the process of rank `r`, for the ranks this rank shares memory
+    /// with and may read the memory of; all `None` unless every rank of the group can
+    /// read every other's (as every rank learnt alike at set-up).
+    pub(super) processes: Vec<Option<u32>>,
 }
 
 impl SharedRings {
@@ -44,6 +51,7 @@ impl SharedRings {
             },
             map,
             with_every_rank: false,
+            processes: vec![None; n],
         }
     }
 
@@ -189,6 +197,9 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     // space; publish where the local peers find it.
     let len = inbox_len(local.len(), ring_bytes);
     let created = OwnInbox::create(len, local.len());
+    if let Ok(own) = &created {
+        publish_own_address(own.mapping());
+    }
     let outcome = match &created {
         Ok(own) => Ok(own.ticket().encode()),
         Err(reason) => Err(format!("creating its inbox: {reason}")),
@@ -204,6 +215,9 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
     // another user) is not one to share memory with.
     let mut mapped = Vec::new();
     let mut why_not: Vec<(usize, String)> = Vec::new();
+    // Whether this rank can read the memory of every peer it mapped (cross-memory
+    // attach), and if not, why.
+    let mut cannot_read: Option<(usize, String)> = None;
     match &created {
         Ok(own) => {
             for (&peer, ticket) in local.iter().zip(&tickets) {
@@ -213,19 +227,28 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
                 let opened = match ticket {
                     Err(reason) => Err(reason.clone()),
                     Ok(ticket) => match Ticket::decode(ticket) {
-                        Some(ticket) => open_peer(&ticket, len, own.owner()).map_err(|e| {
-                            format!(
-                                "mapping rank {peer}'s inbox ({}): {e}",
-                                ticket.path().display()
-                            )
-                        }),
+                        Some(ticket) => open_peer(&ticket, len, own.owner())
+                            .map(|mapping| (mapping, ticket.pid()))
+                            .map_err(|e| {
+                                format!(
+                                    "mapping rank {peer}'s inbox ({}): {e}",
+                                    ticket.path().display()
+                                )
+                            }),
                         None => Err(format!(
                             "rank {peer} published an unreadable inbox ticket {ticket:?}"
                         )),
                     },
                 };
                 match opened {
-                    Ok(mapping) => mapped.push((peer, mapping)),
+                    Ok((mapping, pid)) => {
+                        if cannot_read.is_none() {
+                            if let Err(reason) = can_read_owner(&mapping, pid) {
+                                cannot_read = Some((peer, reason));
+                            }
+                        }
+                        mapped.push((peer, mapping, pid));
+                    }
                     Err(reason) => why_not.push((peer, reason)),
                 }
             }
@@ -237,8 +260,16 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
                 .map(|&p| (p, format!("this rank could not create its inbox: {reason}"))),
         ),
     }
-    let list: Vec<String> = mapped.iter().map(|(peer, _)| peer.to_string()).collect();
-    let theirs = gather(store, "mapped", rank, &local, Ok(list.join(",")), deadline)?;
+    let list: Vec<String> = mapped.iter().map(|(peer, ..)| peer.to_string()).collect();
+    // "0,2,3" (the peers mapped), then ";reads" when this rank can read every one's
+    // memory.
+    let reads = if cannot_read.is_none() && created.is_ok() {
+        READS_PEERS
+    } else {
+        ""
+    };
+    let published = format!("{}{reads}", list.join(","));
+    let theirs = gather(store, "mapped", rank, &local, Ok(published), deadline)?;
     // Every local peer has opened this rank's inbox (or given up): close it to everyone
     // else.
     let own = created.map(OwnInbox::into_mapping);
@@ -248,9 +279,13 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         .iter()
         .map(|list| {
             let list = list.as_deref().unwrap_or("");
+            let list = list.strip_suffix(READS_PEERS).unwrap_or(list);
             list.split(',').filter_map(|p| p.parse().ok()).collect()
         })
         .collect();
+    let every_rank_reads = theirs
+        .iter()
+        .all(|list| list.as_deref().is_ok_and(|l| l.ends_with(READS_PEERS)));
     let maps = |a: usize, b: usize| {
         let index = local.iter().position(|&p| p == a);
         index
@@ -258,10 +293,14 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
             .is_some_and(|l| l.contains(&b))
     };
     let mut inboxes: Vec<Option<Arc<Mapping>>> = (0..n).map(|_| None).collect();
-    for (peer, mapping) in mapped {
+    let mut processes: Vec<Option<u32>> = vec![None; n];
+    for (peer, mapping, pid) in mapped {
         if maps(peer, rank) {
             if let Some(slot) = inboxes.get_mut(peer) {
                 *slot = Some(Arc::new(mapping));
+            }
+            if let Some(slot) = processes.get_mut(peer) {
+                *slot = Some(pid);
             }
         } else {
             why_not.push((
@@ -322,8 +361,24 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         && local
             .iter()
             .all(|&a| local.iter().all(|&b| a == b || maps(a, b)));
+    let reads_peer_memory = with_every_rank && every_rank_reads;
+    if with_every_rank && !reads_peer_memory {
+        let reason = match &cannot_read {
+            Some((peer, reason)) => format!("this rank cannot read rank {peer}'s: {reason}"),
+            None => "another rank cannot (its log says why)".into(),
+        };
+        info!(
+            rank,
+            "ranks do not read each other's memory, so large all-reduces go through the \
+             rings (two copies): {reason}"
+        );
+    }
+    if !reads_peer_memory {
+        processes = vec![None; n];
+    }
     Ok(Some(SharedRings {
         with_every_rank,
+        processes,
         rings: Rings {
             ring_bytes,
             inboxes,
