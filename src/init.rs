@@ -17,7 +17,6 @@ use ringccl_transports::{
     discover_hosts, shm, ControlLink, ShmTransport, TcpTransport, DEFAULT_RING_BYTES,
 };
 
-use crate::observers::observers;
 use crate::options::{InitOptions, TransportKind};
 use crate::origin::GlooRecipe;
 use crate::process_group::same_for_every_peer;
@@ -337,7 +336,7 @@ fn start_nccl(mut opts: InitOptions) -> Result<ProcessGroup, Error> {
     opts.validate()?;
     let trace = crate::trace::open_trace(&opts)?;
     let mesh = opts.mesh_config();
-    let observers = observers(
+    let observers = crate::observers::observers(
         (mesh.rank, mesh.world_size),
         "nccl",
         opts.flight_config("nccl")?,

@@ -66,7 +66,8 @@ pub(crate) struct Args {
     #[arg(long, default_value = "all_reduce")]
     pub(crate) coll: String,
     /// All-reduce algorithm: auto, ring, rd (recursive doubling), hd (halving-doubling),
-    /// hier (hierarchical) or pm (peer memory, with --transport memory).
+    /// hier (hierarchical) or pm (peer memory: threads with --transport memory;
+    /// processes reading each other's memory through the kernel with --transport shm).
     #[arg(long)]
     pub(crate) algo: Option<String>,
     /// Transport of the gloo backend: tcp, shm (one host), or memory (the ranks on
