@@ -208,24 +208,35 @@ impl<T: HostTransport> HostEngine<T> {
         (dtype, reduce): (DType, ReduceOp),
         deadline: Deadline,
     ) -> Result<(), Error> {
+        self.with_memory_slot(|engine, slot, scratch| {
+            engine.run_unscheduled(
+                op,
+                Algorithm::PeerMemory,
+                deadline,
+                |transport, progress| {
+                    one_copy::all_reduce(
+                        transport,
+                        op,
+                        (buf, dtype, reduce),
+                        (slot, scratch),
+                        (deadline.at(), deadline.timeout()),
+                        progress,
+                    )
+                },
+            )
+        })
+    }
+
+    /// Runs `body` with the next of the two slots the calls in memory alternate between
+    /// and the engine's scratch (lent for the call).
+    fn with_memory_slot<R>(
+        &mut self,
+        body: impl FnOnce(&mut Self, usize, &mut Vec<u64>) -> R,
+    ) -> R {
         let slot = (self.memory_calls % 2) as usize;
         self.memory_calls += 1;
         let mut scratch = std::mem::take(&mut self.scratch);
-        let result = self.run_unscheduled(
-            op,
-            Algorithm::PeerMemory,
-            deadline,
-            |transport, progress| {
-                one_copy::all_reduce(
-                    transport,
-                    op,
-                    (buf, dtype, reduce),
-                    (slot, &mut scratch),
-                    (deadline.at(), deadline.timeout()),
-                    progress,
-                )
-            },
-        );
+        let result = body(self, slot, &mut scratch);
         self.scratch = scratch;
         result
     }
@@ -238,31 +249,28 @@ impl<T: HostTransport> HostEngine<T> {
         reduce: Option<(&mut [u8], DType, ReduceOp)>,
         deadline: Deadline,
     ) -> Result<(), Error> {
-        let slot = (self.memory_calls % 2) as usize;
-        self.memory_calls += 1;
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let reduction = reduce.map(|(buf, dtype, op)| Reduction {
-            buf,
-            dtype,
-            op,
-            scratch: &mut scratch,
-        });
-        let result = self.run_unscheduled(
-            op,
-            Algorithm::SharedCounters,
-            deadline,
-            |transport, progress| {
-                memory_barrier::run(
-                    transport,
-                    op,
-                    (slot, reduction),
-                    (deadline.at(), deadline.timeout()),
-                    progress,
-                )
-            },
-        );
-        self.scratch = scratch;
-        result
+        self.with_memory_slot(|engine, slot, scratch| {
+            let reduction = reduce.map(|(buf, dtype, op)| Reduction {
+                buf,
+                dtype,
+                op,
+                scratch,
+            });
+            engine.run_unscheduled(
+                op,
+                Algorithm::SharedCounters,
+                deadline,
+                |transport, progress| {
+                    memory_barrier::run(
+                        transport,
+                        op,
+                        (slot, reduction),
+                        (deadline.at(), deadline.timeout()),
+                        progress,
+                    )
+                },
+            )
+        })
     }
 
     /// Runs `body`, a call that follows no schedule, announced and recorded as `op` run

@@ -179,17 +179,11 @@ pub(crate) fn run<T: Transport + OffersMemoryBarrier + ?Sized>(
         payload_len: data.len() as u32,
     }
     .encode();
-    let Some(barrier) = transport.memory_barrier() else {
-        return Err(Error::InvalidArgument(format!(
-            "rank {rank}: {op}: no memory shared with every rank for a call in memory"
-        )));
-    };
     let number = arrival(op.seq, 0);
+    let barrier = shared_barrier(transport, rank, op)?;
     barrier.arrive(number, slot, &header, data);
     await_all(transport, op, number, (deadline, timeout), progress)?;
-    let Some(barrier) = transport.memory_barrier() else {
-        return Ok(());
-    };
+    let barrier = shared_barrier(transport, rank, op)?;
     // A frame left behind names the call it came from, which is more than the peer's
     // slot says (its next call in memory).
     frames_left_behind(barrier, (rank, world_size), op)?;
@@ -197,6 +191,20 @@ pub(crate) fn run<T: Transport + OffersMemoryBarrier + ?Sized>(
         None => same_calls(barrier, (rank, world_size), op, slot, 0),
         Some(reduction) => fold(barrier, (rank, world_size), op, slot, reduction),
     }
+}
+
+/// `transport`'s barrier in memory, for call `op` of rank `rank`; an error when it shares
+/// no memory with every rank.
+pub(crate) fn shared_barrier<'t, T: OffersMemoryBarrier + ?Sized>(
+    transport: &'t mut T,
+    rank: usize,
+    op: &OpDesc,
+) -> Result<&'t mut dyn MemoryBarrier, Error> {
+    transport.memory_barrier().ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "rank {rank}: {op}: no memory shared with every rank for a call in memory"
+        ))
+    })
 }
 
 /// Waits until every rank has arrived at `number` in call `op`, until `deadline` (its
@@ -216,11 +224,7 @@ pub(crate) fn await_all<T: Transport + OffersMemoryBarrier + ?Sized>(
         context: format!("waiting in {op}"),
         source: e,
     };
-    let Some(barrier) = transport.memory_barrier() else {
-        return Err(Error::InvalidArgument(format!(
-            "rank {rank}: {op}: no memory shared with every rank for a call in memory"
-        )));
-    };
+    let barrier = shared_barrier(transport, rank, op)?;
     if let Some(first) = barrier.first_missing(number) {
         progress.blocked_on(first, 0);
         loop {

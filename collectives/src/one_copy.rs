@@ -35,9 +35,10 @@ use std::time::{Duration, Instant};
 use crate::hooks::ProgressSink;
 use crate::kernels::{finalize_avg, reduce_bytes, Order};
 use crate::memory_barrier::{
-    arrival, await_all, check_slot_header, frames_left_behind, MemoryBarrier, OffersMemoryBarrier,
+    arrival, await_all, check_slot_header, frames_left_behind, shared_barrier, MemoryBarrier,
+    OffersMemoryBarrier,
 };
-use crate::schedule::segment;
+use crate::schedule::byte_segment;
 use crate::transport::Transport;
 use crate::wire::{Algorithm, FrameHeader, FRAME_HEADER_LEN};
 use crate::{DType, Error, OpDesc, ReduceOp};
@@ -73,10 +74,10 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
     let times = (deadline, timeout);
 
     // 1. Post, and learn where every peer's buffer is.
-    barrier(transport, rank, op)?.arrive(arrival(op.seq, 1), slot, &header, &posted);
+    shared_barrier(transport, rank, op)?.arrive(arrival(op.seq, 1), slot, &header, &posted);
     await_all(transport, op, arrival(op.seq, 1), times, progress)?;
     let addresses = {
-        let barrier = barrier(transport, rank, op)?;
+        let barrier = shared_barrier(transport, rank, op)?;
         frames_left_behind(barrier, (rank, n), op)?;
         posted_addresses(barrier, (rank, n), op, slot, buf.len())?
     };
@@ -84,10 +85,7 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
     // 2. Reduce this rank's segment.
     let es = dtype.size().max(1);
     let count = buf.len() / es;
-    let segment = |r: usize| {
-        let elements = segment(count, n, r);
-        elements.start * es..elements.end * es
-    };
+    let segment = |r: usize| byte_segment(count, n, r, es);
     let chunk = (CHUNK_BYTES / es).max(1) * es;
     let words = chunk.div_ceil(8);
     if scratch.len() < words {
@@ -103,7 +101,7 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
         reason: format!("reducing its segment failed: {}", e.0),
     };
     {
-        let barrier = barrier(transport, rank, op)?;
+        let barrier = shared_barrier(transport, rank, op)?;
         let mut at = own.start;
         while at < own.end {
             let len = chunk.min(own.end - at);
@@ -127,7 +125,7 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
 
     // 3. Gather every other rank's segment.
     {
-        let barrier = barrier(transport, rank, op)?;
+        let barrier = shared_barrier(transport, rank, op)?;
         for (peer, &address) in addresses.iter().enumerate().filter(|&(p, _)| p != rank) {
             let range = segment(peer);
             let start = range.start as u64;
@@ -139,18 +137,6 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
     }
     // 4. Leave once nobody reads this buffer any more.
     await_all(transport, op, arrival(op.seq, 3), times, progress)
-}
-
-fn barrier<'t, T: OffersMemoryBarrier + ?Sized>(
-    transport: &'t mut T,
-    rank: usize,
-    op: &OpDesc,
-) -> Result<&'t mut dyn MemoryBarrier, Error> {
-    transport.memory_barrier().ok_or_else(|| {
-        Error::InvalidArgument(format!(
-            "rank {rank}: {op}: no memory shared with every rank for a one-copy call"
-        ))
-    })
 }
 
 /// Every rank's posted buffer address (this rank's own entry unused), once each peer's

@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use crate::doorbell::Doorbell;
 use crate::kernels::{finalize_avg, reduce_bytes, Order};
-use crate::schedule::segment;
+use crate::schedule::byte_segment;
 use crate::spin::Spin;
 use crate::{DType, Error, OpDesc, ReduceOp};
 
@@ -539,10 +539,7 @@ impl PeerMemory {
         // 3–5. Committed: peers may read this buffer until every rank has gathered.
         let count = posted.len / dtype.size().max(1);
         let es = dtype.size();
-        let segment = |rank: usize| {
-            let elements = segment(count, n, rank);
-            elements.start * es..elements.end * es
-        };
+        let segment = |rank: usize| byte_segment(count, n, rank, es);
         let reduced = self.reduce_segment(&bases, segment(me), me, (dtype, reduce));
         if reduced.is_err() {
             slot.failed.store(call + 1, Ordering::SeqCst);

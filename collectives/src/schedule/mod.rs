@@ -128,6 +128,17 @@ pub fn segment(count: usize, parts: usize, index: usize) -> Range<usize> {
     start..start + len
 }
 
+/// [`segment`] in bytes, for elements of `elem_size` bytes.
+pub(crate) fn byte_segment(
+    count: usize,
+    parts: usize,
+    index: usize,
+    elem_size: usize,
+) -> Range<usize> {
+    let elements = segment(count, parts, index);
+    elements.start * elem_size..elements.end * elem_size
+}
+
 /// Cuts `range` into the fewest nearly equal chunks of at most `max_chunk_bytes` bytes
 /// each (at least one element per chunk). An empty range has no chunks.
 pub fn chunks(

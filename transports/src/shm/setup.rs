@@ -369,8 +369,8 @@ pub(super) fn set_up_as<S: SetupStore + ?Sized, W: PeerWatch + ?Sized>(
         };
         info!(
             rank,
-            "ranks do not read each other's memory, so large all-reduces go through the \
-             rings (two copies): {reason}"
+            "ranks do not read each other's memory, so an all-reduce asked to read the \
+             peers' buffers (RINGCCL_ALGO=pm) goes through the rings: {reason}"
         );
     }
     if !reads_peer_memory {
