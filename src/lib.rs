@@ -100,6 +100,7 @@ mod options;
 mod origin;
 mod process_group;
 mod sequencer;
+mod shared_buffers;
 mod subgroup;
 mod trace;
 mod work;
@@ -124,6 +125,7 @@ pub use ringccl_collectives::{
 pub use ringccl_observe::flight;
 pub use ringccl_rendezvous::store::Store;
 pub use ringccl_rendezvous::{AuthToken, SetupError, StoreListener};
+pub use ringccl_transports::shm::SharedBuffer;
 pub use ringccl_transports::PeerGone;
 pub use work::Work;
 

@@ -46,6 +46,11 @@ pub struct HostConfig {
     /// each other's buffers. (Processes of one host that can read each other's memory
     /// through the kernel do so only under [`AllReduceAlgo::PeerMemory`].)
     pub peer_memory_min_bytes: usize,
+    /// With [`AllReduceAlgo::Auto`] or [`AllReduceAlgo::PeerMemory`], processes of one
+    /// host all-reduce a buffer of at least this size that lies in a shared buffer
+    /// ([`MemoryBarrier::shared_ticket`]) by reading each other's shared buffers in place
+    /// (`one_copy.rs`): every rank must then pass a shared buffer.
+    pub shared_buffer_min_bytes: usize,
 }
 
 /// Default crossover between recursive doubling and the ring; see docs/benchmarks.md.
@@ -55,6 +60,9 @@ pub const DEFAULT_MID_ALL_REDUCE_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Default crossover to the peer-memory all-reduce between ranks of one process; see
 /// docs/benchmarks.md.
 pub const DEFAULT_PEER_MEMORY_MIN_BYTES: usize = 1024 * 1024;
+/// Default crossover to the in-place all-reduce of shared buffers between processes;
+/// see docs/benchmarks.md.
+pub const DEFAULT_SHARED_BUFFER_MIN_BYTES: usize = 16 * 1024;
 
 impl Default for HostConfig {
     fn default() -> HostConfig {
@@ -66,6 +74,7 @@ impl Default for HostConfig {
             small_all_reduce_max_bytes: DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
             mid_all_reduce_max_bytes: DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
             peer_memory_min_bytes: DEFAULT_PEER_MEMORY_MIN_BYTES,
+            shared_buffer_min_bytes: DEFAULT_SHARED_BUFFER_MIN_BYTES,
         }
     }
 }
@@ -366,15 +375,22 @@ impl<T: HostTransport> Engine for HostEngine<T> {
                 if peer_memory && self.transport.peer_memory().is_some() {
                     return self.run_peer_memory(op, buf.bytes_mut(), (dtype, reduce), deadline);
                 }
-                // Processes reading each other's memory through the kernel only when asked
-                // for: on the machines measured, that read is slower than the rings (see
-                // docs/benchmarks.md), so the automatic choice never takes it.
-                let reads_peers = |t: &mut T| {
-                    t.memory_barrier()
-                        .is_some_and(|barrier| barrier.reads_peer_memory())
-                };
+                // Processes read each other's buffers in place when they are shared
+                // buffers; through the kernel only when asked for: on the machines
+                // measured, that read is slower than the rings (see docs/benchmarks.md),
+                // so the automatic choice never takes it.
                 let asked = cfg.all_reduce_algo == AllReduceAlgo::PeerMemory;
-                if asked && n > 1 && reads_peers(&mut self.transport) {
+                let in_place = matches!(
+                    cfg.all_reduce_algo,
+                    AllReduceAlgo::Auto | AllReduceAlgo::PeerMemory
+                ) && count * es >= cfg.shared_buffer_min_bytes;
+                let (address, len) = (buf.bytes_mut().as_ptr() as u64, count * es);
+                let one_copy = n > 1
+                    && self.transport.memory_barrier().is_some_and(|barrier| {
+                        (in_place && barrier.shared_ticket(address, len).is_some())
+                            || (asked && barrier.reads_peer_memory())
+                    });
+                if one_copy {
                     return self.run_one_copy(op, buf.bytes_mut(), (dtype, reduce), deadline);
                 }
                 let in_memory =

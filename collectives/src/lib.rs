@@ -57,7 +57,8 @@ pub use group::{
 };
 pub use host_engine::{
     HostBackend, HostConfig, HostEngine, HostTransport, DEFAULT_MID_ALL_REDUCE_MAX_BYTES,
-    DEFAULT_PEER_MEMORY_MIN_BYTES, DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
+    DEFAULT_PEER_MEMORY_MIN_BYTES, DEFAULT_SHARED_BUFFER_MIN_BYTES,
+    DEFAULT_SMALL_ALL_REDUCE_MAX_BYTES,
 };
 #[cfg(any(test, feature = "test-support"))]
 pub use memory_transport::{MemoryConfig, MemoryTransport};

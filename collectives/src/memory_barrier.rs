@@ -45,6 +45,13 @@ use crate::{CollectiveKind, DType, Error, OpDesc, ReduceOp};
 /// The most bytes an all-reduce in memory carries (one slot's data).
 pub const SLOT_DATA: usize = 1024;
 
+/// Bytes of a [`SharedTicket`].
+pub const SHARED_TICKET_LEN: usize = 40;
+
+/// What a rank posts so that its peers can map the shared buffer its call's buffer lies
+/// in: written and read by the transport, opaque to the protocols.
+pub type SharedTicket = [u8; SHARED_TICKET_LEN];
+
 /// Arrivals a call may publish: a barrier or a small all-reduce publishes one, a call
 /// that reads the peers' buffers (`one_copy.rs`) one per step.
 const ARRIVALS_PER_CALL: u64 = 4;
@@ -96,6 +103,31 @@ pub trait MemoryBarrier {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "this transport does not read its peers' memory",
+        ))
+    }
+
+    /// Where this rank's buffer at `address` (`len` bytes) lies in a shared buffer its
+    /// peers can map: the ticket it posts so that they can. `None` (the default) for
+    /// any other memory.
+    fn shared_ticket(&self, address: u64, len: usize) -> Option<SharedTicket> {
+        let _ = (address, len);
+        None
+    }
+
+    /// `len` bytes at `offset` into the shared buffer `peer` posted `ticket` for, mapped
+    /// here (the first use maps it, after the same checks as an inbox). The caller reads
+    /// them only while the protocol keeps `peer` from writing them. A peer whose
+    /// process or buffer is gone is [`io::ErrorKind::BrokenPipe`].
+    fn shared_bytes(
+        &mut self,
+        peer: usize,
+        ticket: &SharedTicket,
+        (offset, len): (u64, usize),
+    ) -> io::Result<&[u8]> {
+        let _ = (peer, ticket, offset, len);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this transport maps no shared buffers",
         ))
     }
 
@@ -215,8 +247,21 @@ pub(crate) fn await_all<T: Transport + OffersMemoryBarrier + ?Sized>(
     transport: &mut T,
     op: &OpDesc,
     number: u64,
+    times: (Instant, std::time::Duration),
+    progress: ProgressSink<'_>,
+) -> Result<(), Error> {
+    await_all_watching(transport, op, number, times, progress, |_| Ok(()))
+}
+
+/// [`await_all`], asking `watch` after every slice whether what the barrier shows
+/// (frames a peer sent meanwhile) ends the wait with an error.
+pub(crate) fn await_all_watching<T: Transport + OffersMemoryBarrier + ?Sized>(
+    transport: &mut T,
+    op: &OpDesc,
+    number: u64,
     (deadline, timeout): (Instant, std::time::Duration),
     progress: ProgressSink<'_>,
+    watch: impl Fn(&dyn MemoryBarrier) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let rank = transport.rank();
     let io_error = |e: io::Error| Error::Io {
@@ -245,7 +290,10 @@ pub(crate) fn await_all<T: Transport + OffersMemoryBarrier + ?Sized>(
                         cause: None,
                     })
                 }
-                Arrivals::Missing(peer) => progress.blocked_on(peer, 0),
+                Arrivals::Missing(peer) => {
+                    progress.blocked_on(peer, 0);
+                    watch(&*barrier)?;
+                }
                 Arrivals::Gone(peer) => {
                     let reason = match transport.peer_host(peer) {
                         Some(host) => format!(
@@ -310,7 +358,7 @@ pub(crate) fn check_slot_header(
 }
 
 /// `peer`'s header, decoded; what does not decode is a protocol error in `op`.
-fn peer_header(
+pub(crate) fn peer_header(
     rank: usize,
     peer: usize,
     op: &OpDesc,

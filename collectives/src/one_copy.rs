@@ -1,20 +1,28 @@
 //! Ranks in separate processes of one host read each other's buffers: the one-copy
 //! all-reduce. Where rings move every byte twice (into the peer's ring, out of it), each
-//! byte here crosses between processes once, copied by the kernel straight out of the
-//! peer's buffer (cross-memory attach, [`MemoryBarrier::read_peer`]).
+//! byte here crosses between processes once, read straight out of the peer's buffer:
 //!
-//! The transport offers it through its [`MemoryBarrier`] when it shares memory with every
-//! rank of the group and every rank could read every other's memory at set-up
-//! ([`MemoryBarrier::reads_peer_memory`], the same answer on every rank). The steps of
-//! call `seq` are arrivals at the barrier ([`arrival`]`(seq, step)`):
+//! - **in place**, when the peer's buffer lies in a shared buffer (a file in `/dev/shm`
+//!   the peer allocated, [`MemoryBarrier::shared_ticket`]): this rank maps it and reads
+//!   it at the speed of memory ([`MemoryBarrier::shared_bytes`]). The engine takes this
+//!   path by itself when this rank's buffer is a shared one, so every rank must pass a
+//!   shared buffer, or none;
+//! - **through the kernel** (cross-memory attach, [`MemoryBarrier::read_peer`]) for any
+//!   other buffer, when every rank could read every other's memory at set-up
+//!   ([`MemoryBarrier::reads_peer_memory`], the same answer on every rank) and the call
+//!   asked for it (`RINGCCL_ALGO=pm`).
 //!
-//! 1. **post**: every rank writes its call's header and its buffer's address and length
-//!    in its slot and arrives at step 1; once every rank has, each checks every peer's
-//!    header against its own call (a peer in another call is named, as for a barrier).
+//! The steps of call `seq` are arrivals at the barrier ([`arrival`]`(seq, step)`):
+//!
+//! 1. **post**: every rank writes its call's header, its buffer's address and length,
+//!    and its shared buffer's ticket if it has one, in its slot, and arrives at step 1;
+//!    once every rank has, each checks every peer's header against its own call (a peer
+//!    in another call is named, as for a barrier). A peer that runs the call through the
+//!    rings instead sends this rank a frame while it waits, and is named at once.
 //! 2. **reduce**: rank `r` folds segment `r` of every other rank's buffer into its own,
 //!    in place: `((own op b_a) op b_b) ...` over the other ranks in increasing rank
-//!    order, a chunk at a time (each peer's chunk is read into a scratch chunk that stays
-//!    in cache); then arrives at step 2.
+//!    order, a chunk at a time (a chunk read through the kernel goes through scratch that
+//!    stays in cache); then arrives at step 2.
 //! 3. **gather**: once every rank has arrived at step 2, rank `r` reads segment `q` of
 //!    rank `q`'s buffer into its own, for every other `q`; then arrives at step 3.
 //! 4. **leave** once every rank has arrived at step 3: nobody reads this buffer any more.
@@ -23,11 +31,11 @@
 //! results are bit-identical on every rank.
 //!
 //! Every wait is bounded by the call's deadline, and names the rank it gave up on, as
-//! the barrier's do. A rank may leave at any step without harm to the others: they read
-//! its memory through the kernel, which fails (a dead process) or copies whatever is
-//! there (a process that went on), and never faults. Such a rank returns an error and
-//! breaks the group, and no peer returns success, since that needs this rank's arrival
-//! at step 3.
+//! the barrier's do. A rank may leave at any step without harm to the others: its
+//! shared buffer stays mapped in its peers, and the kernel's reads of its memory fail (a
+//! dead process) or copy whatever is there (a process that went on), and never fault.
+//! Such a rank returns an error and breaks the group, and no peer returns success, since
+//! that needs this rank's arrival at step 3.
 
 use std::io;
 use std::time::{Duration, Instant};
@@ -35,20 +43,29 @@ use std::time::{Duration, Instant};
 use crate::hooks::ProgressSink;
 use crate::kernels::{finalize_avg, reduce_bytes, Order};
 use crate::memory_barrier::{
-    arrival, await_all, check_slot_header, frames_left_behind, shared_barrier, MemoryBarrier,
-    OffersMemoryBarrier,
+    arrival, await_all, await_all_watching, check_slot_header, frames_left_behind, peer_header,
+    shared_barrier, MemoryBarrier, OffersMemoryBarrier, SharedTicket, SHARED_TICKET_LEN,
 };
 use crate::schedule::byte_segment;
 use crate::transport::Transport;
 use crate::wire::{Algorithm, FrameHeader, FRAME_HEADER_LEN};
-use crate::{DType, Error, OpDesc, ReduceOp};
+use crate::{CollectiveKind, DType, Error, OpDesc, ReduceOp};
 
 /// Bytes folded at a time: a peer's chunk is read into scratch of this size, small
 /// enough to stay in cache while it is folded in.
 const CHUNK_BYTES: usize = 256 * 1024;
 
-/// What a rank posts in its slot: its buffer's address and length, little-endian.
-const POSTED_LEN: usize = 16;
+/// What a rank posts in its slot: its buffer's address and length, little-endian, a
+/// byte saying whether a shared buffer's ticket follows, and the ticket.
+const POSTED_LEN: usize = 24 + SHARED_TICKET_LEN;
+
+/// Where a peer's buffer is read from.
+enum Source {
+    /// Its process's memory at this address, through the kernel.
+    Process(u64),
+    /// Its shared buffer, mapped here.
+    Shared(SharedTicket),
+}
 
 /// One all-reduce: `buf` (`dtype` elements reduced with `reduce`) across the ranks of
 /// `transport`, which reads its peers' memory, as call `op` in slot `slot`; `scratch`
@@ -70,17 +87,41 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
     .encode();
     let mut posted = [0u8; POSTED_LEN];
     posted[..8].copy_from_slice(&(buf.as_ptr() as u64).to_le_bytes());
-    posted[8..].copy_from_slice(&(buf.len() as u64).to_le_bytes());
+    posted[8..16].copy_from_slice(&(buf.len() as u64).to_le_bytes());
     let times = (deadline, timeout);
 
     // 1. Post, and learn where every peer's buffer is.
-    shared_barrier(transport, rank, op)?.arrive(arrival(op.seq, 1), slot, &header, &posted);
-    await_all(transport, op, arrival(op.seq, 1), times, progress)?;
-    let addresses = {
+    {
+        let barrier = shared_barrier(transport, rank, op)?;
+        if let Some(ticket) = barrier.shared_ticket(buf.as_ptr() as u64, buf.len()) {
+            posted[16] = 1;
+            posted[24..].copy_from_slice(&ticket);
+        }
+        barrier.arrive(arrival(op.seq, 1), slot, &header, &posted);
+    }
+    let in_rings = |barrier: &dyn MemoryBarrier| peer_in_rings(barrier, (rank, n), op);
+    await_all_watching(transport, op, arrival(op.seq, 1), times, progress, in_rings)?;
+    let (sources, reads_processes) = {
         let barrier = shared_barrier(transport, rank, op)?;
         frames_left_behind(barrier, (rank, n), op)?;
-        posted_addresses(barrier, (rank, n), op, slot, buf.len())?
+        let sources = posted_sources(barrier, (rank, n), op, slot, buf.len())?;
+        (sources, barrier.reads_peer_memory())
     };
+    if let Some(peer) = sources
+        .iter()
+        .position(|s| matches!(s, Some(Source::Process(_))))
+        .filter(|_| !reads_processes)
+    {
+        return Err(Error::Protocol {
+            rank,
+            peer,
+            op: *op,
+            reason: "its buffer is not a shared buffer, and the ranks here cannot read each \
+                     other's memory: pass a shared buffer (ProcessGroup::shared_buffer) on \
+                     every rank, or on none"
+                .into(),
+        });
+    }
 
     // 2. Reduce this rank's segment.
     let es = dtype.size().max(1);
@@ -106,11 +147,20 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
         while at < own.end {
             let len = chunk.min(own.end - at);
             let acc = &mut buf[at..at + len];
-            for (peer, &address) in addresses.iter().enumerate().filter(|&(p, _)| p != rank) {
-                let theirs = &mut scratch[..len];
-                barrier
-                    .read_peer(peer, address + at as u64, theirs)
-                    .map_err(|e| read_failed(peer, e))?;
+            for (peer, source) in sources.iter().enumerate() {
+                let theirs: &[u8] = match source {
+                    None => continue,
+                    Some(Source::Shared(ticket)) => barrier
+                        .shared_bytes(peer, ticket, (at as u64, len))
+                        .map_err(|e| read_failed(peer, e))?,
+                    Some(Source::Process(address)) => {
+                        let theirs = &mut scratch[..len];
+                        barrier
+                            .read_peer(peer, address + at as u64, theirs)
+                            .map_err(|e| read_failed(peer, e))?;
+                        theirs
+                    }
+                };
                 reduce_bytes(dtype, reduce, acc, theirs, Order::LocalFirst)
                     .map_err(kernel_failed)?;
             }
@@ -126,12 +176,21 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
     // 3. Gather every other rank's segment.
     {
         let barrier = shared_barrier(transport, rank, op)?;
-        for (peer, &address) in addresses.iter().enumerate().filter(|&(p, _)| p != rank) {
+        for (peer, source) in sources.iter().enumerate() {
             let range = segment(peer);
             let start = range.start as u64;
-            barrier
-                .read_peer(peer, address + start, &mut buf[range])
-                .map_err(|e| read_failed(peer, e))?;
+            match source {
+                None => continue,
+                Some(Source::Shared(ticket)) => {
+                    let theirs = barrier
+                        .shared_bytes(peer, ticket, (start, range.len()))
+                        .map_err(|e| read_failed(peer, e))?;
+                    buf[range].copy_from_slice(theirs);
+                }
+                Some(Source::Process(address)) => barrier
+                    .read_peer(peer, address + start, &mut buf[range])
+                    .map_err(|e| read_failed(peer, e))?,
+            }
         }
         barrier.advance(arrival(op.seq, 3));
     }
@@ -139,19 +198,54 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
     await_all(transport, op, arrival(op.seq, 3), times, progress)
 }
 
-/// Every rank's posted buffer address (this rank's own entry unused), once each peer's
+/// While this rank waits at step 1: a frame from a peer for this call or an earlier one
+/// means that peer runs it through the rings (its buffer is not a shared one, or it
+/// chose otherwise), and will never arrive here.
+fn peer_in_rings(
+    barrier: &dyn MemoryBarrier,
+    (rank, n): (usize, usize),
+    op: &OpDesc,
+) -> Result<(), Error> {
+    let mut raw = [0u8; FRAME_HEADER_LEN];
+    for peer in (0..n).filter(|&p| p != rank) {
+        if barrier.peek(peer, &mut raw) < FRAME_HEADER_LEN {
+            continue;
+        }
+        let header = peer_header(rank, peer, op, &raw)?;
+        if header.op.kind != CollectiveKind::SendRecv && header.op.seq <= op.seq {
+            return Err(Error::Protocol {
+                rank,
+                peer,
+                op: *op,
+                reason: format!(
+                    "it runs this call by {:?} while this rank reads the peers' buffers in \
+                     place (its buffer is a shared buffer): pass a shared buffer \
+                     (ProcessGroup::shared_buffer) on every rank, or on none",
+                    header.algorithm
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Where to read every peer's buffer from (`None` for this rank), once each peer's
 /// header was checked against this call and its length against `len`.
-fn posted_addresses(
+fn posted_sources(
     barrier: &dyn MemoryBarrier,
     (rank, n): (usize, usize),
     op: &OpDesc,
     slot: usize,
     len: usize,
-) -> Result<Vec<u64>, Error> {
-    let mut addresses = vec![0u64; n];
+) -> Result<Vec<Option<Source>>, Error> {
+    let mut sources = Vec::with_capacity(n);
     let mut raw = [0u8; FRAME_HEADER_LEN];
     let mut posted = [0u8; POSTED_LEN];
-    for peer in (0..n).filter(|&p| p != rank) {
+    for peer in 0..n {
+        if peer == rank {
+            sources.push(None);
+            continue;
+        }
         barrier.read_slot(peer, slot, &mut raw, &mut posted);
         check_slot_header(rank, peer, (op, Algorithm::PeerMemory), &raw, POSTED_LEN)?;
         let word = |at: usize| {
@@ -168,9 +262,15 @@ fn posted_addresses(
                 reason: format!("it posted a buffer of {theirs} bytes, this rank {len}"),
             });
         }
-        addresses[peer] = word(0);
+        sources.push(Some(if posted[16] == 1 {
+            let mut ticket = [0u8; SHARED_TICKET_LEN];
+            ticket.copy_from_slice(&posted[24..]);
+            Source::Shared(ticket)
+        } else {
+            Source::Process(word(0))
+        }));
     }
-    Ok(addresses)
+    Ok(sources)
 }
 
 /// A failed read of `peer`'s memory: a process that is gone

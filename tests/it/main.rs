@@ -34,6 +34,7 @@ mod p2p_deadlock;
 mod rendezvous;
 mod rendezvous_hostile;
 mod setup_crash;
+mod shared_buffers;
 mod shm;
 mod shm_hostile;
 mod soak;

@@ -59,6 +59,47 @@ impl Ticket {
         (fields.next().is_none() && ticket.encode() == text).then_some(ticket)
     }
 
+    /// The ticket as [`Ticket::LEN`] bytes: pid, descriptor, device, inode, size,
+    /// little-endian.
+    pub(super) fn to_bytes(self) -> [u8; Ticket::LEN] {
+        let mut out = [0u8; Ticket::LEN];
+        out[..4].copy_from_slice(&self.pid.to_le_bytes());
+        out[4..8].copy_from_slice(&self.fd.to_le_bytes());
+        out[8..16].copy_from_slice(&self.dev.to_le_bytes());
+        out[16..24].copy_from_slice(&self.ino.to_le_bytes());
+        out[24..].copy_from_slice(&self.len.to_le_bytes());
+        out
+    }
+
+    /// Reads [`Ticket::to_bytes`]'s bytes back.
+    pub(super) fn from_bytes(bytes: &[u8; Ticket::LEN]) -> Ticket {
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        let half = |at: usize| {
+            let mut w = [0u8; 4];
+            w.copy_from_slice(&bytes[at..at + 4]);
+            u32::from_le_bytes(w)
+        };
+        Ticket {
+            pid: half(0),
+            fd: half(4),
+            dev: word(8),
+            ino: word(16),
+            len: word(24),
+        }
+    }
+
+    /// Bytes of [`Ticket::to_bytes`].
+    pub(super) const LEN: usize = 32;
+
+    /// The size of the file.
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+
     /// The owner's process.
     pub(super) fn pid(&self) -> u32 {
         self.pid
@@ -83,6 +124,18 @@ impl OwnInbox {
     /// Creates an unnamed, owner-only, fully reserved inbox of `len` bytes in
     /// [`SHM_DIR`]. `world_size` only makes the message for a full `/dev/shm` exact.
     pub(super) fn create(len: usize, world_size: usize) -> Result<OwnInbox, String> {
+        OwnInbox::create_as("its inbox", len, |dir, e| {
+            cannot_reserve(dir, len, world_size, e)
+        })
+    }
+
+    /// Creates such a file of `len` bytes for `what` (named in errors); `full` says why
+    /// reserving it failed.
+    pub(super) fn create_as(
+        what: &str,
+        len: usize,
+        full: impl FnOnce(&Path, &io::Error) -> String,
+    ) -> Result<OwnInbox, String> {
         let dir = Path::new(SHM_DIR);
         let file = File::options()
             .read(true)
@@ -93,13 +146,13 @@ impl OwnInbox {
             .map_err(|e| cannot_create(dir, &e))?;
         // The umask can only have removed bits; make the mode exact.
         file.set_permissions(Permissions::from_mode(0o600))
-            .map_err(|e| format!("setting mode 0600 on its inbox in {}: {e}", dir.display()))?;
-        reserve(&file, len as u64).map_err(|e| cannot_reserve(dir, len, world_size, &e))?;
+            .map_err(|e| format!("setting mode 0600 on {what} in {}: {e}", dir.display()))?;
+        reserve(&file, len as u64).map_err(|e| full(dir, &e))?;
         let meta = file
             .metadata()
-            .map_err(|e| format!("reading back its inbox in {}: {e}", dir.display()))?;
+            .map_err(|e| format!("reading back {what} in {}: {e}", dir.display()))?;
         let mapping = Mapping::new(&file, len)
-            .map_err(|e| format!("mapping its inbox in {}: {e}", dir.display()))?;
+            .map_err(|e| format!("mapping {what} in {}: {e}", dir.display()))?;
         let ticket = Ticket {
             pid: std::process::id(),
             fd: u32::try_from(file.as_raw_fd()).map_err(|_| "negative descriptor".to_string())?,
@@ -118,6 +171,11 @@ impl OwnInbox {
     /// The inbox, mapped.
     pub(super) fn mapping(&self) -> &Mapping {
         &self.mapping
+    }
+
+    /// The inbox, mapped, to write.
+    pub(super) fn mapping_mut(&mut self) -> &mut Mapping {
+        &mut self.mapping
     }
 
     /// What peers need to open this inbox.
@@ -272,7 +330,7 @@ fn cannot_reserve(dir: &Path, len: usize, world_size: usize, e: &io::Error) -> S
 }
 
 /// `n` bytes, exactly and in MiB.
-fn bytes(n: u64) -> String {
+pub(super) fn bytes(n: u64) -> String {
     format!("{n} bytes ({:.1} MiB)", n as f64 / f64::from(1u32 << 20))
 }
 

@@ -78,6 +78,24 @@ impl Mapping {
         self.base.as_ptr() as u64
     }
 
+    /// The whole mapping as bytes, for reading a shared buffer in place: its owner's
+    /// own, or a peer's while the one-copy protocol keeps the peer from writing it.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` bytes mapped at `base` for as long as `self` lives; any bit
+        // pattern is a valid `u8`. Other processes that map the same file write it only
+        // where the protocols give them the range (the rings' producer, a shared
+        // buffer's owner outside the one-copy steps that read it); a peer breaking that
+        // could only change the values read, which the protocols then discard.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
+    }
+
+    /// The whole mapping as bytes, to write: a shared buffer, by its owner.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `bytes`; `&mut self` makes this the only reference made through
+        // this mapping, and peers only read a shared buffer, during the one-copy steps.
+        unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) }
+    }
+
     fn check(&self, offset: usize, len: usize, align: usize) {
         assert!(
             offset.checked_add(len).is_some_and(|end| end <= self.len) && offset % align == 0,

@@ -66,6 +66,7 @@ mod inbox;
 mod mapping;
 mod ring;
 mod setup;
+mod shared_buffer;
 mod space;
 #[cfg(test)]
 mod test_store;
@@ -78,7 +79,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ringccl_collectives::memory_barrier::{Arrivals, MemoryBarrier, OffersMemoryBarrier};
+use ringccl_collectives::memory_barrier::{
+    Arrivals, MemoryBarrier, OffersMemoryBarrier, SharedTicket,
+};
 use ringccl_collectives::peer_memory::OffersPeerMemory;
 use ringccl_collectives::wire::FRAME_HEADER_LEN;
 use ringccl_collectives::{check_peer, Closer, Readiness, Transport};
@@ -92,6 +95,8 @@ use mapping::read_process;
 pub use ring::DEFAULT_RING_BYTES;
 use ring::{in_poll_for, Ring, Rings};
 pub use setup::{set_up, SharedRings};
+pub use shared_buffer::SharedBuffer;
+use shared_buffer::{ticket_for, PeerBuffers};
 
 /// Longest sleep between two looks at the peers' liveness.
 const LIVENESS_SLICE: Duration = Duration::from_millis(50);
@@ -118,6 +123,8 @@ pub struct ShmTransport {
     /// `processes[r]`: rank `r`'s process, whose memory this rank may read (see
     /// [`SharedRings`]); all `None` when the ranks do not read each other's memory.
     processes: Vec<Option<u32>>,
+    /// The peers' shared buffers mapped here.
+    peer_buffers: PeerBuffers,
 }
 
 impl ShmTransport {
@@ -141,6 +148,7 @@ impl ShmTransport {
             last_look: Instant::now(),
             memory_barrier: with_every_rank,
             processes,
+            peer_buffers: PeerBuffers::default(),
         }
     }
 
@@ -467,6 +475,19 @@ impl MemoryBarrier for ShmTransport {
                 format!("this rank does not read rank {peer}'s memory"),
             )),
         }
+    }
+
+    fn shared_ticket(&self, address: u64, len: usize) -> Option<SharedTicket> {
+        ticket_for(address, len)
+    }
+
+    fn shared_bytes(
+        &mut self,
+        peer: usize,
+        ticket: &SharedTicket,
+        range: (u64, usize),
+    ) -> io::Result<&[u8]> {
+        self.peer_buffers.bytes(peer, ticket, range)
     }
 
     fn read_slot(

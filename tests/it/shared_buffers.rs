@@ -1,0 +1,207 @@
+//! Buffers in shared memory from the start (`ProcessGroup::shared_buffer`): processes of
+//! one host all-reduce them by reading each other's buffers in place. Exact,
+//! bit-identical results at every offset and length, the in-place path really taken,
+//! a rank passing an ordinary buffer among shared ones named at once, and a rank killed
+//! while its buffer is read named by the others.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::elements::{reference, TestElem};
+use common::matrix::assert_identical;
+use common::{digest, heavy_lock, RESULT_PREFIX};
+use ringccl::{Error, ProcessGroup, ReduceOp};
+
+const ENV: &[(&str, &str)] = &[("RINGCCL_TRANSPORT", "shm")];
+
+/// How many calls of this rank's group read the peers' buffers, from its flight recorder.
+fn calls_reading_peers(pg: &ProcessGroup) -> usize {
+    let recorder = pg.flight_recorder().expect("a flight recorder");
+    recorder
+        .snapshot("counted")
+        .entries
+        .iter()
+        .filter(|e| e.algorithm.as_deref() == Some("peer_memory"))
+        .count()
+}
+
+/// All-reduces `count` elements at `offset` into a shared buffer, checks them against the
+/// reference, and returns the case with a digest of the result.
+fn check_shared<T: TestElem>(
+    pg: &ProcessGroup,
+    offset: usize,
+    count: usize,
+    op: ReduceOp,
+) -> String {
+    let (rank, n) = (pg.rank(), pg.world_size());
+    let mut shared = pg
+        .shared_buffer::<T>(offset + count)
+        .expect("a shared buffer");
+    assert!(
+        shared.is_shared(),
+        "rank {rank}: processes of one host share memory"
+    );
+    let buf = &mut shared[offset..];
+    for (i, x) in buf.iter_mut().enumerate() {
+        *x = T::input(rank, i, op);
+    }
+    let case = format!(
+        "shared all_reduce {} {op} offset={offset} count={count}",
+        T::DTYPE
+    );
+    pg.all_reduce(buf, op)
+        .unwrap_or_else(|e| panic!("rank {rank}: {case}: {e}"));
+    for (i, got) in buf.iter().enumerate() {
+        let want: T = reference(n, i, op);
+        assert!(
+            bytemuck::bytes_of(got) == bytemuck::bytes_of(&want),
+            "rank {rank}: {case}: element {i} is {got:?}, expected {want:?}"
+        );
+    }
+    format!("{case} {:016x}", digest(bytemuck::cast_slice(buf)))
+}
+
+#[test]
+fn shared_buffers_are_reduced_in_place_exactly_and_bit_identically() {
+    const NAME: &str = "shared_buffers_are_reduced_in_place_exactly_and_bit_identically";
+    if let Some(pg) = common::child_group(NAME) {
+        let mut lines = Vec::new();
+        let mut shared_calls = 0;
+        // Around 16 KiB (the default crossover), odd counts that split unevenly over
+        // three ranks, offsets inside the buffer, and a large one.
+        for (offset, count) in [
+            (0, 4096),
+            (7, 4097),
+            (1, 100_003),
+            (4096, 1 << 20),
+            (0, 3 << 20),
+        ] {
+            lines.push(check_shared::<f32>(&pg, offset, count, ReduceOp::Sum));
+            lines.push(check_shared::<f32>(&pg, offset, count, ReduceOp::Avg));
+            shared_calls += 2;
+        }
+        lines.push(check_shared::<f64>(&pg, 3, 50_001, ReduceOp::Max));
+        lines.push(check_shared::<i32>(&pg, 0, 65_537, ReduceOp::Sum));
+        lines.push(check_shared::<i64>(&pg, 5, 30_000, ReduceOp::Product));
+        shared_calls += 3;
+        // An ordinary buffer between them still goes through the rings.
+        lines.push(common::matrix::check_all_reduce::<f32>(
+            &pg,
+            100_003,
+            ReduceOp::Sum,
+        ));
+        lines.push(check_shared::<f32>(&pg, 0, 4096, ReduceOp::Sum));
+        shared_calls += 1;
+        let read = calls_reading_peers(&pg);
+        lines.push(format!("read in place: {read} of {shared_calls}"));
+        pg.barrier().expect("final barrier");
+        for line in lines {
+            println!("{RESULT_PREFIX}{line}");
+        }
+        return;
+    }
+    let _guard = heavy_lock();
+    let started = Instant::now();
+    let lines = common::run_processes_with_env(NAME, 3, ENV);
+    assert_identical(&lines);
+    let last = lines[0].last().expect("lines");
+    assert_eq!(last, "read in place: 14 of 14", "{:?}", lines[0]);
+    eprintln!("{} cases in {:?}", lines[0].len(), started.elapsed());
+}
+
+#[test]
+fn a_rank_passing_an_ordinary_buffer_among_shared_ones_is_named() {
+    const NAME: &str = "a_rank_passing_an_ordinary_buffer_among_shared_ones_is_named";
+    if let Some(pg) = common::child_group(NAME) {
+        let rank = pg.rank();
+        let count = 1 << 18;
+        let mut heap = vec![1.0f32; count];
+        let mut shared = pg.shared_buffer::<f32>(count).expect("a shared buffer");
+        let started = Instant::now();
+        let result = if rank == 1 {
+            pg.all_reduce(&mut heap, ReduceOp::Sum)
+        } else {
+            pg.all_reduce(&mut shared[..], ReduceOp::Sum)
+        };
+        let took = started.elapsed();
+        let error = result.expect_err("a mismatch cannot succeed");
+        eprintln!("rank {rank} in {took:?}: {error}");
+        // The rank that detects it names rank 1; the others quote its abort.
+        let names_rank_1 = match &error {
+            Error::Protocol { peer, .. } => *peer == 1,
+            other => other.to_string().contains("protocol error from rank 1"),
+        };
+        println!("{RESULT_PREFIX}names rank 1: {names_rank_1}");
+        println!(
+            "{RESULT_PREFIX}within 5 s: {}",
+            took < Duration::from_secs(5)
+        );
+        return;
+    }
+    let _guard = heavy_lock();
+    let lines = common::run_processes_with_env(NAME, 3, ENV);
+    for (rank, lines) in lines.iter().enumerate() {
+        assert!(
+            lines.contains(&"names rank 1: true".to_string()),
+            "rank {rank}: {lines:?}"
+        );
+        assert!(
+            lines.contains(&"within 5 s: true".to_string()),
+            "rank {rank}: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_killed_while_its_shared_buffer_is_read_is_named_by_the_others() {
+    const NAME: &str = "a_rank_killed_while_its_shared_buffer_is_read_is_named_by_the_others";
+    if let Some(pg) = common::child_group(NAME) {
+        let rank = pg.rank();
+        let mut buf = pg.shared_buffer::<f32>(4 << 20).expect("a shared buffer");
+        buf.fill(rank as f32);
+        if rank == 2 {
+            // Killed a moment into the loop below, in the middle of some call.
+            std::thread::spawn(|| {
+                std::thread::sleep(Duration::from_millis(150));
+                // SAFETY: sends SIGKILL to this process, which the harness expects.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            });
+            loop {
+                let _ = pg.all_reduce(&mut buf[..], ReduceOp::Max);
+            }
+        }
+        let mut calls = 0;
+        let (error, took) = loop {
+            let started = Instant::now();
+            match pg.all_reduce(&mut buf[..], ReduceOp::Max) {
+                Ok(()) => calls += 1,
+                Err(e) => break (e, started.elapsed()),
+            }
+        };
+        let named = match &error {
+            Error::PeerLost { rank, .. } => Some(*rank),
+            Error::GroupAborted { by, cause, .. } => cause.as_ref().map(|c| c.rank).or(Some(*by)),
+            other => other.likely_cause(),
+        };
+        eprintln!("rank {rank} after {calls} calls, in {took:?}: {error}");
+        println!("{RESULT_PREFIX}named {named:?}");
+        println!(
+            "{RESULT_PREFIX}within 10 s: {}",
+            took < Duration::from_secs(10)
+        );
+        return;
+    }
+    let _guard = heavy_lock();
+    let lines = common::run_processes_one_killed(NAME, 3, ENV, 2);
+    for (rank, lines) in lines.iter().enumerate().take(2) {
+        assert!(
+            lines.contains(&"named Some(2)".to_string()),
+            "rank {rank}: {lines:?}"
+        );
+        assert!(
+            lines.contains(&"within 10 s: true".to_string()),
+            "rank {rank}: {lines:?}"
+        );
+    }
+}
