@@ -146,8 +146,15 @@ pub trait MemoryBarrier {
     fn first_missing(&self, seq: u64) -> Option<usize>;
 
     /// Waits until every rank has arrived at barrier `seq`, a peer that has not arrived
-    /// is gone, or `until` passes.
-    fn wait_all_arrived(&mut self, seq: u64, until: Instant) -> io::Result<Arrivals>;
+    /// is gone, or `slice` has passed (never beyond `deadline`). The slice is counted
+    /// from the first reading of the clock, which a wait that ends while it spins need
+    /// not take.
+    fn wait_all_arrived(
+        &mut self,
+        seq: u64,
+        deadline: Instant,
+        slice: std::time::Duration,
+    ) -> io::Result<Arrivals>;
 
     /// Copies the first bytes waiting from `peer` into `buf` without taking them;
     /// returns how many (0 when none wait).
@@ -273,12 +280,12 @@ pub(crate) fn await_all_watching<T: Transport + OffersMemoryBarrier + ?Sized>(
     if let Some(first) = barrier.first_missing(number) {
         progress.blocked_on(first, 0);
         loop {
-            let until = Instant::now()
-                .checked_add(RETRY_EVERY)
-                .map_or(deadline, |retry| retry.min(deadline));
-            match barrier.wait_all_arrived(number, until).map_err(io_error)? {
+            match barrier
+                .wait_all_arrived(number, deadline, RETRY_EVERY)
+                .map_err(io_error)?
+            {
                 Arrivals::All => break,
-                Arrivals::Missing(peer) if until >= deadline => {
+                Arrivals::Missing(peer) if Instant::now() >= deadline => {
                     return Err(Error::Timeout {
                         rank,
                         peer,

@@ -236,11 +236,11 @@ impl ShmTransport {
     /// The wait on the rings that `wait` and the barrier in memory share: looks with
     /// `ready` through the spin window, then sleeps on this rank's bell in slices of at
     /// most [`LIVENESS_SLICE`], asking `gone` (with the time) between them whether a
-    /// peer it waits for has gone, until `ready` holds, `gone` names one, or `until`
-    /// passes.
+    /// peer it waits for has gone, until `ready` holds, `gone` names one, or `slice`
+    /// (counted from the first look at the clock after the spin) or `deadline` passes.
     fn spin_then_sleep<G>(
         &mut self,
-        until: Instant,
+        (deadline, slice): (Instant, Duration),
         ready: impl Fn(&Rings) -> bool,
         mut gone: impl FnMut(&mut ShmTransport, Instant) -> Option<G>,
     ) -> io::Result<Waited<G>> {
@@ -248,16 +248,21 @@ impl ShmTransport {
         let rings = &self.rings;
         if self
             .spin
-            .look(until, LOOKS_PER_CLOCK, || Ok(ready(rings)))?
+            .look(deadline, LOOKS_PER_CLOCK, || Ok(ready(rings)))?
         {
             return Ok(Waited::Ready);
         }
+        let mut until = None;
         loop {
             let seen = self.rings.bell(me).map_or(0, |b| b.load(Ordering::Acquire));
             if ready(&self.rings) {
                 return Ok(Waited::Ready);
             }
             let now = Instant::now();
+            let until = *until.get_or_insert_with(|| {
+                now.checked_add(slice)
+                    .map_or(deadline, |end| end.min(deadline))
+            });
             if let Some(which) = gone(self, now) {
                 return Ok(Waited::Gone(which));
             }
@@ -415,7 +420,7 @@ impl Transport for ShmTransport {
         }
         let me = self.rank();
         let waited = self.spin_then_sleep(
-            deadline,
+            (deadline, Duration::MAX),
             |rings| ready(rings, me, writable, readable),
             |transport, now| {
                 let peers = [readable, writable];
@@ -504,10 +509,15 @@ impl MemoryBarrier for ShmTransport {
         self.rings.first_missing(self.rank(), seq)
     }
 
-    fn wait_all_arrived(&mut self, seq: u64, until: Instant) -> io::Result<Arrivals> {
+    fn wait_all_arrived(
+        &mut self,
+        seq: u64,
+        deadline: Instant,
+        slice: Duration,
+    ) -> io::Result<Arrivals> {
         let me = self.rank();
         let waited = self.spin_then_sleep(
-            until,
+            (deadline, slice),
             |rings| rings.first_missing(me, seq).is_none(),
             |transport, now| transport.first_gone_missing(seq, now),
         )?;

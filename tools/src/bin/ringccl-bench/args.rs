@@ -54,8 +54,9 @@ pub(crate) struct Args {
     /// Backend: gloo or nccl.
     #[arg(long, default_value = "gloo")]
     pub(crate) backend: String,
-    /// Where the buffers live: host, device (GPU memory, as nccl-tests) or auto (device
-    /// under nccl, host otherwise).
+    /// Where the buffers live: host (the heap), shared (`ProcessGroup::shared_buffer`:
+    /// shared memory when the ranks are processes of one host), device (GPU memory, as
+    /// nccl-tests) or auto (device under nccl, host otherwise).
     #[arg(long, default_value = "auto")]
     pub(crate) memory: String,
     /// Spawn this many ranks locally (default 4, unless running under a launcher).

@@ -1,4 +1,5 @@
-//! `--memory`: whether the buffers live in host or GPU memory.
+//! `--memory`: whether the buffers live in host memory (the heap, or shared buffers) or
+//! GPU memory.
 
 use ringccl::ProcessGroup;
 
@@ -21,13 +22,13 @@ pub(crate) fn device_stream(
     coll: BenchOp,
 ) -> Result<Option<DeviceStream>, String> {
     let wanted = match args.memory.as_str() {
-        "host" => false,
+        "host" | "shared" => false,
         "device" => true,
         // Collectives without a device method are measured on host buffers.
         "auto" => pg.backend() == "nccl" && cfg!(feature = "nccl") && device_capable(coll),
         other => {
             return Err(format!(
-                "unknown --memory {other:?}: use host, device or auto"
+                "unknown --memory {other:?}: use host, shared, device or auto"
             ))
         }
     };

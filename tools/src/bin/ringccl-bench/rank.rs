@@ -56,7 +56,11 @@ fn measure_on(args: &Args, pg: &ProcessGroup, own_launcher: bool) -> Result<(), 
             "# ringccl-bench {}: backend {}, {n} ranks, {} memory, transport {}, all-reduce algorithm {}",
             coll.name(),
             pg.backend(),
-            if on_device.is_some() { "device" } else { "host" },
+            match (&on_device, args.memory.as_str()) {
+                (Some(_), _) => "device",
+                (None, "shared") => "shared",
+                _ => "host",
+            },
             args.transport
                 .as_deref()
                 .or(std::env::var("RINGCCL_TRANSPORT").ok().as_deref())

@@ -2,7 +2,7 @@
 //! one table row each.
 
 use ringccl::half::{bf16, f16};
-use ringccl::{CollectiveKind, Error, ProcessGroup, ReduceOp};
+use ringccl::{CollectiveKind, Error, ProcessGroup, ReduceOp, SharedBuffer};
 
 use super::args::{sizes, Args};
 use super::bench_op::{not_measured, BenchOp};
@@ -113,7 +113,14 @@ fn measure_host<T: BenchElem>(
         wrong += check::<T>(pg, coll, count, op, args.tensors)?;
     }
     let per = count / pg.world_size();
-    let mut buf: Vec<T> = (0..count).map(|i| input(pg.rank(), i, op)).collect();
+    let mut buf = if args.memory == "shared" {
+        pg.shared_buffer::<T>(count)?
+    } else {
+        SharedBuffer::on_heap(count)
+    };
+    for (i, x) in buf.iter_mut().enumerate() {
+        *x = input(pg.rank(), i, op);
+    }
     let mut out = vec![T::from_small(0); count];
     let tensor_len = (count / args.tensors.max(1)).max(1);
     let timing = time_op(pg, args.warmup, iterations, || match (coll, coll.kind()) {
