@@ -131,6 +131,21 @@ pub trait MemoryBarrier {
         ))
     }
 
+    /// [`MemoryBarrier::shared_bytes`], to write: the caller writes them only while the
+    /// protocol keeps `peer` from reading or writing them.
+    fn shared_bytes_mut(
+        &mut self,
+        peer: usize,
+        ticket: &SharedTicket,
+        (offset, len): (u64, usize),
+    ) -> io::Result<&mut [u8]> {
+        let _ = (peer, ticket, offset, len);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this transport maps no shared buffers",
+        ))
+    }
+
     /// Copies `peer`'s slot `slot`: its header, and its first `data.len()` data bytes.
     /// `false` when this transport shares no memory with `peer`.
     fn read_slot(

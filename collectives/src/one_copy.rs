@@ -22,13 +22,19 @@
 //! 2. **reduce**: rank `r` folds segment `r` of every other rank's buffer into its own,
 //!    in place: `((own op b_a) op b_b) ...` over the other ranks in increasing rank
 //!    order, a chunk at a time (a chunk read through the kernel goes through scratch that
-//!    stays in cache); then arrives at step 2.
-//! 3. **gather**: once every rank has arrived at step 2, rank `r` reads segment `q` of
-//!    rank `q`'s buffer into its own, for every other `q`; then arrives at step 3.
+//!    stays in cache); then arrives at step 2. When every rank's buffer is a shared one,
+//!    it also writes each reduced chunk into segment `r` of every peer's buffer, while
+//!    the chunk is still in cache, and the call ends once every rank has arrived at step
+//!    2: each rank reads and writes each byte of the buffer once, as a `memcpy` would,
+//!    and no segment is touched by two ranks.
+//! 3. **gather**: otherwise, once every rank has arrived at step 2, rank `r` reads
+//!    segment `q` of rank `q`'s buffer into its own, for every other `q`; then arrives at
+//!    step 3.
 //! 4. **leave** once every rank has arrived at step 3: nobody reads this buffer any more.
 //!
 //! Every segment is reduced once, by one rank, in one order, and copied to the others:
-//! results are bit-identical on every rank.
+//! results are bit-identical on every rank. After a call that failed, a shared buffer's
+//! contents are unspecified (a slower peer may still be writing its segment).
 //!
 //! Every wait is bounded by the call's deadline, and names the rank it gave up on, as
 //! the barrier's do. A rank may leave at any step without harm to the others: its
@@ -54,6 +60,12 @@ use crate::{CollectiveKind, DType, Error, OpDesc, ReduceOp};
 /// Bytes folded at a time: a peer's chunk is read into scratch of this size, small
 /// enough to stay in cache while it is folded in.
 const CHUNK_BYTES: usize = 256 * 1024;
+
+/// Bytes reduced at a time when every buffer is shared: the chunk of every rank's
+/// buffer read and the result written back into each stay in this core's cache together
+/// (four ranks' 64 KiB in a 1 MiB L2), so writing the result into the peers' buffers
+/// reads nothing again from memory.
+const WRITTEN_CHUNK_BYTES: usize = 64 * 1024;
 
 /// What a rank posts in its slot: its buffer's address and length, little-endian, a
 /// byte saying whether a shared buffer's ticket follows, and the ticket.
@@ -123,11 +135,23 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
         });
     }
 
+    // Every rank's buffer a shared one (its own posted so, every peer's mapped here):
+    // each rank writes its reduced segment into every buffer, and the call ends there.
+    let everyone_shared = posted[16] == 1
+        && sources
+            .iter()
+            .all(|s| !matches!(s, Some(Source::Process(_))));
+
     // 2. Reduce this rank's segment.
     let es = dtype.size().max(1);
     let count = buf.len() / es;
     let segment = |r: usize| byte_segment(count, n, r, es);
-    let chunk = (CHUNK_BYTES / es).max(1) * es;
+    let chunk_bytes = if everyone_shared {
+        WRITTEN_CHUNK_BYTES
+    } else {
+        CHUNK_BYTES
+    };
+    let chunk = (chunk_bytes / es).max(1) * es;
     let words = chunk.div_ceil(8);
     if scratch.len() < words {
         scratch.resize(words, 0);
@@ -167,11 +191,26 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
             if reduce == ReduceOp::Avg {
                 finalize_avg(dtype, acc, n).map_err(kernel_failed)?;
             }
+            if everyone_shared {
+                for (peer, source) in sources.iter().enumerate() {
+                    if let Some(Source::Shared(ticket)) = source {
+                        barrier
+                            .shared_bytes_mut(peer, ticket, (at as u64, len))
+                            .map_err(|e| read_failed(peer, e))?
+                            .copy_from_slice(acc);
+                    }
+                }
+            }
             at += len;
         }
         barrier.advance(arrival(op.seq, 2));
     }
     await_all(transport, op, arrival(op.seq, 2), times, progress)?;
+    if everyone_shared {
+        // Every rank has written its segment into this buffer and read what it needed
+        // of it: nobody touches it any more.
+        return Ok(());
+    }
 
     // 3. Gather every other rank's segment.
     {

@@ -78,6 +78,11 @@ impl Mapping {
         self.base.as_ptr() as u64
     }
 
+    /// Its length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     /// The whole mapping as bytes, for reading a shared buffer in place: its owner's
     /// own, or a peer's while the one-copy protocol keeps the peer from writing it.
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -89,10 +94,13 @@ impl Mapping {
         unsafe { std::slice::from_raw_parts(self.base.as_ptr(), self.len) }
     }
 
-    /// The whole mapping as bytes, to write: a shared buffer, by its owner.
+    /// The whole mapping as bytes, to write: a shared buffer, by its owner, or by a
+    /// peer writing the segment it reduced.
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: as for `bytes`; `&mut self` makes this the only reference made through
-        // this mapping, and peers only read a shared buffer, during the one-copy steps.
+        // this mapping. Other processes touch the same bytes only where the one-copy
+        // protocol gives them a segment: each segment is written by the one rank that
+        // reduces it, while no other rank reads or writes it.
         unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr(), self.len) }
     }
 

@@ -495,6 +495,15 @@ impl MemoryBarrier for ShmTransport {
         self.peer_buffers.bytes(peer, ticket, range)
     }
 
+    fn shared_bytes_mut(
+        &mut self,
+        peer: usize,
+        ticket: &SharedTicket,
+        range: (u64, usize),
+    ) -> io::Result<&mut [u8]> {
+        self.peer_buffers.bytes_mut(peer, ticket, range)
+    }
+
     fn read_slot(
         &self,
         peer: usize,

@@ -206,8 +206,31 @@ impl PeerBuffers {
         &mut self,
         peer: usize,
         posted: &SharedTicket,
-        (offset, len): (u64, usize),
+        range: (u64, usize),
     ) -> std::io::Result<&[u8]> {
+        let (mapping, start, len) = self.locate(peer, posted, range)?;
+        Ok(&mapping.bytes()[start..start + len])
+    }
+
+    /// [`PeerBuffers::bytes`], to write.
+    pub(super) fn bytes_mut(
+        &mut self,
+        peer: usize,
+        posted: &SharedTicket,
+        range: (u64, usize),
+    ) -> std::io::Result<&mut [u8]> {
+        let (mapping, start, len) = self.locate(peer, posted, range)?;
+        Ok(&mut mapping.bytes_mut()[start..start + len])
+    }
+
+    /// The mapping of the buffer `peer` posted (mapped now if it was not), and where
+    /// `len` bytes at `offset` past the posted offset start in it.
+    fn locate(
+        &mut self,
+        peer: usize,
+        posted: &SharedTicket,
+        (offset, len): (u64, usize),
+    ) -> std::io::Result<(&mut Mapping, usize, usize)> {
         use std::io::{Error, ErrorKind};
         let (ticket, base) = read_ticket(posted);
         if self.mapped.len() <= peer {
@@ -243,21 +266,21 @@ impl PeerBuffers {
             let hit = mapped.remove(at);
             mapped.insert(0, hit);
         }
-        let all = mapped[0].1.bytes();
+        let mapping = &mut mapped[0].1;
+        let size = mapping.len();
         let start = base
             .checked_add(offset)
             .and_then(|s| usize::try_from(s).ok())
-            .filter(|&s| s.checked_add(len).is_some_and(|end| end <= all.len()))
+            .filter(|&s| s.checked_add(len).is_some_and(|end| end <= size))
             .ok_or_else(|| {
                 Error::new(
                     ErrorKind::InvalidData,
                     format!(
-                        "{len} bytes at {base}+{offset} lie outside its shared buffer of {} bytes",
-                        all.len()
+                        "{len} bytes at {base}+{offset} lie outside its shared buffer of {size} bytes"
                     ),
                 )
             })?;
-        Ok(&all[start..start + len])
+        Ok((mapping, start, len))
     }
 }
 
