@@ -171,8 +171,8 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
         while at < own.end {
             let len = chunk.min(own.end - at);
             let acc = &mut buf[at..at + len];
-            for (peer, source) in sources.iter().enumerate() {
-                let theirs: &[u8] = match source {
+            for peer in folded_after_own(rank, n) {
+                let theirs: &[u8] = match &sources[peer] {
                     None => continue,
                     Some(Source::Shared(ticket)) => barrier
                         .shared_bytes(peer, ticket, (at as u64, len))
@@ -235,6 +235,12 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
     }
     // 4. Leave once nobody reads this buffer any more.
     await_all(transport, op, arrival(op.seq, 3), times, progress)
+}
+
+/// The ranks whose segment rank `rank` folds into its own, in order: every other rank,
+/// in increasing rank order (the same order on every rank, for every segment).
+fn folded_after_own(rank: usize, n: usize) -> impl Iterator<Item = usize> {
+    (0..n).filter(move |&peer| peer != rank)
 }
 
 /// While this rank waits at step 1: a frame from a peer for this call or an earlier one
@@ -330,5 +336,72 @@ fn read_error(rank: usize, peer: usize, op: &OpDesc, e: io::Error) -> Error {
         peer,
         op: *op,
         reason: format!("reading its buffer across processes failed: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The protocol's plan, run symbolically: each rank folds its segment (the segments
+    /// `byte_segment` gives) in [`folded_after_own`]'s order, starting from its own
+    /// values, and the result lands in every rank's buffer, in place (every buffer
+    /// shared) or gathered. Every element of every rank must end as the same expression,
+    /// holding every rank's input exactly once.
+    #[test]
+    fn every_element_is_folded_once_over_every_rank_and_identical_everywhere() {
+        for n in 1..=9 {
+            for es in [1usize, 2, 4, 8] {
+                for count in [0usize, 1, 2, n - 1, n, n + 1, 3 * n + 2, 1000, 1001] {
+                    let mut buffers: Vec<Vec<String>> = (0..n)
+                        .map(|r| (0..count).map(|_| format!("x{r}")).collect())
+                        .collect();
+                    let mut reduced: Vec<Vec<String>> = buffers.clone();
+                    let mut covered = vec![0u32; count];
+                    for (rank, segment) in reduced.iter_mut().enumerate() {
+                        let bytes = byte_segment(count, n, rank, es);
+                        assert_eq!(bytes.start % es, 0);
+                        assert_eq!(bytes.end % es, 0);
+                        for i in bytes.start / es..bytes.end / es {
+                            covered[i] += 1;
+                            let mut acc = buffers[rank][i].clone();
+                            for peer in folded_after_own(rank, n) {
+                                acc = format!("({acc}+{})", buffers[peer][i]);
+                            }
+                            segment[i] = acc;
+                        }
+                    }
+                    assert!(
+                        covered.iter().all(|&c| c == 1),
+                        "n={n} count={count}: {covered:?}"
+                    );
+                    // Written into (or gathered by) every rank.
+                    for rank in 0..n {
+                        let owner_of = |i: usize| {
+                            (0..n)
+                                .find(|&r| byte_segment(count, n, r, es).contains(&(i * es)))
+                                .expect("every element has an owner")
+                        };
+                        for i in 0..count {
+                            buffers[rank][i] = reduced[owner_of(i)][i].clone();
+                        }
+                    }
+                    for i in 0..count {
+                        let first = &buffers[0][i];
+                        assert!(
+                            buffers.iter().all(|b| &b[i] == first),
+                            "n={n} count={count} i={i}"
+                        );
+                        for r in 0..n {
+                            assert_eq!(
+                                first.matches(&format!("x{r}")).count(),
+                                1,
+                                "n={n} count={count} i={i}: {first}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 }
