@@ -64,6 +64,26 @@ pub(crate) fn arrival(seq: u64, step: u64) -> u64 {
         .saturating_add(step.min(ARRIVALS_PER_CALL - 1))
 }
 
+/// What a wait at the barrier waits for from every other rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Awaited {
+    /// Its arrival at this number ([`MemoryBarrier::advance`] or
+    /// [`MemoryBarrier::arrive`]).
+    Arrival(u64),
+    /// Its call with this number posted in this slot ([`MemoryBarrier::arrive`]), which
+    /// a transport may let a waiter see in one look at the slot.
+    Posted(u64, usize),
+}
+
+impl Awaited {
+    /// The arrival number waited for.
+    pub fn number(self) -> u64 {
+        match self {
+            Awaited::Arrival(seq) | Awaited::Posted(seq, _) => seq,
+        }
+    }
+}
+
 /// Where a wait for the other ranks' arrival ended ([`MemoryBarrier::wait_all_arrived`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrivals {
@@ -156,17 +176,16 @@ pub trait MemoryBarrier {
         data: &mut [u8],
     ) -> bool;
 
-    /// The first rank (in rank order) that has not arrived at barrier `seq`, at a glance;
-    /// `None` once every rank has.
-    fn first_missing(&self, seq: u64) -> Option<usize>;
+    /// The first rank (in rank order) that has not done what `awaited` says, at a
+    /// glance; `None` once every rank has.
+    fn first_missing(&self, awaited: Awaited) -> Option<usize>;
 
-    /// Waits until every rank has arrived at barrier `seq`, a peer that has not arrived
-    /// is gone, or `slice` has passed (never beyond `deadline`). The slice is counted
-    /// from the first reading of the clock, which a wait that ends while it spins need
-    /// not take.
+    /// Waits until every rank has done what `awaited` says, a peer that has not is gone,
+    /// or `slice` has passed (never beyond `deadline`). The slice is counted from the
+    /// first reading of the clock, which a wait that ends while it spins need not take.
     fn wait_all_arrived(
         &mut self,
-        seq: u64,
+        awaited: Awaited,
         deadline: Instant,
         slice: std::time::Duration,
     ) -> io::Result<Arrivals>;
@@ -236,7 +255,13 @@ pub(crate) fn run<T: Transport + OffersMemoryBarrier + ?Sized>(
     let number = arrival(op.seq, 0);
     let barrier = shared_barrier(transport, rank, op)?;
     barrier.arrive(number, slot, &header, data);
-    await_all(transport, op, number, (deadline, timeout), progress)?;
+    await_all(
+        transport,
+        op,
+        Awaited::Posted(number, slot),
+        (deadline, timeout),
+        progress,
+    )?;
     let barrier = shared_barrier(transport, rank, op)?;
     // A frame left behind names the call it came from, which is more than the peer's
     // slot says (its next call in memory).
@@ -268,11 +293,11 @@ pub(crate) fn shared_barrier<'t, T: OffersMemoryBarrier + ?Sized>(
 pub(crate) fn await_all<T: Transport + OffersMemoryBarrier + ?Sized>(
     transport: &mut T,
     op: &OpDesc,
-    number: u64,
+    awaited: Awaited,
     times: (Instant, std::time::Duration),
     progress: ProgressSink<'_>,
 ) -> Result<(), Error> {
-    await_all_watching(transport, op, number, times, progress, |_| Ok(()))
+    await_all_watching(transport, op, awaited, times, progress, |_| Ok(()))
 }
 
 /// [`await_all`], asking `watch` after every slice whether what the barrier shows
@@ -280,7 +305,7 @@ pub(crate) fn await_all<T: Transport + OffersMemoryBarrier + ?Sized>(
 pub(crate) fn await_all_watching<T: Transport + OffersMemoryBarrier + ?Sized>(
     transport: &mut T,
     op: &OpDesc,
-    number: u64,
+    awaited: Awaited,
     (deadline, timeout): (Instant, std::time::Duration),
     progress: ProgressSink<'_>,
     watch: impl Fn(&dyn MemoryBarrier) -> Result<(), Error>,
@@ -292,11 +317,11 @@ pub(crate) fn await_all_watching<T: Transport + OffersMemoryBarrier + ?Sized>(
         source: e,
     };
     let barrier = shared_barrier(transport, rank, op)?;
-    if let Some(first) = barrier.first_missing(number) {
+    if let Some(first) = barrier.first_missing(awaited) {
         progress.blocked_on(first, 0);
         loop {
             match barrier
-                .wait_all_arrived(number, deadline, RETRY_EVERY)
+                .wait_all_arrived(awaited, deadline, RETRY_EVERY)
                 .map_err(io_error)?
             {
                 Arrivals::All => break,

@@ -50,7 +50,7 @@ use crate::hooks::ProgressSink;
 use crate::kernels::{finalize_avg, reduce_bytes, Order};
 use crate::memory_barrier::{
     arrival, await_all, await_all_watching, check_slot_header, frames_left_behind, peer_header,
-    shared_barrier, MemoryBarrier, OffersMemoryBarrier, SharedTicket, SHARED_TICKET_LEN,
+    shared_barrier, Awaited, MemoryBarrier, OffersMemoryBarrier, SharedTicket, SHARED_TICKET_LEN,
 };
 use crate::schedule::byte_segment;
 use crate::transport::Transport;
@@ -112,7 +112,8 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
         barrier.arrive(arrival(op.seq, 1), slot, &header, &posted);
     }
     let in_rings = |barrier: &dyn MemoryBarrier| peer_in_rings(barrier, (rank, n), op);
-    await_all_watching(transport, op, arrival(op.seq, 1), times, progress, in_rings)?;
+    let posted_all = Awaited::Posted(arrival(op.seq, 1), slot);
+    await_all_watching(transport, op, posted_all, times, progress, in_rings)?;
     let (sources, reads_processes) = {
         let barrier = shared_barrier(transport, rank, op)?;
         frames_left_behind(barrier, (rank, n), op)?;
@@ -205,7 +206,13 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
         }
         barrier.advance(arrival(op.seq, 2));
     }
-    await_all(transport, op, arrival(op.seq, 2), times, progress)?;
+    await_all(
+        transport,
+        op,
+        Awaited::Arrival(arrival(op.seq, 2)),
+        times,
+        progress,
+    )?;
     if everyone_shared {
         // Every rank has written its segment into this buffer and read what it needed
         // of it: nobody touches it any more.
@@ -234,7 +241,13 @@ pub(crate) fn all_reduce<T: Transport + OffersMemoryBarrier + ?Sized>(
         barrier.advance(arrival(op.seq, 3));
     }
     // 4. Leave once nobody reads this buffer any more.
-    await_all(transport, op, arrival(op.seq, 3), times, progress)
+    await_all(
+        transport,
+        op,
+        Awaited::Arrival(arrival(op.seq, 3)),
+        times,
+        progress,
+    )
 }
 
 /// The ranks whose segment rank `rank` folds into its own, in order: every other rank,

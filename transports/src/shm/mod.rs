@@ -80,7 +80,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringccl_collectives::memory_barrier::{
-    Arrivals, MemoryBarrier, OffersMemoryBarrier, SharedTicket,
+    Arrivals, Awaited, MemoryBarrier, OffersMemoryBarrier, SharedTicket,
 };
 use ringccl_collectives::peer_memory::OffersPeerMemory;
 use ringccl_collectives::wire::FRAME_HEADER_LEN;
@@ -514,26 +514,27 @@ impl MemoryBarrier for ShmTransport {
         self.rings.read_slot(peer, slot, header, data)
     }
 
-    fn first_missing(&self, seq: u64) -> Option<usize> {
-        self.rings.first_missing(self.rank(), seq)
+    fn first_missing(&self, awaited: Awaited) -> Option<usize> {
+        missing(&self.rings, self.rank(), awaited)
     }
 
     fn wait_all_arrived(
         &mut self,
-        seq: u64,
+        awaited: Awaited,
         deadline: Instant,
         slice: Duration,
     ) -> io::Result<Arrivals> {
         let me = self.rank();
+        let seq = awaited.number();
         let waited = self.spin_then_sleep(
             (deadline, slice),
-            |rings| rings.first_missing(me, seq).is_none(),
+            |rings| missing(rings, me, awaited).is_none(),
             |transport, now| transport.first_gone_missing(seq, now),
         )?;
         Ok(match waited {
             Waited::Ready => Arrivals::All,
             Waited::Gone(peer) => Arrivals::Gone(peer),
-            Waited::TimedOut => match self.rings.first_missing(me, seq) {
+            Waited::TimedOut => match missing(&self.rings, me, awaited) {
                 Some(peer) => Arrivals::Missing(peer),
                 None => Arrivals::All,
             },
@@ -542,6 +543,14 @@ impl MemoryBarrier for ShmTransport {
 
     fn peek(&self, peer: usize, buf: &mut [u8]) -> usize {
         self.rings.peek(self.rank(), peer, buf)
+    }
+}
+
+/// The first rank other than `me` that has not done what `awaited` says.
+fn missing(rings: &Rings, me: usize, awaited: Awaited) -> Option<usize> {
+    match awaited {
+        Awaited::Arrival(seq) => rings.first_missing(me, seq),
+        Awaited::Posted(seq, slot) => rings.first_unposted(me, seq, slot),
     }
 }
 

@@ -61,13 +61,19 @@ const ARRIVED: usize = 128;
 /// a peer that reads this word through the kernel, at that address, proves it can read
 /// the owner's memory.
 const OWN_ADDRESS: usize = 192;
-/// Two slots, each the header of the owner's latest call in memory and its data: the
-/// owner writes them before it publishes its arrival and never rewrites a slot a peer may
-/// still read (calls in memory alternate between the two, and a rank starts call `m + 2`
-/// only after every rank arrived at call `m + 1`, which each did after reading call `m`).
+/// Two slots, each the number of the owner's latest call posted in it, that call's
+/// header and its data: the owner writes header and data, then the number, and never
+/// rewrites a slot a peer may still read (calls in memory alternate between the two, and
+/// a rank starts call `m + 2` only after every rank arrived at call `m + 1`, which each
+/// did after reading call `m`). Number, header and the first 24 data bytes share a cache
+/// line, so a peer waiting for a small call gets all of it in one transfer (OpenMPI's
+/// "fast boxes").
 const SLOTS: usize = 1024;
-/// One slot: a frame header, then up to [`SLOT_DATA`] bytes.
-const SLOT_LEN: usize = FRAME_HEADER_LEN + SLOT_DATA;
+/// Where a slot's header starts, after its number.
+const SLOT_HEADER: usize = 8;
+/// One slot: its number, a frame header, then up to [`SLOT_DATA`] bytes, in whole cache
+/// lines.
+const SLOT_LEN: usize = (SLOT_HEADER + FRAME_HEADER_LEN + SLOT_DATA).div_ceil(64) * 64;
 const _: () = assert!(
     SLOTS + 2 * SLOT_LEN <= HEADER,
     "the slots fit the inbox header"
@@ -201,10 +207,29 @@ impl Rings {
     ) {
         if let Some(inbox) = self.inbox(me) {
             let at = SLOTS + (slot % 2) * SLOT_LEN;
-            inbox.write(at, header);
-            inbox.write(at + FRAME_HEADER_LEN, &data[..data.len().min(SLOT_DATA)]);
+            inbox.write(at + SLOT_HEADER, header);
+            inbox.write(
+                at + SLOT_HEADER + FRAME_HEADER_LEN,
+                &data[..data.len().min(SLOT_DATA)],
+            );
+            inbox.atomic_u64(at).store(seq, Ordering::Release);
         }
         self.advance(me, seq, byte_needed);
+    }
+
+    /// Whether `rank` has posted call `seq` (or a later one) in its slot `slot` (a rank
+    /// this one shares no memory with never has).
+    pub(super) fn posted(&self, rank: usize, seq: u64, slot: usize) -> bool {
+        self.inbox(rank).is_some_and(|inbox| {
+            let at = SLOTS + (slot % 2) * SLOT_LEN;
+            inbox.atomic_u64(at).load(Ordering::Acquire) >= seq
+        })
+    }
+
+    /// The first rank other than `me`, in rank order, that has not posted call `seq` in
+    /// slot `slot`; `None` once all have.
+    pub(super) fn first_unposted(&self, me: usize, seq: u64, slot: usize) -> Option<usize> {
+        (0..self.inboxes.len()).find(|&p| p != me && !self.posted(p, seq, slot))
     }
 
     /// Publishes that rank `me` has arrived at `seq`, its slots unchanged, and wakes the
@@ -234,7 +259,7 @@ impl Rings {
         let Some(inbox) = self.inbox(rank) else {
             return false;
         };
-        let at = SLOTS + (slot % 2) * SLOT_LEN;
+        let at = SLOTS + (slot % 2) * SLOT_LEN + SLOT_HEADER;
         inbox.read(at, header);
         let len = data.len().min(SLOT_DATA);
         inbox.read(at + FRAME_HEADER_LEN, &mut data[..len]);
