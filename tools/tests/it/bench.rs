@@ -372,16 +372,28 @@ fn runs_as_ranks_under_mpirun() {
         return;
     }
     let _guard = heavy_lock();
-    let out = Command::new("mpirun")
-        .args(["-np", "2", "--oversubscribe", "-x", "MASTER_ADDR=127.0.0.1"])
-        .args(["-x", &format!("MASTER_PORT={}", free_port())])
-        .args([BENCH, "-b", "8", "-e", "4K", "-f", "8", "-n", "3"])
-        // mpirun refuses root unless told; harmless otherwise.
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env_remove("RANK")
-        .output()
-        .expect("run mpirun");
+    // mpirun starts every rank at once, so rank 0 cannot announce the port it bound: the
+    // port is one the kernel just gave out, and another test may take it meanwhile. The
+    // bench then says so ("already in use"), and the run is tried again on a new port.
+    let run = || {
+        Command::new("mpirun")
+            .args(["-np", "2", "--oversubscribe", "-x", "MASTER_ADDR=127.0.0.1"])
+            .args(["-x", &format!("MASTER_PORT={}", free_port())])
+            .args([BENCH, "-b", "8", "-e", "4K", "-f", "8", "-n", "3"])
+            // mpirun refuses root unless told; harmless otherwise.
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env_remove("RANK")
+            .output()
+            .expect("run mpirun")
+    };
+    let mut out = run();
+    for _ in 0..3 {
+        if out.status.success() || !text(&out.stderr).contains("is already in use") {
+            break;
+        }
+        out = run();
+    }
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(
