@@ -3,7 +3,8 @@
 use std::collections::VecDeque;
 
 use ringccl_collectives::fusion::{plan_fusion, Piece};
-use ringccl_collectives::{validate_reduce, Element, ReduceOp};
+use ringccl_collectives::{validate_reduce, BufferMut, Element, ReduceOp};
+use ringccl_transports::shm::{copy_elements, SharedBuffer};
 
 use crate::fusion_pool::BUCKETS_IN_FLIGHT;
 use crate::{Error, ProcessGroup, Work};
@@ -32,34 +33,55 @@ impl ProcessGroup {
         validate_reduce(T::DTYPE, op)?;
         let lens: Vec<usize> = tensors.iter().map(|t| t.len()).collect();
         let plan = plan_fusion(&lens, T::DTYPE.size(), bucket_bytes);
-        let mut spare: Vec<Vec<T>> = self.shared().fusion_buffers.take();
+        let len_of = |pieces: &[Piece]| pieces.iter().map(|p| p.range.len()).sum::<usize>();
+        let largest = plan.iter().map(|b| len_of(b)).max().unwrap_or(0);
+        let wanted = plan.len().min(BUCKETS_IN_FLIGHT + 1);
+        let mut spare = self.fusion_buffers_for::<T>(largest, wanted)?;
         if plan.len() == 1 {
             // One bucket: nothing to pipeline, so skip the hand-off to the worker.
-            let mut fused = spare.pop().unwrap_or_default();
-            pack(&plan[0], tensors, &mut fused);
-            self.all_reduce(&mut fused, op)?;
-            unpack(&plan[0], &fused, tensors);
-            spare.push(fused);
+            let result = match spare.last_mut() {
+                Some(fused) => {
+                    let len = len_of(&plan[0]);
+                    pack(&plan[0], tensors, &mut fused[..len]);
+                    let result = self.all_reduce(&mut fused[..len], op);
+                    if result.is_ok() {
+                        unpack(&plan[0], &fused[..len], tensors);
+                    }
+                    result
+                }
+                None => Ok(()),
+            };
             self.shared().fusion_buffers.put(spare);
-            return Ok(());
+            return result;
         }
-        let mut in_flight = VecDeque::<(usize, Work<Vec<T>>)>::new();
+        let mut in_flight = VecDeque::<(usize, Work<SharedBuffer<T>>)>::new();
         let mut first_error = None;
         // Waits for bucket `index` and copies its result back into the tensors.
         let finish = |index: usize,
-                      work: Work<Vec<T>>,
+                      work: Work<SharedBuffer<T>>,
                       tensors: &mut [&mut [T]],
-                      spare: &mut Vec<Vec<T>>|
+                      spare: &mut Vec<SharedBuffer<T>>|
          -> Result<(), Error> {
             let fused = work.wait()?;
-            unpack(&plan[index], &fused, tensors);
+            unpack(&plan[index], &fused[..len_of(&plan[index])], tensors);
             spare.push(fused);
             Ok(())
         };
         for (index, bucket) in plan.iter().enumerate() {
-            let mut fused = spare.pop().unwrap_or_default();
-            pack(bucket, tensors, &mut fused);
-            match self.all_reduce_async(fused, op) {
+            let Some(mut fused) = spare.pop() else {
+                // Never: as many buffers as buckets in flight, each back before reuse.
+                first_error.get_or_insert(Error::InvalidArgument(
+                    "all_reduce_bucketed ran out of fusion buffers".into(),
+                ));
+                break;
+            };
+            let len = len_of(bucket);
+            pack(bucket, tensors, &mut fused[..len]);
+            let started = self.queue("all_reduce", move |b, d| {
+                b.all_reduce(BufferMut::from_slice(&mut fused[..len]), op, d)
+                    .map(|()| fused)
+            });
+            match started {
                 Ok(work) => in_flight.push_back((index, work)),
                 Err(e) => {
                     first_error.get_or_insert(e);
@@ -86,13 +108,58 @@ impl ProcessGroup {
             None => Ok(()),
         }
     }
+
+    /// `wanted` fusion buffers of at least `len` elements, from the pool or new. New
+    /// ones are shared buffers where the group's ranks are processes of one host, and
+    /// every rank takes shared ones or none: whether every rank could allocate its new
+    /// ones in `/dev/shm` is agreed in a small all-reduce (every rank grows its pool at
+    /// the same call, the pool's history being the same on every rank), and if one
+    /// could not, every rank takes heap buffers instead, so that a full `/dev/shm` costs
+    /// speed, never an error.
+    fn fusion_buffers_for<T: Element>(
+        &self,
+        len: usize,
+        wanted: usize,
+    ) -> Result<Vec<SharedBuffer<T>>, Error> {
+        let mut spare: Vec<SharedBuffer<T>> = self.shared().fusion_buffers.take();
+        spare.retain(|b| b.len() >= len);
+        if spare.len() >= wanted {
+            return Ok(spare);
+        }
+        let mut fresh = Vec::with_capacity(wanted - spare.len());
+        let mut allocated = 1i32;
+        while spare.len() + fresh.len() < wanted {
+            match self.shared_buffer::<T>(len) {
+                Ok(buffer) => fresh.push(buffer),
+                Err(e) => {
+                    tracing::debug!(rank = self.rank(), "fusion buffers on the heap: {e}");
+                    allocated = 0;
+                    break;
+                }
+            }
+        }
+        let mut everyone = [allocated];
+        self.all_reduce(&mut everyone, ReduceOp::Min)?;
+        if everyone[0] == 0 {
+            fresh.clear();
+            fresh.resize_with(wanted - spare.len(), || SharedBuffer::on_heap(len));
+        }
+        spare.append(&mut fresh);
+        Ok(spare)
+    }
 }
 
-/// Copies the pieces of one fusion buffer, in order, out of `tensors` into `fused`.
-fn pack<T: Element>(pieces: &[Piece], tensors: &[&mut [T]], fused: &mut Vec<T>) {
-    fused.clear();
+/// Copies the pieces of one fusion buffer, in order, out of `tensors` into `fused`
+/// (exactly their length).
+fn pack<T: Element>(pieces: &[Piece], tensors: &[&mut [T]], fused: &mut [T]) {
+    let mut at = 0;
     for piece in pieces {
-        fused.extend_from_slice(&tensors[piece.tensor][piece.range.clone()]);
+        let len = piece.range.len();
+        copy_elements(
+            &mut fused[at..at + len],
+            &tensors[piece.tensor][piece.range.clone()],
+        );
+        at += len;
     }
 }
 
@@ -101,7 +168,10 @@ fn unpack<T: Element>(pieces: &[Piece], fused: &[T], tensors: &mut [&mut [T]]) {
     let mut at = 0;
     for piece in pieces {
         let len = piece.range.len();
-        tensors[piece.tensor][piece.range.clone()].copy_from_slice(&fused[at..at + len]);
+        copy_elements(
+            &mut tensors[piece.tensor][piece.range.clone()],
+            &fused[at..at + len],
+        );
         at += len;
     }
 }

@@ -205,3 +205,57 @@ fn a_rank_killed_while_its_shared_buffer_is_read_is_named_by_the_others() {
         );
     }
 }
+
+#[test]
+fn bucketed_all_reduce_between_processes_runs_in_place_exactly() {
+    const NAME: &str = "bucketed_all_reduce_between_processes_runs_in_place_exactly";
+    if let Some(pg) = common::child_group(NAME) {
+        let (rank, n) = (pg.rank(), pg.world_size());
+        let lens: Vec<usize> = (0..40).map(|i| 1 + (i * 7919) % 30_000).collect();
+        let mut lines = Vec::new();
+        for round in 0..3 {
+            let mut tensors: Vec<Vec<f32>> = lens
+                .iter()
+                .enumerate()
+                .map(|(t, &len)| {
+                    (0..len)
+                        .map(|i| f32::input(rank, i + t, ReduceOp::Sum))
+                        .collect()
+                })
+                .collect();
+            let mut views: Vec<&mut [f32]> = tensors.iter_mut().map(|t| &mut t[..]).collect();
+            pg.all_reduce_bucketed(&mut views, ReduceOp::Sum, 256 << 10)
+                .unwrap_or_else(|e| panic!("rank {rank}: round {round}: {e}"));
+            for (t, tensor) in tensors.iter().enumerate() {
+                for (i, got) in tensor.iter().enumerate() {
+                    let want: f32 = reference(n, i + t, ReduceOp::Sum);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "rank {rank}: tensor {t} element {i}"
+                    );
+                }
+            }
+            let all: Vec<f32> = tensors.concat();
+            lines.push(format!(
+                "round {round} {:016x}",
+                digest(bytemuck::cast_slice(&all))
+            ));
+        }
+        lines.push(format!("read in place: {}", calls_reading_peers(&pg) > 0));
+        pg.barrier().expect("final barrier");
+        for line in lines {
+            println!("{RESULT_PREFIX}{line}");
+        }
+        return;
+    }
+    let _guard = heavy_lock();
+    let lines = common::run_processes_with_env(NAME, 3, ENV);
+    assert_identical(&lines);
+    assert_eq!(
+        lines[0].last().map(String::as_str),
+        Some("read in place: true"),
+        "{:?}",
+        lines[0]
+    );
+}

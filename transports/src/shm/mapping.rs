@@ -149,6 +149,19 @@ impl Mapping {
     }
 }
 
+/// Copies `src` into `dst`, as `copy_from_slice` does (their lengths must be equal),
+/// avoiding the slow path of `memcpy` described at [`copy_bytes`].
+pub(crate) fn copy_slice(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "copy between slices of different lengths"
+    );
+    // SAFETY: both slices are valid for their whole (equal) length, and a `&mut` slice
+    // never overlaps a shared one.
+    unsafe { copy_bytes(src.as_ptr(), dst.as_mut_ptr(), src.len()) }
+}
+
 /// Copies of at least this many bytes avoid the slow path of `memcpy` (see [`copy_bytes`]).
 const SLOW_COPY_MIN: usize = 1024;
 

@@ -95,7 +95,7 @@ use mapping::read_process;
 pub use ring::DEFAULT_RING_BYTES;
 use ring::{in_poll_for, Ring, Rings};
 pub use setup::{set_up, SharedRings};
-pub use shared_buffer::SharedBuffer;
+pub use shared_buffer::{copy_elements, SharedBuffer};
 use shared_buffer::{ticket_for, PeerBuffers};
 
 /// Longest sleep between two looks at the peers' liveness.

@@ -16,7 +16,7 @@ use std::sync::{Mutex, PoisonError};
 use ringccl_collectives::memory_barrier::{SharedTicket, SHARED_TICKET_LEN};
 
 use super::inbox::{bytes, open_peer, OwnInbox, Ticket};
-use super::mapping::Mapping;
+use super::mapping::{copy_slice, Mapping};
 use super::space::space;
 
 /// The shared buffers this process owns: (start address, bytes, ticket).
@@ -141,6 +141,22 @@ impl<T: bytemuck::Pod> SharedBuffer<T> {
             Backing::Heap(words) => bytemuck::cast_slice(words),
         }
     }
+}
+
+/// Copies `src` into `dst` like `dst.copy_from_slice(src)` (their lengths must be
+/// equal), but never through the slow path some CPUs' `memcpy` takes when the
+/// destination lies a few bytes after the source modulo 4 KiB (copies of 64–256 KiB at
+/// a twentieth of the usual speed, measured on an AMD EPYC): a page-aligned shared
+/// buffer and a heap buffer, which starts 16 bytes into its page, are such a pair.
+///
+/// ```
+/// let mut shared = ringccl_transports::shm::SharedBuffer::<f32>::new(1 << 16).unwrap();
+/// let heap = vec![2.0f32; 1 << 16];
+/// ringccl_transports::shm::copy_elements(&mut shared[..], &heap);
+/// assert_eq!(shared[12345], 2.0);
+/// ```
+pub fn copy_elements<T: bytemuck::Pod>(dst: &mut [T], src: &[T]) {
+    copy_slice(bytemuck::cast_slice_mut(dst), bytemuck::cast_slice(src));
 }
 
 impl<T: bytemuck::Pod> std::ops::Deref for SharedBuffer<T> {
