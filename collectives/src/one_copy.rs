@@ -389,14 +389,14 @@ mod tests {
                         "n={n} count={count}: {covered:?}"
                     );
                     // Written into (or gathered by) every rank.
-                    for rank in 0..n {
-                        let owner_of = |i: usize| {
-                            (0..n)
-                                .find(|&r| byte_segment(count, n, r, es).contains(&(i * es)))
-                                .expect("every element has an owner")
-                        };
-                        for i in 0..count {
-                            buffers[rank][i] = reduced[owner_of(i)][i].clone();
+                    let owner_of = |i: usize| {
+                        (0..n)
+                            .find(|&r| byte_segment(count, n, r, es).contains(&(i * es)))
+                            .expect("every element has an owner")
+                    };
+                    for buffer in &mut buffers {
+                        for (i, value) in buffer.iter_mut().enumerate() {
+                            *value = reduced[owner_of(i)][i].clone();
                         }
                     }
                     for i in 0..count {

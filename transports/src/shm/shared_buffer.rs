@@ -268,10 +268,7 @@ impl PeerBuffers {
                     Error::new(ErrorKind::InvalidData, "a shared buffer too large to map")
                 })?;
                 let mapping = open_peer(&ticket, len, uid).map_err(|reason| {
-                    Error::new(
-                        ErrorKind::Other,
-                        format!("mapping its shared buffer: {reason}"),
-                    )
+                    Error::other(format!("mapping its shared buffer: {reason}"))
                 })?;
                 mapped.truncate(MAPPED_PER_PEER - 1);
                 mapped.insert(0, (ticket, mapping));
@@ -317,7 +314,7 @@ mod tests {
         let at = own[100..].as_ptr() as u64;
         let posted = ticket_for(at, 400).expect("inside the buffer");
         assert!(ticket_for(at, 4096 * 4).is_none(), "runs past its end");
-        let heap = vec![0u32; 10];
+        let heap = Box::new([0u32; 10]);
         assert!(ticket_for(heap.as_ptr() as u64, 40).is_none());
 
         let mut peers = PeerBuffers::default();
