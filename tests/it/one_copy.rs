@@ -5,11 +5,12 @@
 
 use crate::common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use common::matrix::{all_reduce_matrix, assert_identical};
+use common::reading_peers;
 use common::{heavy_lock, RESULT_PREFIX};
-use ringccl::{Error, ProcessGroup, ReduceOp};
+use ringccl::ReduceOp;
 
 const ENV: &[(&str, &str)] = &[
     ("RINGCCL_TRANSPORT", "shm"),
@@ -21,17 +22,6 @@ const ENV: &[(&str, &str)] = &[
 fn reading_forbidden() -> Option<String> {
     let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok()?;
     (scope.trim() != "0").then(|| format!("Yama's ptrace_scope is {}", scope.trim()))
-}
-
-/// How many calls of this rank's group read the peers' buffers, from its flight recorder.
-fn calls_reading_peers(pg: &ProcessGroup) -> usize {
-    let recorder = pg.flight_recorder().expect("a flight recorder");
-    recorder
-        .snapshot("counted")
-        .entries
-        .iter()
-        .filter(|e| e.algorithm.as_deref() == Some("peer_memory"))
-        .count()
 }
 
 #[test]
@@ -47,7 +37,7 @@ fn processes_reading_each_others_buffers_get_exact_bit_identical_results() {
                 ReduceOp::Sum,
             ));
         }
-        let read = calls_reading_peers(&pg);
+        let read = reading_peers::calls_reading_peers(&pg);
         lines.push(format!("read peers: {}", read > 0));
         pg.barrier().expect("final barrier");
         for line in lines {
@@ -75,50 +65,11 @@ fn processes_reading_each_others_buffers_get_exact_bit_identical_results() {
 fn a_rank_killed_while_its_buffer_is_read_is_named_by_the_others() {
     const NAME: &str = "a_rank_killed_while_its_buffer_is_read_is_named_by_the_others";
     if let Some(pg) = common::child_group(NAME) {
-        let rank = pg.rank();
-        let mut buf = vec![rank as f32; 4 << 20];
-        if rank == 2 {
-            // Killed a moment into the loop below, in the middle of some call.
-            std::thread::spawn(|| {
-                std::thread::sleep(Duration::from_millis(150));
-                // SAFETY: sends SIGKILL to this process, which the harness expects.
-                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-            });
-            loop {
-                let _ = pg.all_reduce(&mut buf, ReduceOp::Sum);
-            }
-        }
-        let mut calls = 0;
-        let (error, took) = loop {
-            let started = Instant::now();
-            match pg.all_reduce(&mut buf, ReduceOp::Sum) {
-                Ok(()) => calls += 1,
-                Err(e) => break (e, started.elapsed()),
-            }
-        };
-        let named = match &error {
-            Error::PeerLost { rank, .. } => Some(*rank),
-            Error::GroupAborted { by, cause, .. } => cause.as_ref().map(|c| c.rank).or(Some(*by)),
-            other => other.likely_cause(),
-        };
-        eprintln!("rank {rank} after {calls} calls, in {took:?}: {error}");
-        println!("{RESULT_PREFIX}named {named:?}");
-        println!(
-            "{RESULT_PREFIX}within 10 s: {}",
-            took < Duration::from_secs(10)
-        );
+        let mut buf = vec![pg.rank() as f32; 4 << 20];
+        reading_peers::stream_until_killed(&pg, 2, || pg.all_reduce(&mut buf, ReduceOp::Sum));
         return;
     }
     let _guard = heavy_lock();
     let lines = common::run_processes_one_killed(NAME, 3, ENV, 2);
-    for (rank, lines) in lines.iter().enumerate().take(2) {
-        assert!(
-            lines.contains(&"named Some(2)".to_string()),
-            "rank {rank}: {lines:?}"
-        );
-        assert!(
-            lines.contains(&"within 10 s: true".to_string()),
-            "rank {rank}: {lines:?}"
-        );
-    }
+    reading_peers::assert_named_by_survivors(&lines, 2);
 }

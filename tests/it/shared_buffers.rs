@@ -10,21 +10,11 @@ use std::time::{Duration, Instant};
 
 use common::elements::{reference, TestElem};
 use common::matrix::assert_identical;
+use common::reading_peers;
 use common::{digest, heavy_lock, RESULT_PREFIX};
 use ringccl::{Error, ProcessGroup, ReduceOp};
 
 const ENV: &[(&str, &str)] = &[("RINGCCL_TRANSPORT", "shm")];
-
-/// How many calls of this rank's group read the peers' buffers, from its flight recorder.
-fn calls_reading_peers(pg: &ProcessGroup) -> usize {
-    let recorder = pg.flight_recorder().expect("a flight recorder");
-    recorder
-        .snapshot("counted")
-        .entries
-        .iter()
-        .filter(|e| e.algorithm.as_deref() == Some("peer_memory"))
-        .count()
-}
 
 /// All-reduces `count` elements at `offset` into a shared buffer, checks them against the
 /// reference, and returns the case with a digest of the result.
@@ -93,7 +83,7 @@ fn shared_buffers_are_reduced_in_place_exactly_and_bit_identically() {
         ));
         lines.push(check_shared::<f32>(&pg, 0, 4096, ReduceOp::Sum));
         shared_calls += 1;
-        let read = calls_reading_peers(&pg);
+        let read = reading_peers::calls_reading_peers(&pg);
         lines.push(format!("read in place: {read} of {shared_calls}"));
         pg.barrier().expect("final barrier");
         for line in lines {
@@ -157,53 +147,14 @@ fn a_rank_passing_an_ordinary_buffer_among_shared_ones_is_named() {
 fn a_rank_killed_while_its_shared_buffer_is_read_is_named_by_the_others() {
     const NAME: &str = "a_rank_killed_while_its_shared_buffer_is_read_is_named_by_the_others";
     if let Some(pg) = common::child_group(NAME) {
-        let rank = pg.rank();
         let mut buf = pg.shared_buffer::<f32>(4 << 20).expect("a shared buffer");
-        buf.fill(rank as f32);
-        if rank == 2 {
-            // Killed a moment into the loop below, in the middle of some call.
-            std::thread::spawn(|| {
-                std::thread::sleep(Duration::from_millis(150));
-                // SAFETY: sends SIGKILL to this process, which the harness expects.
-                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-            });
-            loop {
-                let _ = pg.all_reduce(&mut buf[..], ReduceOp::Max);
-            }
-        }
-        let mut calls = 0;
-        let (error, took) = loop {
-            let started = Instant::now();
-            match pg.all_reduce(&mut buf[..], ReduceOp::Max) {
-                Ok(()) => calls += 1,
-                Err(e) => break (e, started.elapsed()),
-            }
-        };
-        let named = match &error {
-            Error::PeerLost { rank, .. } => Some(*rank),
-            Error::GroupAborted { by, cause, .. } => cause.as_ref().map(|c| c.rank).or(Some(*by)),
-            other => other.likely_cause(),
-        };
-        eprintln!("rank {rank} after {calls} calls, in {took:?}: {error}");
-        println!("{RESULT_PREFIX}named {named:?}");
-        println!(
-            "{RESULT_PREFIX}within 10 s: {}",
-            took < Duration::from_secs(10)
-        );
+        buf.fill(pg.rank() as f32);
+        reading_peers::stream_until_killed(&pg, 2, || pg.all_reduce(&mut buf[..], ReduceOp::Max));
         return;
     }
     let _guard = heavy_lock();
     let lines = common::run_processes_one_killed(NAME, 3, ENV, 2);
-    for (rank, lines) in lines.iter().enumerate().take(2) {
-        assert!(
-            lines.contains(&"named Some(2)".to_string()),
-            "rank {rank}: {lines:?}"
-        );
-        assert!(
-            lines.contains(&"within 10 s: true".to_string()),
-            "rank {rank}: {lines:?}"
-        );
-    }
+    reading_peers::assert_named_by_survivors(&lines, 2);
 }
 
 #[test]
@@ -242,7 +193,10 @@ fn bucketed_all_reduce_between_processes_runs_in_place_exactly() {
                 digest(bytemuck::cast_slice(&all))
             ));
         }
-        lines.push(format!("read in place: {}", calls_reading_peers(&pg) > 0));
+        lines.push(format!(
+            "read in place: {}",
+            reading_peers::calls_reading_peers(&pg) > 0
+        ));
         pg.barrier().expect("final barrier");
         for line in lines {
             println!("{RESULT_PREFIX}{line}");

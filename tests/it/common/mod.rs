@@ -9,6 +9,7 @@ pub mod elements;
 pub mod gpu;
 pub mod matrix;
 pub mod netns;
+pub mod reading_peers;
 pub mod startup;
 pub mod timeline;
 
