@@ -22,7 +22,7 @@ impl ProcessGroup {
     ///
     /// ```
     /// # fn main() -> Result<(), ringccl::Error> {
-    /// let pg = ringccl::local_groups(1)?.remove(0);
+    /// let pg = ringccl::local_groups("gloo", 1)?.remove(0);
     /// let mut grads = pg.shared_buffer::<f32>(1 << 20)?;
     /// grads.fill(1.0);
     /// pg.all_reduce(&mut grads[..], ringccl::ReduceOp::Sum)?;
