@@ -405,7 +405,7 @@ pub(crate) fn check_slot_header(
 }
 
 /// `peer`'s header, decoded; what does not decode is a protocol error in `op`.
-pub(crate) fn peer_header(
+fn peer_header(
     rank: usize,
     peer: usize,
     op: &OpDesc,
@@ -489,22 +489,36 @@ pub(crate) fn frames_left_behind(
     (rank, world_size): (usize, usize),
     op: &OpDesc,
 ) -> Result<(), Error> {
+    match frame_waiting(barrier, (rank, world_size), op)? {
+        Some((peer, header)) => {
+            same_as_this_call(rank, peer, op, &header)?;
+            Err(Error::Protocol {
+                rank,
+                peer,
+                op: *op,
+                reason: "it sent a frame in a barrier that sends none".into(),
+            })
+        }
+        None => Ok(()),
+    }
+}
+
+/// The first peer, in rank order, with a collective frame waiting for this rank that is
+/// numbered like call `op` or earlier, and that frame's header. Looked at, not taken.
+pub(crate) fn frame_waiting(
+    barrier: &dyn MemoryBarrier,
+    (rank, world_size): (usize, usize),
+    op: &OpDesc,
+) -> Result<Option<(usize, FrameHeader)>, Error> {
     let mut raw = [0u8; FRAME_HEADER_LEN];
     for peer in (0..world_size).filter(|&p| p != rank) {
         if barrier.peek(peer, &mut raw) < FRAME_HEADER_LEN {
             continue;
         }
         let header = peer_header(rank, peer, op, &raw)?;
-        let collective = header.op.kind != CollectiveKind::SendRecv;
-        if collective && header.op.seq <= op.seq {
-            same_as_this_call(rank, peer, op, &header)?;
-            return Err(Error::Protocol {
-                rank,
-                peer,
-                op: *op,
-                reason: "it sent a frame in a barrier that sends none".into(),
-            });
+        if header.op.kind != CollectiveKind::SendRecv && header.op.seq <= op.seq {
+            return Ok(Some((peer, header)));
         }
     }
-    Ok(())
+    Ok(None)
 }

@@ -49,13 +49,13 @@ use std::time::{Duration, Instant};
 use crate::hooks::ProgressSink;
 use crate::kernels::{finalize_avg, reduce_bytes, Order};
 use crate::memory_barrier::{
-    arrival, await_all, await_all_watching, check_slot_header, frames_left_behind, peer_header,
+    arrival, await_all, await_all_watching, check_slot_header, frame_waiting, frames_left_behind,
     shared_barrier, Awaited, MemoryBarrier, OffersMemoryBarrier, SharedTicket, SHARED_TICKET_LEN,
 };
 use crate::schedule::byte_segment;
 use crate::transport::Transport;
 use crate::wire::{Algorithm, FrameHeader, FRAME_HEADER_LEN};
-use crate::{CollectiveKind, DType, Error, OpDesc, ReduceOp};
+use crate::{DType, Error, OpDesc, ReduceOp};
 
 /// Bytes folded at a time: a peer's chunk is read into scratch of this size, small
 /// enough to stay in cache while it is folded in.
@@ -264,27 +264,20 @@ fn peer_in_rings(
     (rank, n): (usize, usize),
     op: &OpDesc,
 ) -> Result<(), Error> {
-    let mut raw = [0u8; FRAME_HEADER_LEN];
-    for peer in (0..n).filter(|&p| p != rank) {
-        if barrier.peek(peer, &mut raw) < FRAME_HEADER_LEN {
-            continue;
-        }
-        let header = peer_header(rank, peer, op, &raw)?;
-        if header.op.kind != CollectiveKind::SendRecv && header.op.seq <= op.seq {
-            return Err(Error::Protocol {
-                rank,
-                peer,
-                op: *op,
-                reason: format!(
-                    "it runs this call by {:?} while this rank reads the peers' buffers in \
-                     place (its buffer is a shared buffer): pass a shared buffer \
-                     (ProcessGroup::shared_buffer) on every rank, or on none",
-                    header.algorithm
-                ),
-            });
-        }
+    match frame_waiting(barrier, (rank, n), op)? {
+        Some((peer, header)) => Err(Error::Protocol {
+            rank,
+            peer,
+            op: *op,
+            reason: format!(
+                "it runs this call by {:?} while this rank reads the peers' buffers in \
+                 place (its buffer is a shared buffer): pass a shared buffer \
+                 (ProcessGroup::shared_buffer) on every rank, or on none",
+                header.algorithm
+            ),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Where to read every peer's buffer from (`None` for this rank), once each peer's

@@ -79,6 +79,11 @@ const _: () = assert!(
     "the slots fit the inbox header"
 );
 
+/// Where slot `slot` (0 or 1) starts in an inbox: its call number, then its header.
+fn slot_offset(slot: usize) -> usize {
+    SLOTS + (slot % 2) * SLOT_LEN
+}
+
 /// In the `SLEEPING` word: asleep in `poll(2)` until local rank `peer` writes or reads,
 /// woken by a byte on the connection from `peer`.
 pub(super) fn in_poll_for(peer: usize) -> u32 {
@@ -206,7 +211,7 @@ impl Rings {
         byte_needed: impl FnMut(usize),
     ) {
         if let Some(inbox) = self.inbox(me) {
-            let at = SLOTS + (slot % 2) * SLOT_LEN;
+            let at = slot_offset(slot);
             inbox.write(at + SLOT_HEADER, header);
             inbox.write(
                 at + SLOT_HEADER + FRAME_HEADER_LEN,
@@ -221,7 +226,7 @@ impl Rings {
     /// this one shares no memory with never has).
     pub(super) fn posted(&self, rank: usize, seq: u64, slot: usize) -> bool {
         self.inbox(rank).is_some_and(|inbox| {
-            let at = SLOTS + (slot % 2) * SLOT_LEN;
+            let at = slot_offset(slot);
             inbox.atomic_u64(at).load(Ordering::Acquire) >= seq
         })
     }
@@ -259,7 +264,7 @@ impl Rings {
         let Some(inbox) = self.inbox(rank) else {
             return false;
         };
-        let at = SLOTS + (slot % 2) * SLOT_LEN + SLOT_HEADER;
+        let at = slot_offset(slot) + SLOT_HEADER;
         inbox.read(at, header);
         let len = data.len().min(SLOT_DATA);
         inbox.read(at + FRAME_HEADER_LEN, &mut data[..len]);
